@@ -1,0 +1,70 @@
+"""`ddpjob`: validate, render and run DDPJob manifests; print the CRD.
+
+User mistakes end with a message and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from . import crd, validation
+
+EXIT_INVALID = 2
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    failed = 0
+    for path in args.files:
+        documents = 0
+        try:
+            for doc in validation.load_documents(path):
+                documents += 1
+                try:
+                    job = validation.parse_job(doc.body)
+                except validation.InvalidJob as exc:
+                    failed += 1
+                    for error in exc.errors:
+                        print(f"{doc.label}: {error}", file=sys.stderr)
+                else:
+                    print(f"{doc.label}: valid DDPJob {job.metadata.name}")
+        except validation.InvalidJob as exc:
+            failed += 1
+            for error in exc.errors:
+                print(f"{path}: {error}", file=sys.stderr)
+            continue
+        if documents == 0:
+            failed += 1
+            print(f"{path}: no DDPJob in file. Fix: add a DDPJob manifest", file=sys.stderr)
+    return EXIT_INVALID if failed else 0
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    sys.stdout.write(crd.render_crd_yaml())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ddpjob", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="check DDPJob manifests; print each error with its field and fix")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("crd", help="print the DDPJob CustomResourceDefinition generated from the model")
+    p.set_defaults(func=cmd_crd)
+
+    # Subcommands from other modules register themselves here, one line each.
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""Turn a manifest into a DDPJob, or into errors that name the field and the fix.
+
+Used by `ddpjob validate`, `ddpjob run --local` and the operator (as a Failed condition),
+so all three say the same thing about the same mistake.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from . import model
+
+
+@dataclass(frozen=True)
+class FieldError:
+    path: str
+    message: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.path}: {self.message}" if self.path else self.message
+        return f"{text}. Fix: {self.fix}" if self.fix else text
+
+
+class InvalidJob(Exception):
+    def __init__(self, errors: list[FieldError]):
+        self.errors = errors
+        super().__init__("; ".join(str(e) for e in errors))
+
+
+def parse_job(doc: Any) -> model.DDPJob:
+    """A whole manifest (apiVersion, kind, metadata, spec) -> DDPJob, or InvalidJob."""
+    if not isinstance(doc, dict):
+        raise InvalidJob([FieldError("", "a manifest must be a YAML mapping",
+                                     "start from examples/cpu-digits.yaml")])
+    try:
+        return model.DDPJob.model_validate(doc)
+    except ValidationError as exc:
+        raise InvalidJob(describe(exc, model.DDPJob)) from None
+
+
+def parse_spec(spec: Any, *, prefix: str = "spec") -> model.DDPJobSpec:
+    """Only the spec, as the operator receives it from the API server."""
+    try:
+        return model.DDPJobSpec.model_validate(spec if spec is not None else {})
+    except ValidationError as exc:
+        raise InvalidJob(describe(exc, model.DDPJobSpec, prefix=(prefix,))) from None
+
+
+def describe(exc: ValidationError, root: type[BaseModel], prefix: tuple[Any, ...] = ()) -> list[FieldError]:
+    errors = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        cel_rule = _cel_rule(err)
+        if cel_rule is not None:
+            field_path = cel_rule.get("fieldPath", "").lstrip(".")
+            loc = loc + tuple(field_path.split(".")) if field_path else loc
+            errors.append(FieldError(_path(prefix + loc), cel_rule["message"]))
+            continue
+        message, fix = _explain(err, root, loc)
+        errors.append(FieldError(_path(prefix + loc), message, fix))
+    return errors
+
+
+def _cel_rule(err: dict[str, Any]) -> dict[str, str] | None:
+    cause = (err.get("ctx") or {}).get("error")
+    return cause.rule if isinstance(cause, model.CelRuleError) else None
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _explain(err: dict[str, Any], root: type[BaseModel], loc: tuple[Any, ...]) -> tuple[str, str]:
+    kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
+    got = f" (got {value!r})" if not isinstance(value, (dict, list)) else ""
+    field = str(loc[-1]) if loc else ""
+    if kind == "missing":
+        return "required field is missing", f"add `{field}`" + _description_hint(root, loc)
+    if kind == "extra_forbidden":
+        known = _known_fields(root, loc[:-1])
+        close = difflib.get_close_matches(field, known, n=1)
+        fix = f"did you mean `{close[0]}`?" if close else f"remove it; known fields: {', '.join(known)}"
+        return "unknown field", fix
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        sign = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=",
+                "less_than": "<"}[kind]
+        bound = next(iter(ctx.values()))
+        return f"must be {sign} {bound}{got}", f"use a value {sign} {bound}"
+    if kind == "literal_error":
+        return f"unsupported value{got}", f"use one of {ctx.get('expected')}"
+    if kind == "string_pattern_mismatch":
+        return f"invalid format{got}", _pattern_fix(ctx.get("pattern", ""))
+    if kind in ("string_too_long", "too_long"):
+        limit = ctx.get("max_length")
+        return f"too long{got}", f"use at most {limit} {'characters' if kind == 'string_too_long' else 'items'}"
+    if kind in ("string_too_short", "too_short"):
+        return "must not be empty", f"give at least {ctx.get('min_length', 1)}"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return f"must be a whole number{got}", "write an integer without quotes"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"must be true or false{got}", "write true or false without quotes"
+    if kind in ("string_type",):
+        return f"must be a string{got}", "quote the value"
+    if kind in ("list_type",):
+        return "must be a list", "write it as a YAML list (`- item`)"
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return "must be a mapping", "write it as `key: value` pairs"
+    return err["msg"], ""
+
+
+_PATTERN_FIXES = {
+    model.DNS_1035_PATTERN: "use lowercase letters, digits and '-', start with a letter and end with "
+                            "a letter or digit (DNS-1035 label)",
+    model.QUANTITY_PATTERN: "use a Kubernetes quantity such as 500m, 4, 16Gi",
+    model.DNS_1123_SUBDOMAIN_PATTERN: "use lowercase letters, digits, '-' and '.' (DNS-1123 subdomain)",
+    model.ENV_NAME_PATTERN: "use letters, digits, '_', '-' and '.', not starting with a digit",
+    r"^[^\s]+$": "remove spaces; put arguments in `args`",
+    r"^/.*": "use an absolute path such as /checkpoints",
+}
+
+
+def _pattern_fix(pattern: str) -> str:
+    return _PATTERN_FIXES.get(pattern, f"match the pattern {pattern}")
+
+
+def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    current: type[BaseModel] | None = root
+    for part in loc:
+        if current is None:
+            return None
+        if isinstance(part, int):
+            continue
+        field = next((f for n, f in current.model_fields.items() if part in (n, f.alias)), None)
+        if field is None:
+            return None
+        current = _first_model(field.annotation)
+    return current
+
+
+def _first_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _known_fields(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    target = _model_at(root, loc)
+    if target is None:
+        return []
+    return [f.alias or n for n, f in target.model_fields.items()]
+
+
+def _description_hint(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    parent = _model_at(root, loc[:-1])
+    if parent is None:
+        return ""
+    field = next((f for n, f in parent.model_fields.items() if loc[-1] in (n, f.alias)), None)
+    return f" ({field.description})" if field is not None and field.description else ""
+
+
+# ---------------------------------------------------------------- files
+
+
+@dataclass(frozen=True)
+class Document:
+    source: str
+    index: int
+    body: Any
+
+    @property
+    def label(self) -> str:
+        name = self.body.get("metadata", {}).get("name") if isinstance(self.body, dict) else None
+        where = f"{self.source}#{self.index}" if self.index else self.source
+        return f"{where} ({name})" if name else where
+
+
+def load_documents(path: str | Path) -> Iterator[Document]:
+    """Every non-empty YAML document in a file; a YAML syntax error becomes InvalidJob."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InvalidJob([FieldError("", f"cannot read {source}: {exc.strerror}", "check the path")]) from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InvalidJob([FieldError("", f"not valid YAML{where}: {problem}",
+                                     "fix the indentation or quoting there")]) from None
+    for index, body in enumerate(docs):
+        yield Document(source, index, body)
+
+
+def load_jobs(path: str | Path) -> list[model.DDPJob]:
+    """All DDPJobs in a file, or InvalidJob with every error (paths prefixed per document)."""
+    jobs, errors = [], []
+    for doc in load_documents(path):
+        try:
+            jobs.append(parse_job(doc.body))
+        except InvalidJob as exc:
+            errors.extend(exc.errors)
+    if errors:
+        raise InvalidJob(errors)
+    if not jobs:
+        raise InvalidJob([FieldError("", f"{path} holds no DDPJob", "add a DDPJob manifest")])
+    return jobs

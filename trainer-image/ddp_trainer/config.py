@@ -1,0 +1,201 @@
+"""Nested, self-validating configuration built from the CLI and the launch-contract environment.
+
+Precedence for checkpoint settings: explicit CLI flag > DDPJOB_* environment variable > default.
+Every check raises ConfigError naming the offending field, so a bad job spec fails with a clear
+message (exit code 1, recorded by torchrun) instead of a stack trace deep inside training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+def _require(cond: bool, name: str, msg: str, value: Any) -> None:
+    if not cond:
+        raise ConfigError(f"{name} {msg}, got {value!r}")
+
+
+@dataclass
+class WorkloadConfig:
+    name: str = "digits"  # "digits", "synthetic" or an importable module path
+    options: dict[str, str] = field(default_factory=dict)  # --workload-option key=value
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name), "workload.name", "must be non-empty", self.name)
+
+    def get(self, key: str, default: Any) -> Any:
+        """Typed lookup: the option string is converted to the type of the default."""
+        if key not in self.options:
+            return default
+        raw = self.options[key]
+        try:
+            return type(default)(raw) if not isinstance(default, bool) else raw.lower() in ("1", "true", "yes")
+        except ValueError as e:
+            raise ConfigError(f"workload.options.{key} must be a {type(default).__name__}, got {raw!r}") from e
+
+
+@dataclass
+class DataConfig:
+    batch_size: int = 32  # per rank and micro-step; the global batch is batch_size * world * grad_accum
+    eval_batch_size: int = 256
+    drop_last: bool = True  # drop < world_size tail samples per epoch instead of repeating some
+    shuffle: bool = True
+    seed: int = 0
+    num_workers: int = 0  # DataLoader worker processes per rank
+
+    def __post_init__(self) -> None:
+        _require(self.batch_size >= 1, "data.batch_size", "must be >= 1", self.batch_size)
+        _require(self.eval_batch_size >= 1, "data.eval_batch_size", "must be >= 1", self.eval_batch_size)
+        _require(self.num_workers >= 0, "data.num_workers", "must be >= 0", self.num_workers)
+
+
+@dataclass
+class OptimConfig:
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9  # sgd only
+    schedule: str = "cosine"  # lr as a function of training progress (samples), see docs/trainer.md
+    warmup_fraction: float = 0.0
+    grad_accum: int = 1
+    grad_clip: float = 0.0  # max global grad norm; 0 disables
+    precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        _require(self.optimizer in ("sgd", "adamw"), "optim.optimizer", "must be sgd or adamw", self.optimizer)
+        _require(self.lr > 0, "optim.lr", "must be > 0", self.lr)
+        _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0", self.weight_decay)
+        _require(self.schedule in ("constant", "cosine", "linear"), "optim.schedule",
+                 "must be constant, cosine or linear", self.schedule)
+        _require(0 <= self.warmup_fraction < 1, "optim.warmup_fraction", "must be in [0, 1)", self.warmup_fraction)
+        _require(self.grad_accum >= 1, "optim.grad_accum", "must be >= 1", self.grad_accum)
+        _require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0", self.grad_clip)
+        _require(self.precision in ("fp32", "bf16", "fp16"), "optim.precision", "must be fp32, bf16 or fp16",
+                 self.precision)
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str | None = None  # None: no checkpoints, no progress/result files
+    every_steps: int = 0  # 0: only the final (and SIGTERM) checkpoint
+    keep: int = 2
+    async_save: bool = False
+
+    def __post_init__(self) -> None:
+        _require(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0", self.every_steps)
+        # Two, so a crash while writing the newest still leaves a complete previous one.
+        _require(self.keep >= 2, "checkpoint.keep", "must be >= 2", self.keep)
+
+
+@dataclass
+class DistConfig:
+    backend: str = "auto"  # auto: nccl when CUDA is available, gloo otherwise
+    timeout_s: float = 1800.0  # collective timeout (also bounds how long ranks wait for a checkpoint write)
+
+    def __post_init__(self) -> None:
+        _require(self.backend in ("auto", "nccl", "gloo"), "dist.backend", "must be auto, nccl or gloo", self.backend)
+        _require(self.timeout_s > 0, "dist.timeout_s", "must be > 0", self.timeout_s)
+
+
+@dataclass
+class TrainConfig:
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    epochs: int = 1
+    max_steps: int = 0  # stop (as completed) after this many optimizer steps in total; 0: no cap
+    log_every: int = 10
+    device: str = "auto"  # auto: cuda:<LOCAL_RANK> when available, else cpu
+    record_samples: str | None = None  # debug: each rank appends "epoch index" lines to <path>.rank<r>
+
+    def __post_init__(self) -> None:
+        _require(self.epochs >= 1, "epochs", "must be >= 1", self.epochs)
+        _require(self.max_steps >= 0, "max_steps", "must be >= 0", self.max_steps)
+        _require(self.log_every >= 1, "log_every", "must be >= 1", self.log_every)
+        _require(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda", self.device)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ddp_trainer", description="Elastic DDP trainer (run under torchrun)")
+    a = p.add_argument
+    a("--workload", default="digits", help="digits | synthetic | importable module with build_model/build_datasets")
+    a("--workload-option", action="append", default=[], metavar="KEY=VALUE", help="passed to the workload (repeatable)")
+    a("--epochs", type=int, default=1)
+    a("--max-steps", type=int, default=0, help="cap on total optimizer steps (0: none)")
+    a("--batch-size", type=int, default=32, help="per rank and micro-step")
+    a("--eval-batch-size", type=int, default=256)
+    a("--no-drop-last", action="store_true", help="pad the epoch tail by repeating samples instead of dropping it")
+    a("--no-shuffle", action="store_true")
+    a("--seed", type=int, default=0)
+    a("--num-workers", type=int, default=0)
+    a("--optimizer", default="adamw", choices=["sgd", "adamw"])
+    a("--lr", type=float, default=1e-3)
+    a("--weight-decay", type=float, default=0.0)
+    a("--momentum", type=float, default=0.9)
+    a("--schedule", default="cosine", choices=["constant", "cosine", "linear"])
+    a("--warmup-fraction", type=float, default=0.0)
+    a("--grad-accum", type=int, default=1)
+    a("--grad-clip", type=float, default=0.0)
+    a("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    a("--checkpoint-dir", default=None, help="default: $DDPJOB_CHECKPOINT_DIR")
+    a("--checkpoint-every", type=int, default=None, help="default: $DDPJOB_CHECKPOINT_INTERVAL_STEPS or 0")
+    a("--checkpoint-keep", type=int, default=None, help="default: $DDPJOB_CHECKPOINT_KEEP or 2")
+    a("--async-checkpoint", action="store_true", help="write checkpoints from a background thread")
+    a("--backend", default="auto", choices=["auto", "nccl", "gloo"])
+    a("--dist-timeout", type=float, default=1800.0, help="collective timeout in seconds")
+    a("--log-every", type=int, default=10)
+    a("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    a("--record-samples", default=None, metavar="PATH", help="debug: log consumed sample indices per rank")
+    return p
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as e:
+        raise ConfigError(f"environment {name} must be an integer, got {raw!r}") from e
+
+
+def parse_config(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> TrainConfig:
+    args = build_parser().parse_args(argv)
+    env = os.environ if env is None else env
+    options = {}
+    for item in args.workload_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"workload.options must be KEY=VALUE, got {item!r}")
+        options[key] = value
+    every = args.checkpoint_every
+    if every is None:
+        every = _env_int(env, "DDPJOB_CHECKPOINT_INTERVAL_STEPS", 0)
+    keep = args.checkpoint_keep if args.checkpoint_keep is not None else _env_int(env, "DDPJOB_CHECKPOINT_KEEP", 2)
+    return TrainConfig(
+        workload=WorkloadConfig(name=args.workload, options=options),
+        data=DataConfig(batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
+                        drop_last=not args.no_drop_last, shuffle=not args.no_shuffle, seed=args.seed,
+                        num_workers=args.num_workers),
+        optim=OptimConfig(optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
+                          momentum=args.momentum, schedule=args.schedule, warmup_fraction=args.warmup_fraction,
+                          grad_accum=args.grad_accum, grad_clip=args.grad_clip, precision=args.precision),
+        checkpoint=CheckpointConfig(dir=args.checkpoint_dir or env.get("DDPJOB_CHECKPOINT_DIR") or None,
+                                    every_steps=every, keep=keep, async_save=args.async_checkpoint),
+        dist=DistConfig(backend=args.backend, timeout_s=args.dist_timeout),
+        epochs=args.epochs, max_steps=args.max_steps, log_every=args.log_every, device=args.device,
+        record_samples=args.record_samples,
+    )
