@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from . import crd, validation
+from . import crd, permissions, validation
 
 EXIT_INVALID = 2
 
@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_crd)
 
     # Subcommands from other modules register themselves here, one line each.
+    permissions.add_subcommand(sub)
     return parser
 
 

@@ -1,0 +1,74 @@
+"""Every Kubernetes API permission the operator needs: the one list RBAC is generated from.
+
+The Helm chart's ClusterRole (cluster-wide mode) and per-namespace Roles (`watchNamespaces`
+mode) are rendered from `charts/ddpjob-operator/files/rbac-rules.yaml`, which is generated
+from `PERMISSIONS` (`ddpjob rbac-rules`, `make chart-files`); tests prove the chart grants all
+of it and nothing broader, and that the operator's recorded API calls stay within it.
+
+What kopf 1.45 itself calls, with peering off and `settings.scanning.disabled = True`:
+list/watch and merge/JSON patch of the handled resource (finalizers, progress annotations),
+patch of its status subresource, and create of core v1 Events (handler logs). API discovery
+(`/api`, `/apis`) is a non-resource URL every authenticated user may read. Scanning must stay
+disabled: otherwise kopf also lists/watches `customresourcedefinitions` cluster-wide and, in
+namespaced mode, `namespaces`, which this list deliberately does not grant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NamedTuple
+
+import yaml
+
+from . import model
+
+
+class Permission(NamedTuple):
+    api_group: str  # "" is the core group
+    resource: str  # plural, with "/subresource" where one is used
+    verbs: tuple[str, ...]
+
+
+PERMISSIONS: tuple[Permission, ...] = (
+    # kopf watches DDPJobs and patches finalizers/annotations; the operator deletes them after TTL.
+    Permission(model.GROUP, model.PLURAL, ("get", "list", "watch", "patch", "delete")),
+    Permission(model.GROUP, f"{model.PLURAL}/status", ("get", "patch")),
+    # Owner references with blockOwnerDeletion require update on the owner's finalizers.
+    Permission(model.GROUP, f"{model.PLURAL}/finalizers", ("update",)),
+    Permission("", "pods", ("get", "list", "watch", "create", "delete", "patch")),
+    # The rendezvous store's Service.
+    Permission("", "services", ("get", "create")),
+    # kopf posts handler logs as Events; the operator posts lifecycle Events.
+    Permission("", "events", ("create",)),
+    # Only for checkpoint.claimTemplate: the operator creates `<job>-checkpoints`.
+    Permission("", "persistentvolumeclaims", ("get", "create")),
+)
+
+
+def allows(api_group: str, resource: str, verb: str) -> bool:
+    """Whether PERMISSIONS grants `verb` on `resource` (with "/subresource") in `api_group`."""
+    return any(p.api_group == api_group and p.resource == resource and verb in p.verbs
+               for p in PERMISSIONS)
+
+
+def rbac_rules() -> list[dict[str, list[str]]]:
+    """PERMISSIONS as RBAC PolicyRules, one rule per (group, resource), in a stable order."""
+    return [{"apiGroups": [p.api_group], "resources": [p.resource], "verbs": list(p.verbs)}
+            for p in PERMISSIONS]
+
+
+def render_rules_yaml() -> str:
+    header = ("# Generated from operator/ddpjob_operator/permissions.py by `make chart-files`. "
+              "Do not edit.\n")
+    return header + yaml.safe_dump(rbac_rules(), sort_keys=False, width=100)
+
+
+def cmd_rbac_rules(args: argparse.Namespace) -> int:
+    sys.stdout.write(render_rules_yaml())
+    return 0
+
+
+def add_subcommand(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rbac-rules", help="print the operator's RBAC rules (the chart's Role/ClusterRole)")
+    p.set_defaults(func=cmd_rbac_rules)
