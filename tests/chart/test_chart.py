@@ -1,0 +1,207 @@
+"""The Helm chart, rendered by Helm's own engine: lint, valid Kubernetes objects, hardening,
+values wiring, schema rejections, and the CRD copy."""
+
+from __future__ import annotations
+
+import tomllib
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+
+from .helm_install import CHART_DIR, RELEASE, RELEASE_NAMESPACE, ROOT, install_dry_run
+
+TOP_LEVEL_CRD = ROOT / "crds" / "ddpjobs.elastic.ddp.dev.yaml"
+CHART_CRD = CHART_DIR / "crds" / "ddpjobs.elastic.ddp.dev.yaml"
+
+NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
+CUSTOMIZED = {
+    "image": {"repository": "registry.example.com/ml/ddpjob-operator", "tag": "0.2.0-rc1",
+              "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "logLevel": "DEBUG",
+    "metrics": {"enabled": False},
+    "health": {"port": 8181},
+    "serviceAccount": {"create": False, "name": "ml-operator"},
+    "extraEnv": [{"name": "DDPJOB_OPERATOR_EXTRA", "value": "1"}],
+    "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
+    "nodeSelector": {"kubernetes.io/os": "linux", "node-role.kubernetes.io/control-plane": ""},
+    "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+                     "effect": "NoSchedule"}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}]}]}}},
+    "priorityClassName": "system-cluster-critical",
+    "podAnnotations": {"example.com/team": "ml"},
+    "podLabels": {"team": "ml"},
+}
+VALUE_SETS = {"default": {}, "namespaced": NAMESPACED, "customized": CUSTOMIZED}
+
+
+def _operator_version() -> str:
+    with open(ROOT / "operator" / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["version"]
+
+
+def _container(release) -> dict:
+    containers = release.one("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def _env(release) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in _container(release)["env"]}
+
+
+# ---------------------------------------------------------------- chart files
+
+
+def test_chart_crd_is_the_same_bytes_as_the_generated_crd():
+    assert CHART_CRD.read_bytes() == TOP_LEVEL_CRD.read_bytes(), "run `make chart-files` and commit"
+    with helm.Chart.load(CHART_DIR) as chart:
+        shipped = chart.crds
+    assert [c["filename"] for c in shipped] == ["ddpjob-operator/crds/ddpjobs.elastic.ddp.dev.yaml"]
+    assert shipped[0]["data"].encode() == TOP_LEVEL_CRD.read_bytes()
+
+
+def test_chart_and_image_version_follow_the_operator_package():
+    with helm.Chart.load(CHART_DIR) as chart:
+        metadata = chart.metadata
+    assert metadata["version"] == metadata["appVersion"] == _operator_version()
+    image = _container(install_dry_run())["image"]
+    assert image == f"ghcr.io/ddpjob/ddpjob-operator:{_operator_version()}"
+
+
+@pytest.mark.parametrize("values_name", VALUE_SETS)
+def test_helm_lint_strict_passes(values_name):
+    report = helm.lint(CHART_DIR, VALUE_SETS[values_name], strict=True, namespace=RELEASE_NAMESPACE)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]  # warnings and errors
+    assert report["errors"] == [] and problems == []
+
+
+# ---------------------------------------------------------------- rendered objects
+
+
+@pytest.mark.parametrize("values_name", VALUE_SETS)
+def test_every_rendered_manifest_is_a_valid_kubernetes_object(values_name):
+    release = install_dry_run(VALUE_SETS[values_name])
+    version = kubernetes_validate.latest_version()
+    for manifest in release.manifests:
+        kubernetes_validate.validate(manifest, version, strict=True)
+    kinds = sorted(m["kind"] for m in release.manifests)
+    expected = {
+        "default": ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"],
+        "namespaced": ["Deployment", "Role", "Role", "RoleBinding", "RoleBinding", "Service",
+                       "ServiceAccount"],
+        "customized": ["ClusterRole", "ClusterRoleBinding", "Deployment"],
+    }[values_name]
+    assert kinds == expected
+
+
+@pytest.mark.parametrize("values_name", VALUE_SETS)
+def test_every_object_has_the_standard_labels(values_name):
+    for manifest in install_dry_run(VALUE_SETS[values_name]).manifests:
+        labels = manifest["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "ddpjob-operator"
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["app.kubernetes.io/version"] == _operator_version()
+        assert labels["app.kubernetes.io/component"] == "operator"
+
+
+def test_deployment_is_a_single_hardened_replica():
+    release = install_dry_run()
+    deployment = release.one("Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = _container(release)
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["privileged"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert set(container["resources"]) == {"requests", "limits"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert pod["serviceAccountName"] == release.one("ServiceAccount")["metadata"]["name"]
+
+
+def test_metrics_service_targets_the_operator_pod():
+    release = install_dry_run()
+    service = release.one("Service")
+    pod_labels = release.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics",
+                                         "protocol": "TCP"}]
+
+
+def test_default_values_configure_a_cluster_wide_operator():
+    env = _env(install_dry_run())
+    assert env == {"DDPJOB_OPERATOR_WATCH_NAMESPACES": "", "DDPJOB_OPERATOR_LOG_LEVEL": "INFO",
+                   "DDPJOB_OPERATOR_HEALTH_PORT": "8080", "DDPJOB_OPERATOR_METRICS_PORT": "9090"}
+
+
+def test_non_default_values_reach_the_pod():
+    release = install_dry_run(CUSTOMIZED)
+    container = _container(release)
+    pod = release.one("Deployment")["spec"]["template"]
+    assert container["image"] == "registry.example.com/ml/ddpjob-operator:0.2.0-rc1"
+    assert container["imagePullPolicy"] == "Always"
+    assert _env(release) == {
+        "DDPJOB_OPERATOR_WATCH_NAMESPACES": "", "DDPJOB_OPERATOR_LOG_LEVEL": "DEBUG",
+        "DDPJOB_OPERATOR_HEALTH_PORT": "8181", "DDPJOB_OPERATOR_METRICS_PORT": "0",
+        "DDPJOB_OPERATOR_EXTRA": "1"}
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"health": 8181}
+    assert container["resources"] == CUSTOMIZED["resources"]
+    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets"):
+        assert pod["spec"][key] == CUSTOMIZED[key], key
+    assert pod["spec"]["serviceAccountName"] == "ml-operator"
+    assert pod["metadata"]["annotations"] == CUSTOMIZED["podAnnotations"]
+    assert pod["metadata"]["labels"]["team"] == "ml"
+    binding = release.one("ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ml-operator",
+                                    "namespace": RELEASE_NAMESPACE}]
+
+
+def test_watch_namespaces_reach_the_operator_and_the_notes():
+    release = install_dry_run(NAMESPACED)
+    assert _env(release)["DDPJOB_OPERATOR_WATCH_NAMESPACES"] == "team-a,team-b"
+    assert "only in: team-a, team-b" in release.notes
+    assert "every namespace" in install_dry_run().notes
+
+
+# ---------------------------------------------------------------- bad values fail at install
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"logLevel": "LOUD"}, "at '/logLevel': value must be one of 'DEBUG', 'INFO', 'WARNING', 'ERROR'"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy': value must be one of"),
+    ({"image": {"repository": ""}}, "at '/image/repository'"),
+    ({"watchNamespaces": ["Team_A"]}, "at '/watchNamespaces/0'"),
+    ({"watchNamespaces": "team-a"}, "at '/watchNamespaces': got string, want array"),
+    ({"metrics": {"port": 80}}, "at '/metrics/port': minimum: got 80, want 1,024"),
+    ({"metrics": {"enabled": "yes"}}, "at '/metrics/enabled': got string, want boolean"),
+    ({"health": {"port": 70000}}, "at '/health/port': maximum"),
+    ({"resources": {"limits": {"memory": "lots"}}}, "at '/resources/limits/memory'"),
+    ({"nodeSelector": {"gpu": True}}, "at '/nodeSelector/gpu': got boolean, want string"),
+    ({"replicas": 2}, "additional properties 'replicas' not allowed"),
+    ({"image": {"tags": "v1"}}, "at '/image': additional properties 'tags' not allowed"),
+], ids=lambda v: str(v) if isinstance(v, dict) else "")
+def test_bad_values_fail_at_install_naming_the_field(values, message):
+    with pytest.raises(helm.HelmError) as failure:
+        install_dry_run(values)
+    assert message in str(failure.value)
+
+
+def test_existing_service_account_must_be_named():
+    with pytest.raises(helm.HelmError) as failure:
+        install_dry_run({"serviceAccount": {"create": False}})
+    assert "serviceAccount.name is required when serviceAccount.create is false" in str(failure.value)

@@ -1,0 +1,82 @@
+"""The chart grants the operator exactly `permissions.PERMISSIONS`: all of it, nothing broader."""
+
+from __future__ import annotations
+
+from ddpjob_operator import permissions
+
+from .helm_install import CHART_DIR, RELEASE_NAMESPACE, install_dry_run
+
+RULES_FILE = CHART_DIR / "files" / "rbac-rules.yaml"
+
+
+def _grants(rules: list[dict]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) triples a list of PolicyRules allows, refusing broad forms."""
+    triples = set()
+    for rule in rules:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, (
+            f"unexpected rule keys (resourceNames/nonResourceURLs are not used): {rule}")
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert "*" not in (group, resource, verb), f"wildcard in {rule}"
+                    triples.add((group, resource, verb))
+    return triples
+
+
+REQUIRED = {(p.api_group, p.resource, verb) for p in permissions.PERMISSIONS for verb in p.verbs}
+
+
+def test_rules_file_is_generated_from_permissions():
+    assert RULES_FILE.read_text() == permissions.render_rules_yaml(), "run `make chart-files` and commit"
+
+
+def test_permissions_list_is_well_formed():
+    keys = [(p.api_group, p.resource) for p in permissions.PERMISSIONS]
+    assert len(keys) == len(set(keys)), "one entry per (apiGroup, resource)"
+    known_verbs = {"get", "list", "watch", "create", "update", "patch", "delete"}
+    for p in permissions.PERMISSIONS:
+        assert p.verbs and set(p.verbs) <= known_verbs and len(set(p.verbs)) == len(p.verbs), p
+    assert permissions.allows("", "pods", "create")
+    assert not permissions.allows("", "pods", "deletecollection")
+    assert not permissions.allows("", "secrets", "get")
+
+
+def test_cluster_wide_mode_grants_exactly_the_permissions():
+    release = install_dry_run()
+    assert release.of_kind("Role") == [] and release.of_kind("RoleBinding") == []
+    role = release.one("ClusterRole")
+    assert _grants(role["rules"]) == REQUIRED
+    binding = release.one("ClusterRoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    account = release.one("ServiceAccount")["metadata"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["name"],
+                                    "namespace": RELEASE_NAMESPACE}]
+
+
+def test_watch_namespaces_mode_grants_exactly_the_permissions_in_each_namespace_only():
+    namespaces = ["team-a", "team-b", "research"]
+    release = install_dry_run({"watchNamespaces": namespaces})
+    assert release.of_kind("ClusterRole") == [] and release.of_kind("ClusterRoleBinding") == []
+    roles = {r["metadata"]["namespace"]: r for r in release.of_kind("Role")}
+    bindings = {b["metadata"]["namespace"]: b for b in release.of_kind("RoleBinding")}
+    assert sorted(roles) == sorted(bindings) == sorted(namespaces)
+    account = release.one("ServiceAccount")["metadata"]
+    for namespace in namespaces:
+        assert _grants(roles[namespace]["rules"]) == REQUIRED, namespace
+        assert bindings[namespace]["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+            "name": roles[namespace]["metadata"]["name"]}
+        assert bindings[namespace]["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["name"], "namespace": RELEASE_NAMESPACE}]
+
+
+def test_no_object_grants_anything_else():
+    """Only the operator's own roles exist: nothing aggregates into or extends them."""
+    for values in ({}, {"watchNamespaces": ["team-a"]}):
+        release = install_dry_run(values)
+        for manifest in release.manifests:
+            if manifest["kind"] in ("ClusterRole", "Role"):
+                assert "aggregationRule" not in manifest
+                assert not any(key.startswith("rbac.authorization.k8s.io/aggregate")
+                               for key in manifest["metadata"]["labels"])
