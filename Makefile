@@ -28,3 +28,58 @@ check-crds: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ddpjob
+
+# ---- images, kind, helm, e2e ----
+# Images are tagged with their package's version; kind gets a GPU node when the host has the
+# NVIDIA driver and container toolkit (hack/kind/gpu.yaml), otherwise CPU only (hack/kind/cpu.yaml).
+package_version = $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(1)/pyproject.toml)
+OPERATOR_VERSION := $(call package_version,operator)
+TRAINER_VERSION := $(call package_version,trainer-image)
+REGISTRY ?= ghcr.io/ddpjob
+OPERATOR_REPOSITORY ?= $(REGISTRY)/ddpjob-operator
+TRAINER_REPOSITORY ?= $(REGISTRY)/ddp-trainer
+OPERATOR_IMAGE := $(OPERATOR_REPOSITORY):$(OPERATOR_VERSION)
+TRAINER_IMAGE := $(TRAINER_REPOSITORY):$(TRAINER_VERSION)
+KIND_CLUSTER ?= ddpjob
+KIND_KUBECONFIG ?= $(HOME)/.kube/kind-$(KIND_CLUSTER).yaml
+KIND_GPU ?= $(shell command -v nvidia-ctk >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+KIND_CONFIG ?= hack/kind/$(if $(KIND_GPU),gpu,cpu).yaml
+HELM_RELEASE ?= ddpjob-operator
+HELM_NAMESPACE ?= ddpjob-system
+E2E_ARGS ?=
+
+.PHONY: images kind-up kind-load helm-install e2e kind-down chart-files
+
+images:
+	docker build -f operator/Dockerfile --build-arg VERSION=$(OPERATOR_VERSION) -t $(OPERATOR_IMAGE) operator
+	docker build -f trainer-image/Dockerfile --build-arg VERSION=$(TRAINER_VERSION) -t $(TRAINER_IMAGE) trainer-image
+
+kind-up:
+	@mkdir -p $(dir $(KIND_KUBECONFIG))
+	kind get clusters | grep -qx '$(KIND_CLUSTER)' || \
+		kind create cluster --name $(KIND_CLUSTER) --config $(KIND_CONFIG) --kubeconfig $(KIND_KUBECONFIG) --wait 180s
+	$(if $(KIND_GPU),hack/kind/gpu-setup.sh $(KIND_CLUSTER) $(KIND_KUBECONFIG))
+	@echo "export KUBECONFIG=$(KIND_KUBECONFIG)"
+
+kind-load:
+	kind load docker-image --name $(KIND_CLUSTER) $(OPERATOR_IMAGE) $(TRAINER_IMAGE)
+
+# helm upgrade never touches crds/, so the CRD is applied first: upgrades get schema changes too.
+helm-install:
+	kubectl --kubeconfig $(KIND_KUBECONFIG) apply --server-side -f charts/ddpjob-operator/crds/
+	helm upgrade --install $(HELM_RELEASE) charts/ddpjob-operator --kubeconfig $(KIND_KUBECONFIG) \
+		--namespace $(HELM_NAMESPACE) --create-namespace \
+		--set image.repository=$(OPERATOR_REPOSITORY) --set image.tag=$(OPERATOR_VERSION) \
+		--wait --timeout 5m
+
+e2e: venv
+	KUBECONFIG=$(KIND_KUBECONFIG) DDPJOB_E2E_OPERATOR_NAMESPACE=$(HELM_NAMESPACE) DDPJOB_E2E_TRAINER_IMAGE=$(TRAINER_IMAGE) \
+		$(BIN)/python -m pytest tests/e2e -m e2e -v $(E2E_ARGS)
+
+kind-down:
+	kind delete cluster --name $(KIND_CLUSTER) --kubeconfig $(KIND_KUBECONFIG)
+
+# The chart ships copies of generated files: the CRD and the RBAC rules (tests check both).
+chart-files: crds
+	cp crds/ddpjobs.elastic.ddp.dev.yaml charts/ddpjob-operator/crds/
+	$(BIN)/ddpjob rbac-rules > charts/ddpjob-operator/files/rbac-rules.yaml
