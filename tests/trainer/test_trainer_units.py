@@ -1,0 +1,131 @@
+"""Fast, process-free tests: sampler sharding, config validation, checkpoint manager crash safety."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp_trainer.checkpoint import CheckpointManager
+from ddp_trainer.config import ConfigError, OptimConfig, parse_config
+from ddp_trainer.sampler import ResumableDistributedSampler
+
+
+def shards(n: int, world: int, epoch: int = 0, consumed: int = 0, **kw) -> list[list[int]]:
+    out = []
+    for rank in range(world):
+        s = ResumableDistributedSampler(n, rank, world, seed=7, **kw)
+        s.set_epoch(epoch, consumed)
+        out.append(list(s))
+        assert len(s) == len(out[-1])
+    return out
+
+
+@pytest.mark.parametrize("n,world", [(100, 1), (100, 2), (100, 4), (101, 3)])
+def test_shards_are_disjoint_equal_and_cover_the_epoch(n: int, world: int) -> None:
+    parts = shards(n, world)
+    flat = [i for p in parts for i in p]
+    assert len(set(len(p) for p in parts)) == 1  # every rank runs the same number of steps
+    assert len(flat) == len(set(flat))  # disjoint
+    assert len(flat) == n - n % world  # drop_last: only the < world tail is left out
+    assert set(flat) <= set(range(n))
+
+
+def test_padding_repeats_only_the_tail() -> None:
+    parts = shards(101, 3, drop_last=False)
+    flat = [i for p in parts for i in p]
+    assert set(flat) == set(range(101)) and len(flat) == 102  # one sample seen twice
+
+
+def test_order_changes_every_epoch_and_is_reproducible() -> None:
+    e0, e1 = shards(100, 2, epoch=0), shards(100, 2, epoch=1)
+    assert e0 != e1
+    assert sorted(e0[0] + e0[1]) == sorted(e1[0] + e1[1]) == list(range(100))
+    assert shards(100, 2, epoch=1) == e1
+
+
+@pytest.mark.parametrize("world_before,world_after", [(2, 1), (1, 2), (2, 3), (4, 2)])
+def test_resume_reshards_the_remaining_samples_at_a_new_world_size(world_before: int, world_after: int) -> None:
+    n, batch, steps = 96, 4, 3
+    before = shards(n, world_before)
+    consumed_sets = [p[: steps * batch] for p in before]
+    consumed = sum(len(c) for c in consumed_sets)
+    after = shards(n, world_after, consumed=consumed)
+    seen = [i for c in consumed_sets for i in c] + [i for p in after for i in p]
+    assert sorted(seen) == list(range(n))  # nothing repeated, nothing skipped
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(ConfigError, match="optim.lr"):
+        OptimConfig(lr=0)
+    with pytest.raises(ConfigError, match="checkpoint.keep"):
+        parse_config(["--checkpoint-keep", "1"], env={})
+    with pytest.raises(ConfigError, match="DDPJOB_CHECKPOINT_INTERVAL_STEPS"):
+        parse_config([], env={"DDPJOB_CHECKPOINT_INTERVAL_STEPS": "often"})
+
+
+def test_checkpoint_settings_come_from_the_contract_env_unless_flags_override() -> None:
+    env = {"DDPJOB_CHECKPOINT_DIR": "/ckpt", "DDPJOB_CHECKPOINT_INTERVAL_STEPS": "50", "DDPJOB_CHECKPOINT_KEEP": "3"}
+    c = parse_config([], env=env).checkpoint
+    assert (c.dir, c.every_steps, c.keep) == ("/ckpt", 50, 3)
+    c = parse_config(["--checkpoint-every", "7", "--checkpoint-dir", "/other"], env=env).checkpoint
+    assert (c.dir, c.every_steps, c.keep) == ("/other", 7, 3)
+
+
+def _state(value: float) -> dict:
+    return {"w": torch.full((4,), value), "progress": {"step": int(value)}}
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_keeps_newest_k_and_skips_a_truncated_newest(tmp_path: Path, async_save: bool, caplog) -> None:
+    m = CheckpointManager(tmp_path, keep=2, async_save=async_save)
+    for step in (1, 2, 3):
+        m.save(step, _state(step))
+    m.wait()
+    assert m.committed_steps() == [3, 2]
+    p = m.path(3)
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])  # torn write of the newest
+    step, state = CheckpointManager(tmp_path, keep=2).load_latest()
+    assert step == 2 and torch.equal(state["w"], torch.full((4,), 2.0))
+    assert "skipping unreadable checkpoint step 3" in caplog.text
+
+
+def test_async_save_snapshots_before_training_mutates(tmp_path: Path) -> None:
+    m = CheckpointManager(tmp_path, keep=2, async_save=True)
+    w = torch.zeros(1000)
+    m.save(1, {"w": w})
+    w.add_(1)  # the next optimizer step, while the write may still be running
+    m.wait()
+    assert torch.equal(m.load(1)["w"], torch.zeros(1000))
+
+
+WRITER = """
+import sys, torch
+from ddp_trainer.checkpoint import CheckpointManager
+m = CheckpointManager(sys.argv[1], keep=2)
+m.save(1, {"w": torch.ones(10)})
+print("saved 1", flush=True)
+m.save(2, {"w": torch.zeros(64 * 1024 * 1024)})  # 256 MiB: the test kills it mid-write
+print("saved 2", flush=True)
+"""
+
+
+def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one_loadable(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "saved 1"
+    ckpt = tmp_path / "checkpoints"
+    deadline = time.monotonic() + 60
+    while not list(ckpt.glob(".step-00000002.pt.tmp*")):  # the temp file of step 2 exists: mid-write
+        assert proc.poll() is None and time.monotonic() < deadline, "writer finished before it could be killed"
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(10) == -signal.SIGKILL
+    m = CheckpointManager(tmp_path, keep=2)  # a new writer also removes the stale temp file
+    step, state = m.load_latest()
+    assert step == 1 and torch.equal(state["w"], torch.ones(10))
+    assert not list(ckpt.glob(".step-*"))

@@ -1,0 +1,139 @@
+"""Helpers to run the trainer the way the operator does: real torchrun agents, Gloo, CPU, 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PY = sys.executable
+
+# A standalone rendezvous store, as the operator runs it (a dedicated pod / local process).
+STORE_CODE = """
+import sys, time, torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False, multi_tenant=True)
+print("store ready", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_env(checkpoint_dir: Path | None = None, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for k in [k for k in env if k.startswith(("PET_", "TORCHELASTIC_", "DDPJOB_"))]:
+        del env[k]
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DDPJOB_NAME="test", DDPJOB_NAMESPACE="local")
+    if checkpoint_dir is not None:
+        env["DDPJOB_CHECKPOINT_DIR"] = str(checkpoint_dir)
+    env.update(extra)
+    return env
+
+
+class StoreServer:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen([PY, "-c", STORE_CODE, str(self.port)], stdout=subprocess.PIPE,
+                                     text=True, start_new_session=True)
+        line = self.proc.stdout.readline()  # blocks until the server is listening
+        assert "store ready" in line, f"store failed to start: {line!r}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        kill_tree(self.proc, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+def torchrun_cmd(trainer_args: list[str], *, nproc: int = 1, nnodes: str = "1", endpoint: str | None = None,
+                 run_id: str = "test", max_restarts: int = 0, local_addr: str | None = None) -> list[str]:
+    """The launch contract's command line; `endpoint=None` uses --standalone (single node)."""
+    cmd = [PY, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+           "--monitor-interval=0.2"]
+    if endpoint is None:
+        cmd += ["--standalone"]
+    else:
+        cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
+                "--rdzv-conf=is_host=false,join_timeout=60,last_call_timeout=1,read_timeout=30"]
+        if local_addr:  # the node's address in the rendezvous; rank 0's agent serves the workers' store there
+            cmd += [f"--local-addr={local_addr}"]
+    return cmd + ["-m", "ddp_trainer", *trainer_args]
+
+
+def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """A new session per agent, so a test can kill one "node" (agent + workers) as a whole."""
+    return subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run(cmd: list[str], env: dict[str, str], log: Path, timeout: float) -> int:
+    proc = start(cmd, env, log)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc, signal.SIGKILL)
+        raise AssertionError(f"timed out after {timeout}s:\n{tail(log)}")
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen, sig: int) -> None:
+    """Signal an agent's whole tree. torchrun starts every worker in its own session
+    (start_new_session=True), so killing the agent's process group alone orphans the workers."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        for kill in (os.killpg, os.kill):  # a worker's group is its own pid; a plain child is in ours
+            try:
+                kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def tail(path: Path, n: int = 60) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else "<no log>"
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def committed_steps(checkpoint_dir: Path) -> list[int]:
+    d = checkpoint_dir / "checkpoints"
+    return sorted((int(p.stem.split("-")[1]) for p in d.glob("step-*.committed")), reverse=True) if d.is_dir() else []
