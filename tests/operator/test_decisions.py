@@ -1,0 +1,378 @@
+"""Decision layer: (job, observed, now) -> status + actions. Pure and table-driven."""
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from ddpjob_operator import decisions as d
+from ddpjob_operator import model
+from ddpjob_operator.validation import InvalidJob, parse_spec
+
+T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
+UID = "uid-1"
+
+
+def spec(**overrides) -> model.DDPJobSpec:
+    base = {"replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer",
+            "failurePolicy": {"maxRestarts": 3, "backoff": {"initialSeconds": 10, "maxSeconds": 60}}}
+    for key, value in overrides.items():
+        base[key] = {**base[key], **value} if isinstance(base.get(key), dict) else value
+    return model.DDPJobSpec.model_validate(base)
+
+
+def job(s=None, status=None, generation=1, **kw) -> d.JobView:
+    return d.JobView(name="j", namespace="ns", uid=UID, metadata_generation=generation, created_at=T0,
+                     spec=s if s is not None else spec(), status=status or model.DDPJobStatus(), **kw)
+
+
+def w(index, phase="Running", generation=0, **kw) -> d.WorkerObservation:
+    kw.setdefault("ready", phase == "Running")
+    return d.WorkerObservation(index=index, name=f"j-worker-{index}", generation=generation, phase=phase, **kw)
+
+
+STORE = d.StoreObservation("Running", ready=True)
+
+
+def seen(*workers, store=STORE, now=T0) -> d.Observed:
+    return d.Observed(workers=tuple(workers), store=store, now=now)
+
+
+def running_status(**kw) -> model.DDPJobStatus:
+    base = {"phase": "Running", "startTime": d.rfc3339(T0), "observedGeneration": 1}
+    return model.DDPJobStatus.model_validate({**base, **kw})
+
+
+def of(decision, kind):
+    return [a for a in decision.actions if isinstance(a, kind)]
+
+
+def failed(index, code, reason="Error", generation=0, at=T0, **kw):
+    return w(index, "Failed", generation, exit_code=code, reason=reason, finished_at=at, **kw)
+
+
+# ---------------------------------------------------------------- exit classification
+
+POLICY = model.FailurePolicy(retryable_exit_codes=[75], permanent_exit_codes=[137])
+
+
+@pytest.mark.parametrize("code, reason, disruption, expected", [
+    (1, "Error", False, d.PERMANENT),
+    (127, "Error", False, d.PERMANENT),
+    (75, "Error", False, d.RETRYABLE),  # listed retryable
+    (143, "Error", False, d.RETRYABLE),  # SIGTERM
+    (139, "Error", False, d.RETRYABLE),  # SIGSEGV
+    (137, "OOMKilled", False, d.PERMANENT),  # explicit list wins over OOMKilled
+    (None, "NodeLost", False, d.RETRYABLE),
+    (1, "Evicted", True, d.DISRUPTION),
+    (137, "Error", True, d.DISRUPTION),
+])
+def test_classify_exit(code, reason, disruption, expected):
+    assert d.classify_exit(code, reason, disruption, POLICY) == expected
+
+
+def test_oom_is_retryable_by_default():
+    assert d.classify_exit(137, "OOMKilled", False, model.FailurePolicy()) == d.RETRYABLE
+
+
+@pytest.mark.parametrize("restarts, expected", [(0, 0), (1, 10), (2, 20), (3, 40), (4, 60), (10, 60)])
+def test_backoff_is_exponential_and_capped(restarts, expected):
+    assert d.backoff_seconds(restarts, model.Backoff(initial_seconds=10, max_seconds=60, factor=2)) == expected
+
+
+# ---------------------------------------------------------------- creation
+
+def test_new_job_creates_store_then_every_worker():
+    out = d.decide(job(), seen(store=None))
+    assert out.actions[0] == d.CreateStore()
+    assert of(out, d.CreateWorker) == [d.CreateWorker(0, 0, 0), d.CreateWorker(1, 0, 0)]
+    s = out.status
+    assert s.phase == "Pending" and s.start_time == d.rfc3339(T0) and s.observed_generation == 1
+    assert s.selector == "elastic.ddp.dev/job-name=j,elastic.ddp.dev/role=worker"
+    assert [r.phase for r in s.ranks] == ["Missing", "Missing"]
+    assert {c.type for c in s.conditions} == {"Created"}
+    assert of(out, d.Event)[-1].reason == "Starting"
+
+
+def test_all_running_is_running_and_idempotent():
+    first = d.decide(job(status=running_status()), seen(w(0), w(1)))
+    assert first.status.phase == "Running" and first.status.world_size == 2 and first.status.ready_replicas == 2
+    assert of(first, d.CreateWorker) == [] and of(first, d.DeleteWorker) == []
+    again = d.decide(job(status=first.status), seen(w(0), w(1), now=T0 + timedelta(minutes=5)))
+    assert not again.status_changed(first.status) and again.actions == ()
+
+
+def test_condition_keeps_transition_time_when_status_unchanged():
+    first = d.decide(job(status=running_status(phase="Pending")), seen(w(0), w(1)))
+    later = d.decide(job(status=first.status), seen(w(0), w(1), now=T0 + timedelta(hours=1)))
+    running = next(c for c in later.status.conditions if c.type == "Running")
+    assert running.last_transition_time == d.rfc3339(T0)
+
+
+def test_invalid_spec_fails_without_pods():
+    with pytest.raises(InvalidJob) as caught:
+        parse_spec({"replicas": 0, "image": "x", "entrypoint": "m"})
+    view = d.JobView(name="j", namespace="ns", uid=UID, metadata_generation=1, created_at=T0, spec=None,
+                     spec_errors=tuple(caught.value.errors))
+    out = d.decide(view, seen(store=None))
+    assert out.status.phase == "Failed" and "spec.replicas" in out.status.message
+    assert of(out, d.CreateWorker) == [] and of(out, d.CreateStore) == []
+    cond = next(c for c in out.status.conditions if c.type == "Failed")
+    assert cond.reason == "InvalidSpec" and "spec.replicas" in cond.message
+    assert of(out, d.Event)[-1].type == "Warning"
+
+
+def test_invalid_update_of_running_job_is_not_applied():
+    view = replace(job(status=running_status()), spec=None, spec_errors=(d.FieldError("spec.replicas", "too big"),))
+    out = d.decide(view, seen(w(0), w(1)))
+    assert out.status.phase == "Running" and not of(out, d.DeleteWorker) and not of(out, d.CreateWorker)
+    assert any(c.type == "SpecRejected" for c in out.status.conditions)
+    assert of(out, d.Event)[0].reason == "InvalidSpec"
+    again = d.decide(replace(view, status=out.status), seen(w(0), w(1)))
+    assert of(again, d.Event) == []  # warned once
+
+
+def test_deleting_job_does_nothing():
+    assert d.decide(job(deleting=True), seen(store=None)).actions == ()
+
+
+# ---------------------------------------------------------------- failures
+
+def test_retryable_failure_pod_scope_waits_for_backoff_then_replaces_only_that_rank():
+    s = spec(minReplicas=1)
+    first = d.decide(job(s, running_status()), seen(w(0), failed(1, 137, "OOMKilled")))
+    st = first.status
+    assert st.phase == "Restarting" and st.restarts == 1 and st.generation == 0
+    assert st.ranks[1].restarts == 1 and st.ranks[1].last_exit_code == 137 and st.ranks[1].last_reason == "OOMKilled"
+    assert of(first, d.DeleteWorker) == [] and first.requeue_after == 10
+    assert any(e.reason == "WorkerFailed" for e in of(first, d.Event))
+    # Same observation again: not charged twice.
+    again = d.decide(job(s, st), seen(w(0), failed(1, 137, "OOMKilled"), now=T0 + timedelta(seconds=5)))
+    assert again.status.restarts == 1 and again.requeue_after == 5
+    # Backoff passed: the failed pod goes (survivor untouched) ...
+    later = d.decide(job(s, again.status), seen(w(0), failed(1, 137, "OOMKilled"), now=T0 + timedelta(seconds=10)))
+    assert of(later, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_REPLACE)]
+    # ... and once it is gone the replacement comes, same generation, next attempt.
+    replaced = d.decide(job(s, later.status), seen(w(0), now=T0 + timedelta(seconds=11)))
+    assert of(replaced, d.CreateWorker) == [d.CreateWorker(1, 0, 1)] and replaced.status.restarts == 1
+    back = d.decide(job(s, replaced.status), seen(w(0), w(1, attempt=1), now=T0 + timedelta(seconds=30)))
+    assert back.status.phase == "Running" and back.status.ranks[1].restarts == 1
+
+
+def test_second_failure_of_replacement_is_charged_again():
+    s = spec(minReplicas=1)
+    status = running_status(restarts=1, ranks=[{"index": 0, "pod": "j-worker-0", "phase": "Running"},
+                                               {"index": 1, "pod": "j-worker-1", "phase": "Running", "restarts": 1}])
+    out = d.decide(job(s, status), seen(w(0), failed(1, 143, attempt=1)))
+    assert out.status.restarts == 2 and out.status.ranks[1].restarts == 2
+    assert out.requeue_after == 20  # exponential: second restart waits initial * factor
+
+
+def test_permanent_failure_fails_job_naming_rank_code_and_reason():
+    out = d.decide(job(status=running_status()), seen(w(0), failed(1, 2, "Error")))
+    st = out.status
+    assert st.phase == "Failed" and st.completion_time == d.rfc3339(T0)
+    cond = next(c for c in st.conditions if c.type == "Failed")
+    assert cond.reason == "PermanentError"
+    for part in ("worker 1", "j-worker-1", "exit code 2", "Error"):
+        assert part in cond.message
+    # cleanPodPolicy Running (default): the running worker and the store go, the failed one stays.
+    assert of(out, d.DeleteWorker) == [d.DeleteWorker("j-worker-0", d.REASON_CLEANUP)]
+    assert of(out, d.DeleteStore) == [d.DeleteStore(d.REASON_CLEANUP)]
+    assert any(e.type == "Warning" and "Failed" in e.message for e in of(out, d.Event))
+
+
+def test_listed_retryable_code_is_retried():
+    s = spec(minReplicas=1, failurePolicy={"retryableExitCodes": [3]})
+    assert d.decide(job(s, running_status()), seen(w(0), failed(1, 3))).status.phase == "Restarting"
+
+
+def test_budget_exhaustion_fails_and_never_loops_in_restarting():
+    s = spec(minReplicas=1, failurePolicy={"maxRestarts": 1})
+    status = running_status(restarts=1, ranks=[{"index": 1, "pod": "j-worker-1", "phase": "Running", "restarts": 1}])
+    out = d.decide(job(s, status), seen(w(0), failed(1, 137, attempt=1)))
+    assert out.status.phase == "Failed" and out.status.restarts == 1
+    cond = next(c for c in out.status.conditions if c.type == "Failed")
+    assert cond.reason == "RestartBudgetExhausted" and "maxRestarts=1" in cond.message and "exit code 137" in cond.message
+
+
+def test_zero_budget_fails_on_first_retryable_failure():
+    s = spec(failurePolicy={"maxRestarts": 0})
+    assert d.decide(job(s, running_status()), seen(w(0), failed(1, 143))).status.phase == "Failed"
+
+
+@pytest.mark.parametrize("worker", [
+    failed(1, 137, "Evicted", disruption=True),
+    w(1, "Running", terminating_since=T0),  # node lost: deleted behind our back
+])
+def test_disruption_is_recorded_but_not_charged(worker):
+    s = spec(minReplicas=1, failurePolicy={"maxRestarts": 0})
+    out = d.decide(job(s, running_status()), seen(w(0), worker))
+    st = out.status
+    assert st.phase == "Restarting" and st.restarts == 0 and st.disruptions == 1 and st.ranks[1].restarts == 1
+    assert any(e.reason == "WorkerDisrupted" for e in of(out, d.Event))
+    if worker.phase == "Failed":  # no backoff for disruptions
+        assert of(out, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_REPLACE)]
+
+
+def test_restart_scope_all_moves_gang_to_new_generation_after_backoff():
+    s = spec(failurePolicy={"restartScope": "All"})
+    first = d.decide(job(s, running_status()), seen(w(0), failed(1, 143)))
+    st = first.status
+    assert st.generation == 1 and st.restarts == 1 and st.phase == "Restarting"
+    # Survivor of the old generation goes now; the failed pod stays for the backoff; nothing new yet.
+    assert of(first, d.DeleteWorker) == [d.DeleteWorker("j-worker-0", d.REASON_OLD_GENERATION)]
+    assert of(first, d.CreateWorker) == []
+    assert any(e.reason == "GangRestart" for e in of(first, d.Event))
+    mid = d.decide(job(s, st), seen(failed(1, 143), now=T0 + timedelta(seconds=10)))
+    assert mid.status.restarts == 1  # old generation: never charged again
+    assert of(mid, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_REPLACE)]
+    fresh = d.decide(job(s, mid.status), seen(now=T0 + timedelta(seconds=11)))
+    assert of(fresh, d.CreateWorker) == [d.CreateWorker(0, 1, 0), d.CreateWorker(1, 1, 1)]
+
+
+def test_pod_scope_below_min_replicas_moves_to_fresh_generation():
+    # min == replicas (static job): survivors cannot continue, so no one waits on a closed rendezvous.
+    out = d.decide(job(spec(), running_status()), seen(w(0), failed(1, 143)))
+    assert out.status.generation == 1 and out.status.restarts == 1
+    assert d.DeleteWorker("j-worker-0", d.REASON_OLD_GENERATION) in of(out, d.DeleteWorker)
+
+
+def test_pod_scope_elastic_survivors_continue_in_same_generation():
+    s = spec(replicas=3, minReplicas=2, maxReplicas=3)
+    out = d.decide(job(s, running_status()), seen(w(0), w(1), failed(2, 143)))
+    assert out.status.generation == 0 and not of(out, d.DeleteWorker)
+    assert out.status.world_size == 2
+
+
+def test_generation_is_taken_from_pods_when_status_lags():
+    out = d.decide(job(status=running_status(generation=0)), seen(w(0, generation=2), w(1, generation=2)))
+    assert out.status.generation == 2 and not of(out, d.DeleteWorker)
+
+
+# ---------------------------------------------------------------- rendezvous store
+
+def test_store_loss_moves_job_to_new_generation_without_charging():
+    out = d.decide(job(status=running_status()), seen(w(0), w(1), store=d.StoreObservation("Failed")))
+    st = out.status
+    assert st.generation == 1 and st.restarts == 0 and st.disruptions == 1 and st.phase == "Restarting"
+    assert d.DeleteStore("store pod is Failed") in out.actions
+    assert {a.name for a in of(out, d.DeleteWorker)} == {"j-worker-0", "j-worker-1"}
+    assert any(e.reason == "RendezvousStoreLost" for e in of(out, d.Event))
+
+
+def test_store_gone_is_recreated_before_new_generation_workers():
+    out = d.decide(job(status=running_status(generation=1)), seen(store=None))
+    assert out.actions[0] == d.CreateStore()
+    assert of(out, d.CreateWorker) == [d.CreateWorker(0, 1, 0), d.CreateWorker(1, 1, 0)]
+
+
+def test_no_workers_while_store_terminating():
+    out = d.decide(job(status=running_status()), seen(store=d.StoreObservation("Running", terminating_since=T0)))
+    assert of(out, d.CreateWorker) == [] and of(out, d.CreateStore) == []
+
+
+# ---------------------------------------------------------------- success
+
+@pytest.mark.parametrize("policy, workers, phase", [
+    ("AllWorkers", [w(0, "Succeeded"), w(1, "Succeeded")], "Succeeded"),
+    ("AllWorkers", [w(0, "Succeeded"), w(1)], "Running"),
+    ("RankZero", [w(0, "Succeeded"), w(1)], "Succeeded"),
+    ("RankZero", [w(0), w(1, "Succeeded")], "Running"),
+    ("AllWorkers", [w(0, "Succeeded"), failed(1, 143)], "Failed"),
+])
+def test_success_policy(policy, workers, phase):
+    out = d.decide(job(spec(runPolicy={"successPolicy": policy}), running_status()), seen(*workers))
+    assert out.status.phase == phase
+
+
+def test_success_stops_the_rest_and_sets_completion_time():
+    out = d.decide(job(spec(runPolicy={"successPolicy": "RankZero", "cleanPodPolicy": "None"}), running_status()),
+                   seen(w(0, "Succeeded"), w(1)))
+    assert out.status.completion_time == d.rfc3339(T0)
+    assert of(out, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_CLEANUP)]
+    assert of(out, d.DeleteStore)
+
+
+@pytest.mark.parametrize("policy, deleted", [("None", set()), ("Running", {"j-worker-0"}),
+                                             ("All", {"j-worker-0", "j-worker-1"})])
+def test_clean_pod_policy_on_failure(policy, deleted):
+    out = d.decide(job(spec(runPolicy={"cleanPodPolicy": policy}), running_status()), seen(w(0), failed(1, 1)))
+    assert {a.name for a in of(out, d.DeleteWorker)} == deleted
+
+
+def test_ttl_deletes_finished_job():
+    s = spec(runPolicy={"ttlSecondsAfterFinished": 60})
+    done = running_status(phase="Succeeded", completionTime=d.rfc3339(T0))
+    early = d.decide(job(s, done), seen(store=None, now=T0 + timedelta(seconds=20)))
+    assert early.requeue_after == 40 and not of(early, d.DeleteJob)
+    late = d.decide(job(s, done), seen(store=None, now=T0 + timedelta(seconds=60)))
+    assert of(late, d.DeleteJob)
+
+
+def test_finished_job_stays_finished():
+    done = running_status(phase="Failed", completionTime=d.rfc3339(T0))
+    out = d.decide(job(status=done), seen(store=None))
+    assert out.status.phase == "Failed" and not of(out, d.CreateWorker)
+
+
+# ---------------------------------------------------------------- scale, suspend, deadline, stuck pods
+
+def test_scale_up_adds_highest_indices():
+    s = spec(replicas=4, minReplicas=1, maxReplicas=4)
+    out = d.decide(job(s, running_status(ranks=[{"index": 0, "pod": "a", "phase": "Running"},
+                                                {"index": 1, "pod": "b", "phase": "Running"}]), generation=2),
+                   seen(w(0), w(1)))
+    assert of(out, d.CreateWorker) == [d.CreateWorker(2, 0, 0), d.CreateWorker(3, 0, 0)]
+    assert any(e.reason == "Scaled" for e in of(out, d.Event))
+
+
+def test_scale_down_removes_highest_indices_gracefully():
+    s = spec(replicas=1, minReplicas=1, maxReplicas=3)
+    out = d.decide(job(s, running_status()), seen(w(0), w(1), w(2)))
+    assert of(out, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_SCALE_DOWN),
+                                       d.DeleteWorker("j-worker-2", d.REASON_SCALE_DOWN)]
+    assert out.status.phase == "Running" and out.status.restarts == 0
+
+
+def test_suspend_deletes_pods_and_resume_recreates_them():
+    s = spec(checkpoint={"claimTemplate": {"size": "1Gi"}}, runPolicy={"suspend": True})
+    out = d.decide(job(s, running_status()), seen(w(0), w(1)))
+    assert out.status.phase == "Suspended"
+    assert {a.name for a in of(out, d.DeleteWorker)} == {"j-worker-0", "j-worker-1"}
+    assert of(out, d.DeleteStore) == [d.DeleteStore(d.REASON_SUSPENDED)]
+    assert next(c for c in out.status.conditions if c.type == "Suspended").status == "True"
+    resumed = d.decide(job(spec(checkpoint={"claimTemplate": {"size": "1Gi"}}), out.status),
+                       seen(store=None, now=T0 + timedelta(hours=1)))
+    assert resumed.status.phase == "Pending" and len(of(resumed, d.CreateWorker)) == 2
+    assert resumed.status.start_time == d.rfc3339(T0 + timedelta(hours=1))
+    assert next(c for c in resumed.status.conditions if c.type == "Suspended").status == "False"
+    assert any(e.reason == "Resumed" for e in of(resumed, d.Event))
+
+
+def test_active_deadline_fails_with_deadline_exceeded():
+    s = spec(runPolicy={"activeDeadlineSeconds": 100})
+    before = d.decide(job(s, running_status()), seen(w(0), w(1), now=T0 + timedelta(seconds=40)))
+    assert before.status.phase == "Running" and before.requeue_after == 60
+    after = d.decide(job(s, running_status()), seen(w(0), w(1), now=T0 + timedelta(seconds=100)))
+    assert after.status.phase == "Failed" and after.status.conditions[-1].reason == "DeadlineExceeded"
+    assert {a.name for a in of(after, d.DeleteWorker)} == {"j-worker-0", "j-worker-1"}
+
+
+def test_stuck_terminating_pod_is_force_deleted_after_timeout_then_replaced():
+    s = spec(minReplicas=1)
+    opts = d.Options(stuck_terminating_seconds=30)
+    status = running_status(ranks=[{"index": 1, "pod": "j-worker-1", "phase": "Running", "restarts": 1}])
+    stuck = w(1, "Running", terminating_since=T0)  # its loss was already recorded (restarts 1)
+    early = d.decide(job(s, status), seen(w(0), stuck, now=T0 + timedelta(seconds=10)), opts)
+    assert not of(early, d.DeleteWorker) and early.requeue_after == 20
+    late = d.decide(job(s, status), seen(w(0), stuck, now=T0 + timedelta(seconds=30)), opts)
+    assert of(late, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_STUCK_TERMINATING, force=True)]
+    gone = d.decide(job(s, late.status), seen(w(0), now=T0 + timedelta(seconds=31)), opts)
+    assert of(gone, d.CreateWorker) == [d.CreateWorker(1, 0, 1)]
+
+
+def test_transition_events_on_every_phase_change():
+    out = d.decide(job(status=running_status(phase="Pending")), seen(w(0), w(1)))
+    transitions = [e for e in of(out, d.Event) if "->" in e.message]
+    assert [e.message.split(":")[0] for e in transitions] == ["Pending -> Running"]
