@@ -3,26 +3,17 @@ tests/api/invalid/ and its error names the field from the file's `# expect:` lin
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from ..api.test_validation import INVALID, _expectation
 from . import cluster
 
 pytestmark = pytest.mark.e2e
 
-INVALID = sorted((cluster.ROOT / "tests" / "api" / "invalid").glob("*.yaml"))
-
-
-def _expected_field(path: Path) -> str:
-    header = path.read_text().splitlines()[0]
-    assert header.startswith("# expect: "), f"{path.name} lacks its '# expect: FIELD | TEXT' line"
-    return header[len("# expect: "):].partition(" | ")[0].strip()
-
 
 @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
 def test_api_server_rejects_invalid_manifest_naming_the_field(path, namespace):
-    field = _expected_field(path)
+    field, _ = _expectation(path)
     result = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(path), check=False)
     assert result.returncode != 0, f"the API server accepted {path.name}"
     assert field in result.stderr, f"{field} not named in: {result.stderr}"
