@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
                 trainer.close(clean)
         finally:
             destroy_process_group()
+    log = logging.getLogger(__name__)
+    (log.warning if code else log.info)("exiting with code %d", code)
     return code
 
 
