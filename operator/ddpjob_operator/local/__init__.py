@@ -1,0 +1,5 @@
+"""Run a DDPJob on this machine: local processes, the operator's builders and decision layer."""
+
+from .cli import register
+
+__all__ = ["register"]

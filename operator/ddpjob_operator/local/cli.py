@@ -1,0 +1,103 @@
+"""`ddpjob run FILE --local`: argument parsing and the exit status; the work is in runner.py."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .. import model, validation
+from .runner import EXIT_FAILED, EXIT_INTERRUPTED, FaultInjection, LocalRunner, RunOptions
+from .view import make_view
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "run", help="run a DDPJob on this machine with the operator's launch and restart semantics",
+        description="Run every worker pod of the DDPJob as a local torchrun agent (plus the rendezvous "
+                    "store), with the same command line, environment and restart decisions as the operator.")
+    p.add_argument("file", metavar="FILE", help="manifest holding one DDPJob")
+    p.add_argument("--local", action="store_true", required=True,
+                   help="run here instead of on a cluster (the only mode; for a cluster use kubectl apply)")
+    p.add_argument("--replicas", type=int, metavar="N",
+                   help="start with N workers instead of spec.replicas (within minReplicas..maxReplicas)")
+    p.add_argument("--checkpoint-dir", type=Path, metavar="DIR",
+                   help="local directory for the checkpoint volume, kept as is like an existing claim "
+                        "(default: .ddpjob/<name>/checkpoints, emptied at start unless --resume)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the checkpoints of the previous run in the default directory and continue")
+    p.add_argument("--logs", action="store_true", help="also print every worker log line, prefixed with its pod")
+    fault = p.add_argument_group("fault injection (demonstrates recovery)")
+    fault.add_argument("--kill-worker", type=int, metavar="I", help="SIGKILL worker I (its whole process tree)")
+    when = fault.add_mutually_exclusive_group()
+    when.add_argument("--kill-after", type=float, metavar="SECONDS",
+                      help="... this many seconds after the job starts running")
+    when.add_argument("--kill-at-step", type=int, metavar="STEP",
+                      help="... once the trainer reports this optimizer step")
+    p.set_defaults(func=cmd_run)
+
+
+def _fault(args: argparse.Namespace) -> tuple[FaultInjection, ...]:
+    timed = args.kill_after is not None or args.kill_at_step is not None
+    if args.kill_worker is None:
+        if timed:
+            raise validation.InvalidJob([validation.FieldError(
+                "--kill-after/--kill-at-step", "no worker to kill", "add --kill-worker I")])
+        return ()
+    if not timed:
+        raise validation.InvalidJob([validation.FieldError(
+            "--kill-worker", "needs a moment to strike", "add --kill-after SECONDS or --kill-at-step STEP")])
+    return (FaultInjection(index=args.kill_worker, after_seconds=args.kill_after, at_step=args.kill_at_step),)
+
+
+def load_one_job(path: str) -> model.DDPJob:
+    """The single DDPJob in `path`; errors are worded exactly as `ddpjob validate` words them."""
+    try:
+        documents = list(validation.load_documents(path))
+    except validation.InvalidJob as exc:
+        raise validation.InvalidJob([validation.FieldError(path, str(e)) for e in exc.errors]) from None
+    jobs, errors = [], []
+    for doc in documents:
+        try:
+            jobs.append(validation.parse_job(doc.body))
+        except validation.InvalidJob as exc:
+            errors += [validation.FieldError(doc.label, str(e)) for e in exc.errors]
+    if errors:
+        raise validation.InvalidJob(errors)
+    if len(jobs) != 1:
+        raise validation.InvalidJob([validation.FieldError(
+            path, f"holds {len(jobs)} DDPJobs", "put the one to run in a file of its own")])
+    return jobs[0]
+
+
+def with_replicas(job: model.DDPJob, replicas: int | None) -> model.DDPJob:
+    """`--replicas` is a local `kubectl scale`: any count within the job's elastic bounds."""
+    spec = job.spec
+    if replicas is None or replicas == spec.replicas:
+        return job
+    if not spec.min_nodes <= replicas <= spec.max_nodes:
+        raise validation.InvalidJob([validation.FieldError(
+            "--replicas", f"must be within minReplicas..maxReplicas ({spec.min_nodes}..{spec.max_nodes}), "
+            f"got {replicas}", f"pick a count in {spec.min_nodes}..{spec.max_nodes} or widen the bounds in the manifest")])
+    # min/max default to replicas: pin them so scaling the start size does not move the bounds.
+    scaled = spec.model_copy(update={"replicas": replicas, "min_replicas": spec.min_nodes,
+                                     "max_replicas": spec.max_nodes})
+    return job.model_copy(update={"spec": scaled})
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..cli import EXIT_INVALID  # the package CLI imports this module to register `run`
+
+    try:
+        job = with_replicas(load_one_job(args.file), args.replicas)
+        options = RunOptions(checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                             print_logs=args.logs, faults=_fault(args))
+        runner = LocalRunner(job, options, make_view())
+    except validation.InvalidJob as exc:
+        for error in exc.errors:
+            print(error, file=sys.stderr)
+        return EXIT_INVALID
+    phase = runner.run()
+    if runner.interrupted:
+        return EXIT_INTERRUPTED
+    return 0 if phase == "Succeeded" else EXIT_FAILED

@@ -1,0 +1,365 @@
+"""`ddpjob run --local`: the operator's reconcile loop with processes instead of pods.
+
+Level-based like the operator: observe the processes -> `decisions.decide()` -> carry out its
+actions -> wait for the next poll or `requeue_after`. Every restart rule (exit codes, scope,
+backoff, budget, success policy, deadline) lives in decisions.py, and every command line and
+environment comes from builders.py; this module only maps pods onto local processes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Callable
+
+from .. import builders, decisions, model
+from ..validation import FieldError, InvalidJob
+from .logs import LogTail, read_report
+from .processes import LocalProcess, kill_marked, marker_for
+from .view import Snapshot, Summary, View, WorkerRow
+
+NAMESPACE = "local"
+LOCALHOST = "127.0.0.1"
+POLL_SECONDS = 0.2
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+# Where the local "volumes" and logs live, relative to the working directory.
+STATE_DIR = Path(".ddpjob")
+
+
+@dataclass(frozen=True)
+class FaultInjection:
+    """SIGKILL worker `index` (its whole process tree), once, at a time or a training step."""
+
+    index: int
+    after_seconds: float | None = None  # since the run started
+    at_step: int | None = None  # once the trainer's progress.json reports this step
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    checkpoint_dir: Path | None = None  # None: STATE_DIR/<name>/checkpoints, emptied unless resume
+    resume: bool = False
+    print_logs: bool = False
+    faults: tuple[FaultInjection, ...] = ()
+    state_dir: Path = STATE_DIR
+
+
+@dataclass
+class WorkerProcess:
+    index: int
+    generation: int
+    attempt: int
+    process: LocalProcess
+    deleted: bool = False  # asked to go (DeleteWorker): vanishes once its processes are gone
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOCALHOST, 0))
+        return s.getsockname()[1]
+
+
+def _accepts_connections(port: int) -> bool:
+    try:
+        with socket.create_connection((LOCALHOST, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def base_environment(spec: model.DDPJobSpec) -> dict[str, str]:
+    """This shell's environment without what torchrun and the operator own, plus the job's env."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in model.RESERVED_ENV_NAMES and not k.startswith(model.RESERVED_ENV_PREFIXES)}
+    errors = []
+    for i, var in enumerate(spec.env):
+        if var.value_from is not None:
+            errors.append(FieldError(f"spec.env[{i}].valueFrom", "secrets, config maps and pod fields do "
+                                     "not exist in a local run", f"give {var.name} a literal `value` for local runs"))
+        else:
+            env[var.name] = var.value or ""
+    if errors:
+        raise InvalidJob(errors)
+    return env
+
+
+class LocalRunner:
+    def __init__(self, job: model.DDPJob, options: RunOptions, view: View,
+                 clock: Callable[[], datetime] = utc_now, sleep: Callable[[float], None] = time.sleep):
+        self.name, self.spec, self.options, self.view = job.metadata.name, job.spec, options, view
+        self.clock, self.sleep = clock, sleep
+        self.base_env = base_environment(job.spec)
+        self.uid = str(uuid.uuid4())
+        self.run_id = f"{self.name}-{self.uid[:8]}"
+        self.run_marker = marker_for(self.run_id)
+        root = options.state_dir / self.name
+        self.log_dir = (root / "logs").resolve()
+        self.checkpoint_dir: Path | None = None
+        if job.spec.checkpoint is not None:
+            self.checkpoint_dir = (options.checkpoint_dir or root / "checkpoints").resolve()
+        self.status = model.DDPJobStatus()
+        self.store: LocalProcess | None = None
+        self.store_port = free_port()
+        self.store_ready = False
+        self.workers: dict[str, WorkerProcess] = {}
+        self.tails: dict[str, LogTail] = {}
+        self.pending_faults = list(options.faults)
+        self.interrupted = False
+        self._signals: list[int] = []
+        self.created_at = clock()
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> str:
+        """Run to Succeeded or Failed (or until SIGINT/SIGTERM); returns the final phase."""
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._prepare_dirs()
+            while True:
+                if self._signals:
+                    self.interrupted = True
+                    self.view.event(f"{signal.Signals(self._signals[0]).name}: stopping every worker "
+                                    f"gracefully (they checkpoint); press Ctrl-C again to kill them")
+                    break
+                decision = self.reconcile()
+                if self.status.phase in decisions.TERMINAL_PHASES:
+                    break
+                wait = POLL_SECONDS if decision.requeue_after is None else min(POLL_SECONDS, decision.requeue_after)
+                self.sleep(wait)
+        finally:
+            try:
+                self.stop_all()
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+                self.view.close(self.summary())
+        return self.status.phase or "Pending"
+
+    def reconcile(self) -> decisions.Decision:
+        """One level-based pass: observe, decide, act, show."""
+        now = self.clock()
+        decision = decisions.decide(self.job_view(), self.observe(now))
+        self.status = decision.status
+        for action in decision.actions:
+            self.execute(action, now)
+        self._inject_faults(now)
+        self._show(now)
+        return decision
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals.append(signum)
+
+    def _prepare_dirs(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.checkpoint_dir is None:
+            return
+        # The default directory is the job's own claim (claimTemplate): a new job starts empty.
+        if self.options.checkpoint_dir is None and not self.options.resume and self.checkpoint_dir.exists():
+            shutil.rmtree(self.checkpoint_dir)
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+
+    # ---- observe -----------------------------------------------------------------------------
+
+    def job_view(self) -> decisions.JobView:
+        return decisions.JobView(name=self.name, namespace=NAMESPACE, uid=self.uid, metadata_generation=1,
+                                 created_at=self.created_at, spec=self.spec, status=self.status)
+
+    def observe(self, now: datetime) -> decisions.Observed:
+        workers = []
+        for name, w in list(self.workers.items()):
+            code = w.process.poll(now)
+            if w.deleted and code is not None:
+                del self.workers[name]  # a deleted pod whose processes are gone no longer exists
+                continue
+            if w.deleted and now >= w.process.terminating_since + self._grace():
+                w.process.kill()  # the grace period is over, as the kubelet would do
+            workers.append(self._observation(name, w, code))
+        return decisions.Observed(workers=tuple(workers), store=self._store_observation(now), now=now)
+
+    def _grace(self) -> timedelta:
+        return timedelta(seconds=self.spec.template.termination_grace_period_seconds)
+
+    @staticmethod
+    def _observation(name: str, w: WorkerProcess, code: int | None) -> decisions.WorkerObservation:
+        if code is None:
+            phase, reason = "Running", None
+        else:
+            phase, reason = ("Succeeded", "Completed") if code == 0 else ("Failed", "Error")
+        return decisions.WorkerObservation(
+            index=w.index, name=name, generation=w.generation, phase=phase, attempt=w.attempt,
+            ready=code is None, exit_code=code, reason=reason, terminating_since=w.process.terminating_since,
+            node=LOCALHOST, started_at=w.process.started_at, finished_at=w.process.finished_at)
+
+    def _store_observation(self, now: datetime) -> decisions.StoreObservation | None:
+        if self.store is None:
+            return None
+        code = self.store.poll(now)
+        if code is not None:
+            if self.store.terminating_since is not None:
+                self.store = None  # deleted and gone
+                return None
+            return decisions.StoreObservation(phase="Succeeded" if code == 0 else "Failed")
+        self.store_ready = self.store_ready or _accepts_connections(self.store_port)
+        return decisions.StoreObservation(phase="Running", ready=self.store_ready,
+                                          terminating_since=self.store.terminating_since)
+
+    # ---- act ---------------------------------------------------------------------------------
+
+    def execute(self, action: decisions.Action, now: datetime) -> None:
+        if isinstance(action, decisions.CreateStore):
+            self._create_store(now)
+        elif isinstance(action, decisions.DeleteStore):
+            if self.store is not None:
+                self.store.kill() if action.force else self.store.terminate(now)
+        elif isinstance(action, decisions.CreateWorker):
+            self._create_worker(action, now)
+        elif isinstance(action, decisions.DeleteWorker):
+            self._delete_worker(action, now)
+        elif isinstance(action, decisions.Event):
+            self.view.event(f"{action.type} {action.reason}: {action.message}")
+        # DeleteJob (TTL) has nothing to do here: a local run ends when the job finishes.
+
+    def _create_store(self, now: datetime) -> None:
+        self.store_port = free_port()
+        self.store_ready = False
+        self.store = LocalProcess(
+            name=builders.store_pod_name(self.name), marker=marker_for(self.run_id, "store"),
+            argv=builders.store_command(self.store_port, python=sys.executable), env=self.base_env,
+            log_path=self.log_dir / f"{builders.store_pod_name(self.name)}.log")
+        self.store.start(now)
+
+    def _create_worker(self, action: decisions.CreateWorker, now: datetime) -> None:
+        name = builders.worker_name(self.name, action.index)
+        if name in self.workers:
+            return  # the old pod is still terminating: created once it is gone (next passes)
+        endpoint = f"{LOCALHOST}:{self.store_port}"
+        rdzv_id = builders.rendezvous_id(self.uid, action.generation)
+        env = {**self.base_env, **builders.worker_env(
+            self.spec, job_name=self.name, namespace=NAMESPACE, index=action.index, generation=action.generation,
+            endpoint=endpoint, rdzv_id=rdzv_id,
+            checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None)}
+        process = LocalProcess(
+            name=name, marker=marker_for(self.run_id, name, action.attempt), env=env,
+            argv=builders.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, python=sys.executable),
+            log_path=self.log_dir / f"{name}.log")
+        process.start(now)
+        self.workers[name] = WorkerProcess(action.index, action.generation, action.attempt, process)
+        self.tails.setdefault(name, LogTail(process.log_path))
+
+    def _delete_worker(self, action: decisions.DeleteWorker, now: datetime) -> None:
+        w = self.workers.get(action.name)
+        if w is None:
+            return
+        w.deleted = True
+        if action.force:
+            w.process.kill()
+        elif w.process.poll(now) is None:
+            w.process.terminate(now)
+        else:
+            del self.workers[action.name]
+
+    def _inject_faults(self, now: datetime) -> None:
+        progress = read_report(self.checkpoint_dir, "progress.json") or {}
+        elapsed = (now - self.created_at).total_seconds()
+        for fault in list(self.pending_faults):
+            due = (fault.after_seconds is not None and elapsed >= fault.after_seconds) or \
+                  (fault.at_step is not None and (progress.get("step") or 0) >= fault.at_step)
+            target = self.workers.get(builders.worker_name(self.name, fault.index))
+            if not due or target is None or target.deleted or target.process.poll(now) is not None:
+                continue
+            self.pending_faults.remove(fault)
+            target.process.kill()
+            self.view.event(f"fault injection: killed {target.process.name} (SIGKILL to its whole process "
+                            f"tree) at {elapsed:.1f}s, trainer step {progress.get('step')}")
+
+    # ---- stop --------------------------------------------------------------------------------
+
+    def stop_all(self) -> None:
+        """Like deleting the job: SIGTERM every worker (they checkpoint), SIGKILL after the grace
+        period or a second Ctrl-C, then the store; nothing of this run survives."""
+        signals_seen = len(self._signals)
+        now = self.clock()
+        for w in self.workers.values():
+            if w.process.poll(now) is None:
+                w.process.terminate(now)
+        deadline = time.monotonic() + self._grace().total_seconds()
+        while any(w.process.poll(self.clock()) is None for w in self.workers.values()):
+            if time.monotonic() >= deadline or len(self._signals) > max(signals_seen, 1):
+                break
+            self._show(self.clock())
+            time.sleep(POLL_SECONDS)
+        if self.store is not None and self.store.poll(self.clock()) is None:
+            self.store.terminate(self.clock())
+            wait_until = time.monotonic() + 5
+            while self.store.poll(self.clock()) is None and time.monotonic() < wait_until:
+                time.sleep(0.05)
+        kill_marked(self.run_marker)
+        for w in self.workers.values():
+            w.process.kill()  # reaps the root processes
+        if self.store is not None:
+            self.store.kill()
+        self._show(self.clock())
+
+    # ---- show --------------------------------------------------------------------------------
+
+    def _show(self, now: datetime) -> None:
+        for name, tail in self.tails.items():
+            for line in tail.read_new_lines():
+                if self.options.print_logs:
+                    self.view.log_line(name, line)
+        self.view.update(self.snapshot(now))
+
+    def snapshot(self, now: datetime) -> Snapshot:
+        progress = read_report(self.checkpoint_dir, "progress.json") or {}
+        ranks = {r.index: r for r in self.status.ranks}
+        rows = []
+        for index in sorted(set(ranks) | {w.index for w in self.workers.values()}):
+            name = builders.worker_name(self.name, index)
+            w, rank, tail = self.workers.get(name), ranks.get(index), self.tails.get(name)
+            code = w.process.poll(now) if w else None
+            if w is None:
+                state = "Pending"
+            elif w.process.terminating_since is not None and code is None:
+                state = "Terminating"
+            else:
+                state = "Running" if code is None else ("Succeeded" if code == 0 else "Failed")
+            rows.append(WorkerRow(name=name, state=state, restarts=rank.restarts if rank else 0,
+                                  exit_code=code if code is not None else (rank.last_exit_code if rank else None),
+                                  step=tail.step if tail else None, loss=tail.loss if tail else None))
+        return Snapshot(job=self.name, phase=self.status.phase or "Pending", message=self.status.message or "",
+                        restarts=self.status.restarts, max_restarts=self.spec.failure_policy.max_restarts,
+                        elapsed_s=(now - self.created_at).total_seconds(), step=progress.get("step"),
+                        loss=progress.get("loss"), world_size=progress.get("world_size"),
+                        last_checkpoint_step=progress.get("last_checkpoint_step"), workers=tuple(rows))
+
+    def summary(self) -> Summary:
+        phase = self.status.phase or "Pending"
+        condition = next((c for c in self.status.conditions if c.type == phase), None)
+        message = f"{condition.reason}: {self.status.message}" if condition else (self.status.message or "")
+        if self.interrupted:
+            message = (f"stopped by {signal.Signals(self._signals[0]).name} while {phase}; the workers "
+                       f"checkpointed, continue with --resume")
+            phase = "Interrupted"
+        result = read_report(self.checkpoint_dir, "result.json")
+        started = self.created_at.timestamp()
+        if result is not None and (self.checkpoint_dir / "result.json").stat().st_mtime < started:
+            result = None  # left by an earlier run in a kept directory
+        return Summary(job=self.name, phase=phase, message=message,
+                       elapsed_s=(self.clock() - self.created_at).total_seconds(),
+                       restarts=self.status.restarts, disruptions=self.status.disruptions,
+                       worker_restarts={r.pod: r.restarts for r in self.status.ranks}, result=result,
+                       checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None,
+                       log_dir=str(self.log_dir))

@@ -1,0 +1,172 @@
+"""What a local run shows: a live table on a terminal, timestamped lines in CI logs, a summary."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+PLAIN_PROGRESS_EVERY_S = 10.0  # CI logs: training progress at most this often (state changes always)
+
+PHASE_STYLE = {"Succeeded": "bold green", "Failed": "bold red", "Restarting": "yellow",
+               "Running": "cyan", "Pending": "dim", "Suspended": "magenta"}
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    name: str
+    state: str  # Pending, Running, Terminating, Succeeded, Failed
+    restarts: int = 0
+    exit_code: int | None = None
+    step: int | None = None
+    loss: float | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    job: str
+    phase: str
+    message: str = ""
+    restarts: int = 0
+    max_restarts: int = 0
+    elapsed_s: float = 0.0
+    step: int | None = None
+    loss: float | None = None
+    world_size: int | None = None
+    last_checkpoint_step: int | None = None
+    workers: tuple[WorkerRow, ...] = ()
+
+
+@dataclass(frozen=True)
+class Summary:
+    job: str
+    phase: str
+    message: str
+    elapsed_s: float
+    restarts: int
+    disruptions: int
+    worker_restarts: dict[str, int]
+    result: dict | None  # the trainer's result.json, when it finished
+    checkpoint_dir: str | None
+    log_dir: str
+
+    def lines(self) -> list[str]:
+        out = [f"job {self.job}: {self.phase} after {self.elapsed_s:.1f}s"
+               + (f" ({self.message})" if self.message else ""),
+               f"restarts charged to the budget: {self.restarts}, disruptions: {self.disruptions}"
+               + "".join(f", {n}: {r}" for n, r in self.worker_restarts.items() if r)]
+        if self.result:
+            acc = self.result.get("eval_accuracy")
+            out.append(f"final metrics: step {self.result.get('step')}, epoch {self.result.get('epoch')}, "
+                       f"eval_loss {_num(self.result.get('eval_loss'))}, "
+                       f"eval_accuracy {'n/a' if acc is None else f'{acc:.2%}'}, "
+                       f"world_size {self.result.get('world_size')}")
+        if self.checkpoint_dir:
+            out.append(f"checkpoints: {self.checkpoint_dir}")
+        out.append(f"worker logs: {self.log_dir}")
+        return out
+
+
+def _num(value: float | int | None, fmt: str = ".4f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+class View(Protocol):
+    def update(self, snap: Snapshot) -> None: ...
+    def event(self, text: str) -> None: ...
+    def log_line(self, pod: str, line: str) -> None: ...
+    def close(self, summary: Summary) -> None: ...
+
+
+def make_view(console: Console | None = None) -> View:
+    console = console or Console()
+    return LiveView(console) if console.is_terminal else PlainView(console)
+
+
+class PlainView:
+    """No terminal: one timestamped line per state change, progress now and then."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self._last: Snapshot | None = None
+        self._last_progress_at = 0.0
+
+    def _print(self, text: str) -> None:
+        self.console.print(f"{time.strftime('%H:%M:%S')} {text}", markup=False, highlight=False,
+                           soft_wrap=True)
+
+    def update(self, snap: Snapshot) -> None:
+        last = self._last
+        if last is None or (snap.phase, snap.message) != (last.phase, last.message):
+            self._print(f"job {snap.job}: {snap.phase}" + (f" - {snap.message}" if snap.message else ""))
+        before = {w.name: w for w in last.workers} if last else {}
+        for w in snap.workers:
+            old = before.get(w.name)
+            if old is None or (old.state, old.restarts) != (w.state, w.restarts):
+                exit_text = f" exit {w.exit_code}" if w.exit_code is not None else ""
+                self._print(f"{w.name}: {w.state}{exit_text} (restarts {w.restarts})")
+        now = time.monotonic()
+        if snap.step is not None and (last is None or snap.step != last.step) \
+                and now - self._last_progress_at >= PLAIN_PROGRESS_EVERY_S:
+            self._last_progress_at = now
+            self._print(_progress_text(snap))
+        self._last = snap
+
+    def event(self, text: str) -> None:
+        self._print(text)
+
+    def log_line(self, pod: str, line: str) -> None:
+        self.console.print(f"[{pod}] {line}", markup=False, highlight=False, soft_wrap=True)
+
+    def close(self, summary: Summary) -> None:
+        for line in summary.lines():
+            self._print(line)
+
+
+def _progress_text(snap: Snapshot) -> str:
+    return (f"progress: step {snap.step} loss {_num(snap.loss)} world_size {snap.world_size or '-'} "
+            f"last checkpoint step {_num(snap.last_checkpoint_step, 'd')}")
+
+
+class LiveView:
+    """A terminal: a table redrawn in place; events and log lines scroll above it."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.live = Live(console=console, auto_refresh=False, transient=False)
+        self.live.start()
+
+    def update(self, snap: Snapshot) -> None:
+        self.live.update(self._table(snap), refresh=True)
+
+    def _table(self, snap: Snapshot) -> Table:
+        title = Text.assemble(f"DDPJob {snap.job}  ", (snap.phase, PHASE_STYLE.get(snap.phase, "")),
+                              f"  {snap.elapsed_s:.0f}s  restarts {snap.restarts}/{snap.max_restarts}")
+        table = Table(title=title, title_justify="left", expand=False)
+        for column in ("worker", "state", "restarts", "exit", "step", "loss"):
+            table.add_column(column, justify="right" if column not in ("worker", "state") else "left")
+        for w in snap.workers:
+            table.add_row(w.name, Text(w.state, PHASE_STYLE.get(w.state, "")), str(w.restarts),
+                          _num(w.exit_code, "d"), _num(w.step, "d"), _num(w.loss))
+        if snap.message:
+            table.caption = snap.message
+        if snap.step is not None:
+            table.caption = ((table.caption + "\n") if table.caption else "") + _progress_text(snap)
+        return table
+
+    def event(self, text: str) -> None:
+        self.live.console.print(f"{time.strftime('%H:%M:%S')} {text}", markup=False, highlight=False)
+
+    def log_line(self, pod: str, line: str) -> None:
+        self.live.console.print(f"[{pod}] {line}", markup=False, highlight=False)
+
+    def close(self, summary: Summary) -> None:
+        self.live.stop()
+        style = PHASE_STYLE.get(summary.phase, "")
+        for i, line in enumerate(summary.lines()):
+            self.console.print(Text(line, style if i == 0 else ""))
