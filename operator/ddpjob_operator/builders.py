@@ -140,6 +140,9 @@ def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: 
         env["DDPJOB_CHECKPOINT_KEEP"] = str(spec.checkpoint.keep)
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
+    # With torchrun's shared TCPStore, a surviving rank-0 agent skips publishing MASTER_ADDR in a
+    # re-rendezvous round, so a replacement worker and it wait on each other until read_timeout.
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     for flag, value in torchrun_flags(spec, endpoint=endpoint, rdzv_id=rdzv_id):
         env["PET_" + flag.upper().replace("-", "_")] = value
     return env
