@@ -1,0 +1,110 @@
+"""Helpers for `ddpjob run --local` tests: tiny manifests in tmp dirs, the real CLI, the process table."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DDPJOB = [sys.executable, "-m", "ddpjob_operator.cli"]
+TAG_ENV = "LOCAL_RUNNER_TEST_TAG"  # not DDPJOB_*: the runner strips those, this must reach every process
+
+# Small and fast on 2 shared cores: short rendezvous timeouts, frequent checkpoints.
+TINY_DIGITS: dict[str, Any] = {
+    "replicas": 2, "minReplicas": 1, "maxReplicas": 2,
+    "image": "ghcr.io/ddpjob/ddp-trainer:0.1.0", "entrypoint": "ddp_trainer",
+    "args": ["--workload", "digits", "--epochs", "3", "--batch-size", "32", "--lr", "0.05", "--log-every", "5"],
+    "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+    "rendezvous": {"joinTimeoutSeconds": 60, "lastCallTimeoutSeconds": 1, "readTimeoutSeconds": 30},
+    "checkpoint": {"claimTemplate": {"size": "1Gi"}, "intervalSteps": 10, "keep": 3},
+    "failurePolicy": {"maxRestarts": 2, "backoff": {"initialSeconds": 0, "maxSeconds": 1}},
+    "template": {"terminationGracePeriodSeconds": 30},
+}
+
+
+def manifest(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": name},
+            "spec": {**TINY_DIGITS, **spec}}
+
+
+def write_manifest(directory: Path, doc: dict[str, Any]) -> Path:
+    path = directory / f"{doc['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def script(directory: Path, name: str, body: str) -> Path:
+    """A .py entrypoint (torchrun runs it directly), for behaviour that needs no training."""
+    path = directory / name
+    path.write_text(body)
+    return path
+
+
+class Run:
+    """`ddpjob run FILE --local ...` as a real subprocess in `cwd`, tagged for the process-table check."""
+
+    def __init__(self, cwd: Path, *args: str):
+        self.cwd, self.tag = cwd, uuid.uuid4().hex
+        env = {**os.environ, TAG_ENV: self.tag, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen([*DDPJOB, "run", *args, "--local"], cwd=cwd, env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def wait(self, timeout: float) -> tuple[int, str]:
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            raise AssertionError(f"ddpjob run did not finish within {timeout}s:\n{out}") from None
+        return self.proc.returncode, out
+
+    def interrupt(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+
+    def leftovers(self) -> list[str]:
+        """Live processes (any session, any parent) that inherited this run's environment."""
+        return tagged_processes(self.tag)
+
+
+def tagged_processes(tag: str) -> list[str]:
+    wanted = f"{TAG_ENV}={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if wanted not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] != "Z":
+            found.append(f"{entry.name}: {cmdline[:160]}")
+    return found
+
+
+def kill_tagged(tag: str) -> None:
+    for line in tagged_processes(tag):
+        try:
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def job_dir(cwd: Path, name: str) -> Path:
+    return cwd / ".ddpjob" / name

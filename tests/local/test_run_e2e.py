@@ -1,0 +1,114 @@
+"""`ddpjob run --local` end to end: real runner, real torchrun agents and trainers on Gloo, real signals."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from .harness import Run, job_dir, kill_tagged, manifest, read_json, script, write_manifest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def runs():
+    """Every Run of a test; whatever a failing test leaves behind is killed, not leaked."""
+    started: list[Run] = []
+    yield started
+    for run in started:
+        if run.proc.poll() is None:
+            run.proc.kill()
+        kill_tagged(run.tag)
+
+
+def start(runs: list[Run], cwd: Path, *args: str) -> Run:
+    run = Run(cwd, *args)
+    runs.append(run)
+    return run
+
+
+def test_success_with_fewer_replicas_ends_with_metrics_and_checkpoint_path(tmp_path, runs):
+    path = write_manifest(tmp_path, manifest("ok"))
+    code, out = start(runs, tmp_path, str(path), "--replicas", "1").wait(timeout=240)
+    assert code == 0, out
+    result = read_json(job_dir(tmp_path, "ok") / "checkpoints" / "result.json")
+    assert result and result["status"] == "completed" and result["world_size"] == 1, out
+    assert result["epoch"] == 3 and result["eval_accuracy"] > 0.85, result
+    assert "job ok: Succeeded" in out
+    assert f"checkpoints: {job_dir(tmp_path, 'ok') / 'checkpoints'}" in out
+    assert re.search(r"final metrics: step \d+, epoch 3, .*eval_accuracy \d+\.\d+%", out), out
+    assert "ok-worker-1" not in out, "--replicas 1 must start one worker only"
+    logs = job_dir(tmp_path, "ok") / "logs"
+    assert "step=" in (logs / "ok-worker-0.log").read_text()
+    assert (logs / "ok-rdzv.log").exists()
+
+
+def test_killed_worker_is_replaced_and_training_resumes_from_its_checkpoint(tmp_path, runs):
+    doc = manifest("kill")
+    doc["spec"]["args"] = ["--workload", "digits", "--epochs", "12", "--batch-size", "32", "--lr", "0.05",
+                           "--log-every", "5"]
+    path = write_manifest(tmp_path, doc)
+    code, out = start(runs, tmp_path, str(path), "--kill-worker", "1", "--kill-at-step", "45").wait(timeout=300)
+    assert code == 0, out
+    killed = re.search(r"fault injection: killed kill-worker-1 .* trainer step (\d+)", out)
+    assert killed, out
+    assert "WorkerFailed: worker 1 (pod kill-worker-1) failed with exit code 137" in out
+    assert "restarts charged to the budget: 1" in out and "kill-worker-1: 1" in out
+    log0 = (job_dir(tmp_path, "kill") / "logs" / "kill-worker-0.log").read_text()
+    resumed = [int(s) for s in re.findall(r"resumed from checkpoint step=(\d+)", log0)]
+    assert resumed, log0[-3000:]
+    # The checkpoint at or before the kill, never a later one, at most one interval back.
+    assert int(killed.group(1)) - 10 - 5 <= resumed[0] <= int(killed.group(1)), (killed.group(0), resumed)
+    result = read_json(job_dir(tmp_path, "kill") / "checkpoints" / "result.json")
+    assert result and result["status"] == "completed" and result["epoch"] == 12, out
+
+
+def test_permanent_error_fails_the_job_with_the_reason(tmp_path, runs):
+    entry = script(tmp_path, "config_error.py", "import sys\nprint('bad learning rate', flush=True)\nsys.exit(2)\n")
+    path = write_manifest(tmp_path, manifest("perm", entrypoint=str(entry), args=[], replicas=1, minReplicas=1,
+                                             failurePolicy={"maxRestarts": 0}))
+    code, out = start(runs, tmp_path, str(path)).wait(timeout=120)
+    assert code == 1, out
+    # torchrun reports any trainer failure as exit code 1: permanent (1-127) by failurePolicy.
+    assert "job perm: Failed" in out and "PermanentError: worker 0 (pod perm-worker-0) failed with exit code 1" in out
+    assert "bad learning rate" in (job_dir(tmp_path, "perm") / "logs" / "perm-worker-0.log").read_text()
+
+
+def test_retryable_failures_exhaust_the_restart_budget(tmp_path, runs):
+    entry = script(tmp_path, "flaky.py", "import sys\nsys.exit(1)\n")
+    path = write_manifest(tmp_path, manifest(
+        "budget", entrypoint=str(entry), args=[], replicas=1, minReplicas=1,
+        failurePolicy={"maxRestarts": 1, "retryableExitCodes": [1], "backoff": {"initialSeconds": 0}}))
+    code, out = start(runs, tmp_path, str(path)).wait(timeout=120)
+    assert code == 1, out
+    assert "WorkerFailed: worker 0 (pod budget-worker-0) failed with exit code 1, reason Error; retrying" in out
+    assert "RestartBudgetExhausted" in out and "failurePolicy.maxRestarts=1 is spent" in out
+    assert "restarts charged to the budget: 1" in out
+    log = (job_dir(tmp_path, "budget") / "logs" / "budget-worker-0.log").read_text()
+    assert log.count("---- budget-worker-0:") == 2, "one replacement, then the budget is spent"
+
+
+def test_ctrl_c_stops_workers_gracefully_and_leaves_no_process(tmp_path, runs):
+    doc = manifest("stop")
+    doc["spec"]["args"] = ["--workload", "digits", "--epochs", "400", "--batch-size", "32", "--log-every", "5"]
+    path = write_manifest(tmp_path, doc)
+    run = start(runs, tmp_path, str(path))
+    progress = job_dir(tmp_path, "stop") / "checkpoints" / "progress.json"
+    deadline = time.monotonic() + 180
+    while ((read_json(progress) or {}).get("step") or 0) < 20:
+        assert run.proc.poll() is None and time.monotonic() < deadline, "training never reached step 20"
+        time.sleep(0.2)
+    assert len(run.leftovers()) >= 5, run.leftovers()  # store + 2 agents + 2 trainers
+    run.interrupt()
+    code, out = run.wait(timeout=120)
+    assert code == 130, out
+    assert run.leftovers() == [], out
+    assert "job stop: Interrupted" in out and "workers checkpointed" in out
+    log0 = (job_dir(tmp_path, "stop") / "logs" / "stop-worker-0.log").read_text()
+    stopped = re.search(r"stop requested at step (\d+): writing a final checkpoint", log0)
+    assert stopped, log0[-3000:]
+    final = job_dir(tmp_path, "stop") / "checkpoints" / "checkpoints" / f"step-{int(stopped.group(1)):08d}.committed"
+    assert final.exists(), sorted(p.name for p in final.parent.iterdir())
