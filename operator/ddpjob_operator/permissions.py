@@ -5,12 +5,17 @@ mode) are rendered from `charts/ddpjob-operator/files/rbac-rules.yaml`, which is
 from `PERMISSIONS` (`ddpjob rbac-rules`, `make chart-files`); tests prove the chart grants all
 of it and nothing broader, and that the operator's recorded API calls stay within it.
 
-What kopf 1.45 itself calls, with peering off and `settings.scanning.disabled = True`:
-list/watch and merge/JSON patch of the handled resource (finalizers, progress annotations),
-patch of its status subresource, and create of core v1 Events (handler logs). API discovery
-(`/api`, `/apis`) is a non-resource URL every authenticated user may read. Scanning must stay
-disabled: otherwise kopf also lists/watches `customresourcedefinitions` cluster-wide and, in
-namespaced mode, `namespaces`, which this list deliberately does not grant.
+Verbs the code does not call are not granted; when the operator starts calling one (a `get`, a
+patch of the job), add it here: tests/operator records every call against the API emulator and
+fails on one outside this list.
+
+What kopf 1.45 itself calls, with peering off and `settings.scanning.disabled = True`: list and
+watch of the resources it handles or indexes, create of core v1 Events (handler problems), and,
+only for change handlers (on.create/update/delete, which this operator does not use), patches of
+the handled object. API discovery (`/api`, `/apis`) is a non-resource URL every authenticated
+user may read. Scanning must stay disabled (settings.configure_kopf): otherwise kopf also
+lists/watches `customresourcedefinitions` cluster-wide and, in namespaced mode, `namespaces`,
+which this list deliberately does not grant.
 """
 
 from __future__ import annotations
@@ -31,18 +36,20 @@ class Permission(NamedTuple):
 
 
 PERMISSIONS: tuple[Permission, ...] = (
-    # kopf watches DDPJobs and patches finalizers/annotations; the operator deletes them after TTL.
-    Permission(model.GROUP, model.PLURAL, ("get", "list", "watch", "patch", "delete")),
-    Permission(model.GROUP, f"{model.PLURAL}/status", ("get", "patch")),
+    # kopf lists and watches DDPJobs (event handlers only: it never patches them); the operator
+    # deletes finished jobs after their TTL.
+    Permission(model.GROUP, model.PLURAL, ("list", "watch", "delete")),
+    Permission(model.GROUP, f"{model.PLURAL}/status", ("patch",)),
     # Owner references with blockOwnerDeletion require update on the owner's finalizers.
     Permission(model.GROUP, f"{model.PLURAL}/finalizers", ("update",)),
-    Permission("", "pods", ("get", "list", "watch", "create", "delete", "patch")),
-    # The rendezvous store's Service.
-    Permission("", "services", ("get", "create")),
-    # kopf posts handler logs as Events; the operator posts lifecycle Events.
+    # kopf indexes and watches the operator's pods; workers and the store are created and deleted.
+    Permission("", "pods", ("list", "watch", "create", "delete")),
+    # Creates are idempotent (409 means it exists), so nothing is read back with get.
+    Permission("", "services", ("create",)),
+    # kopf posts handler problems as Events; the operator posts lifecycle Events.
     Permission("", "events", ("create",)),
     # Only for checkpoint.claimTemplate: the operator creates `<job>-checkpoints`.
-    Permission("", "persistentvolumeclaims", ("get", "create")),
+    Permission("", "persistentvolumeclaims", ("create",)),
 )
 
 

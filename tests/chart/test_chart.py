@@ -3,11 +3,15 @@ values wiring, schema rejections, and the CRD copy."""
 
 from __future__ import annotations
 
+import importlib.util
+import re
 import tomllib
 
 import helm_python as helm
 import kubernetes_validate
 import pytest
+
+from ddpjob_operator import settings
 
 from .helm_install import CHART_DIR, RELEASE, RELEASE_NAMESPACE, ROOT, install_dry_run
 
@@ -23,7 +27,7 @@ CUSTOMIZED = {
     "metrics": {"enabled": False},
     "health": {"port": 8181},
     "serviceAccount": {"create": False, "name": "ml-operator"},
-    "extraEnv": [{"name": "DDPJOB_OPERATOR_EXTRA", "value": "1"}],
+    "extraEnv": [{"name": "DDPJOB_OPERATOR_RESYNC_SECONDS", "value": "15"}],
     "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
     "nodeSelector": {"kubernetes.io/os": "linux", "node-role.kubernetes.io/control-plane": ""},
     "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
@@ -70,6 +74,19 @@ def test_chart_and_image_version_follow_the_operator_package():
     assert metadata["version"] == metadata["appVersion"] == _operator_version()
     image = _container(install_dry_run())["image"]
     assert image == f"ghcr.io/ddpjob/ddpjob-operator:{_operator_version()}"
+
+
+def test_operator_image_matches_the_chart():
+    """The image's numeric user is the chart's runAsUser, its entrypoint exists, it has no torch."""
+    dockerfile = (ROOT / "operator" / "Dockerfile").read_text()
+    pod_security = install_dry_run().one("Deployment")["spec"]["template"]["spec"]["securityContext"]
+    users = re.findall(r"^USER (\d+):(\d+)$", dockerfile, re.MULTILINE)
+    assert users == [(str(pod_security["runAsUser"]), str(pod_security["runAsGroup"]))]
+    entrypoint = re.search(r'^ENTRYPOINT \["python", "-m", "([\w.]+)"\]$', dockerfile, re.MULTILINE)
+    assert entrypoint and importlib.util.find_spec(entrypoint.group(1)) is not None
+    with open(ROOT / "operator" / "pyproject.toml", "rb") as f:
+        dependencies = tomllib.load(f)["project"]["dependencies"]
+    assert not any(re.match(r"torch\b", d) for d in dependencies)
 
 
 @pytest.mark.parametrize("values_name", VALUE_SETS)
@@ -158,7 +175,7 @@ def test_non_default_values_reach_the_pod():
     assert _env(release) == {
         "DDPJOB_OPERATOR_WATCH_NAMESPACES": "", "DDPJOB_OPERATOR_LOG_LEVEL": "DEBUG",
         "DDPJOB_OPERATOR_HEALTH_PORT": "8181", "DDPJOB_OPERATOR_METRICS_PORT": "0",
-        "DDPJOB_OPERATOR_EXTRA": "1"}
+        "DDPJOB_OPERATOR_RESYNC_SECONDS": "15"}
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"health": 8181}
     assert container["resources"] == CUSTOMIZED["resources"]
     for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets"):
@@ -169,6 +186,17 @@ def test_non_default_values_reach_the_pod():
     binding = release.one("ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ml-operator",
                                     "namespace": RELEASE_NAMESPACE}]
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ({}, settings.Settings()),
+    (NAMESPACED, settings.Settings(watch_namespaces=("team-a", "team-b"))),
+    (CUSTOMIZED, settings.Settings(log_level="DEBUG", health_port=8181, metrics_port=0,
+                                   resync_seconds=15.0)),
+], ids=["default", "namespaced", "customized"])
+def test_rendered_environment_is_what_the_operator_reads(values, expected):
+    """The operator's own settings parser accepts the chart's environment and gets the values."""
+    assert settings.from_env(_env(install_dry_run(values))) == expected
 
 
 def test_watch_namespaces_reach_the_operator_and_the_notes():
