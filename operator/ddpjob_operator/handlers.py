@@ -1,0 +1,269 @@
+"""Thin kopf wiring: watch DDPJobs and their pods, run `decide()`, apply its actions.
+
+Level-based like a controller-runtime work queue: every DDPJob event, every event of a pod it
+owns, a per-job requeue timer (backoff, deadline, TTL) and a periodic resync all *trigger* the
+same reconcile of that job; one reconcile per job runs at a time and a trigger during a run
+makes it run once more. Pods are read from a kopf index, which kopf fills completely before it
+calls any handler, so a restarted operator never acts on a half-listed cluster.
+
+Handlers return nothing (kopf would store results in the strict status) and never sleep; waits
+are timers. kopf adds no finalizers (no timers, daemons or deletion handlers are registered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+import aiohttp
+import kopf
+
+from . import builders, decisions, kube, model, store
+from .metrics import Metrics
+from .settings import Settings
+
+logger = logging.getLogger("ddpjob_operator")
+
+JobKey = tuple[str, str]  # (namespace, name)
+OWNED_PODS = {builders.LABEL_MANAGED_BY: builders.MANAGED_BY, builders.LABEL_JOB_UID: kopf.PRESENT}
+RETRYABLE_ERRORS = (kube.ApiError, aiohttp.ClientError, asyncio.TimeoutError)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: copy.deepcopy(dict(body.get(key) or {})) for key in ("metadata", "spec", "status")}
+
+
+class Controller:
+    def __init__(self, api: kube.Kube, settings: Settings, metrics: Metrics,
+                 clock: Callable[[], datetime] = utcnow):
+        self.api, self.settings, self.metrics, self.clock = api, settings, metrics, clock
+        self.options = decisions.Options(stuck_terminating_seconds=settings.stuck_terminating_seconds)
+        self.jobs: dict[JobKey, dict[str, Any]] = {}
+        self.pods: Mapping[tuple[str, str], Any] = {}  # kopf's index: (namespace, job uid) -> PodSummary
+        self.written: dict[str, model.DDPJobStatus] = {}  # job uid -> the status this process last wrote
+        self.shared_ready: set[str] = set()  # job uids whose Services / claim exist
+        self._running: dict[JobKey, asyncio.Task[None]] = {}
+        self._dirty: set[JobKey] = set()
+        self._timers: dict[JobKey, tuple[float, asyncio.TimerHandle]] = {}
+        self._resync: asyncio.TimerHandle | None = None
+        self._side_tasks: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self.settings.metrics_port:
+            self.metrics.serve(self.settings.metrics_port, self.settings.bind_address)
+        self._schedule_resync()
+
+    async def stop(self) -> None:
+        if self._resync is not None:
+            self._resync.cancel()
+        for _, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        pending = list(self._running.values()) + list(self._side_tasks)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        self.metrics.stop()
+        await self.api.close()
+
+    def _schedule_resync(self) -> None:
+        def resync() -> None:
+            for key in list(self.jobs):
+                self.trigger(key)
+            self._schedule_resync()
+        self._resync = asyncio.get_running_loop().call_later(self.settings.resync_seconds, resync)
+
+    # ------------------------------------------------------------ triggers
+
+    def job_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace") or "default", meta["name"])
+        if event_type == "DELETED":
+            old = self.jobs.pop(key, None)
+            uid = (old or _snapshot(body))["metadata"].get("uid", "")
+            self.written.pop(uid, None)
+            self.shared_ready.discard(uid)
+            self.metrics.job_phase(uid, None)
+            self._cancel_timer(key)
+            return
+        self.jobs[key] = _snapshot(body)
+        self.trigger(key)
+
+    def pod_event(self, namespace: str, labels: Mapping[str, str]) -> None:
+        job_name = labels.get(builders.LABEL_JOB_NAME)
+        if job_name:
+            self.trigger((namespace, job_name))
+
+    def trigger(self, key: JobKey) -> None:
+        if key in self._running:
+            self._dirty.add(key)
+            return
+        self._running[key] = asyncio.get_running_loop().create_task(self._run(key))
+
+    def requeue(self, key: JobKey, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        current = self._timers.get(key)
+        if current is not None and current[0] <= due:
+            return  # an earlier wake-up is already set
+        if current is not None:
+            current[1].cancel()
+        self._timers[key] = (due, loop.call_at(due, self._fire_timer, key))
+
+    def _fire_timer(self, key: JobKey) -> None:
+        self._timers.pop(key, None)
+        self.trigger(key)
+
+    def _cancel_timer(self, key: JobKey) -> None:
+        current = self._timers.pop(key, None)
+        if current is not None:
+            current[1].cancel()
+
+    async def _run(self, key: JobKey) -> None:
+        try:
+            while True:
+                self._dirty.discard(key)
+                await self._reconcile_safely(key)
+                if key not in self._dirty:
+                    return
+        finally:
+            self._running.pop(key, None)
+
+    async def _reconcile_safely(self, key: JobKey) -> None:
+        started = time.perf_counter()
+        try:
+            await self.reconcile(key)
+        except RETRYABLE_ERRORS as exc:
+            self.metrics.reconcile_errors.inc()
+            logger.warning("reconcile of %s/%s failed, retrying in %ss: %s", *key, self.settings.retry_seconds, exc)
+            self.requeue(key, self.settings.retry_seconds)
+        finally:
+            self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+    # ------------------------------------------------------------ one reconcile
+
+    async def reconcile(self, key: JobKey) -> None:
+        body = self.jobs.get(key)
+        if body is None:
+            return
+        uid = body["metadata"].get("uid", "")
+        view = store.job_view(body, self.written.get(uid))
+        observed = store.observe(self.pods.get((key[0], uid), ()), self.clock())
+        decision = decisions.decide(view, observed, self.options)
+        if decision.status_changed(view.status):
+            patch = kube.merge_patch(view.status.wire(), decision.status.wire())
+            if not await self.api.patch_status(view.namespace, view.name, patch):
+                return  # the job is gone; its children go with it
+            self.written[uid] = decision.status
+            self._count(view.status, decision.status)
+        self.metrics.job_phase(uid, decision.status.phase)
+        await self.execute(view, decision.actions, observed.now)
+        if decision.requeue_after is not None:
+            self.requeue(key, decision.requeue_after)
+
+    def _count(self, old: model.DDPJobStatus, new: model.DDPJobStatus) -> None:
+        if new.restarts > old.restarts:
+            self.metrics.restarts.inc(new.restarts - old.restarts)
+        if new.disruptions > old.disruptions:
+            self.metrics.disruptions.inc(new.disruptions - old.disruptions)
+
+    async def execute(self, view: decisions.JobView, actions: tuple[decisions.Action, ...], now: datetime) -> None:
+        job = builders.JobRef(view.name, view.namespace, view.uid)
+        spec = view.spec
+        for event in (a for a in actions if isinstance(a, decisions.Event)):
+            self._post_event(job, event, now)
+        creates = [a for a in actions if isinstance(a, (decisions.CreateStore, decisions.CreateWorker))]
+        if creates:
+            assert spec is not None  # the decision layer only creates for a runnable spec
+            await self._ensure_shared(job, spec)
+        if any(isinstance(a, decisions.CreateStore) for a in actions):
+            assert spec is not None
+            await self.api.create(builders.store_pod(job, spec))  # before workers: they dial it
+        calls = []
+        for action in actions:
+            if isinstance(action, decisions.CreateWorker):
+                assert spec is not None
+                calls.append(self.api.create(builders.worker_pod(
+                    job, spec, index=action.index, generation=action.generation, attempt=action.attempt)))
+            elif isinstance(action, decisions.DeleteWorker):
+                calls.append(self.api.delete(kube.PODS, job.namespace, action.name,
+                                             grace_seconds=0 if action.force else None))
+            elif isinstance(action, decisions.DeleteStore):
+                calls.append(self.api.delete(kube.PODS, job.namespace, builders.store_pod_name(job.name),
+                                             grace_seconds=0 if action.force else None))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+        if any(isinstance(a, decisions.DeleteJob) for a in actions):
+            await self.api.delete(kube.DDPJOBS, job.namespace, job.name)
+
+    async def _ensure_shared(self, job: builders.JobRef, spec: model.DDPJobSpec) -> None:
+        if job.uid in self.shared_ready:
+            return
+        await asyncio.gather(*(self.api.create(m) for m in builders.shared_manifests(job, spec)))
+        self.shared_ready.add(job.uid)
+
+    def _post_event(self, job: builders.JobRef, event: decisions.Event, now: datetime) -> None:
+        """Events are best effort and must not slow the reconcile down."""
+        async def post() -> None:
+            try:
+                await self.api.post_event({"name": job.name, "namespace": job.namespace, "uid": job.uid},
+                                          event.type, event.reason, event.message, decisions.rfc3339(now))
+            except RETRYABLE_ERRORS as exc:
+                logger.info("could not post event %s for %s/%s: %s", event.reason, job.namespace, job.name, exc)
+        (logger.warning if event.type == "Warning" else logger.info)(
+            "%s/%s %s: %s", job.namespace, job.name, event.reason, event.message)
+        task = asyncio.get_running_loop().create_task(post())
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+
+def build_registry(controller: Controller, connection: kube.Connection) -> kopf.OperatorRegistry:
+    """A fresh registry per operator instance (no module globals: tests run several)."""
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(id="login", registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection.for_kopf()
+
+    @kopf.on.startup(id="startup", registry=registry)
+    async def startup(**_: Any) -> None:
+        controller.start()
+
+    @kopf.on.cleanup(id="cleanup", registry=registry)
+    async def cleanup(**_: Any) -> None:
+        await controller.stop()
+
+    @kopf.on.probe(id="jobs", registry=registry)
+    def jobs_probe(**_: Any) -> int:
+        return len(controller.jobs)
+
+    @kopf.index("", "v1", "pods", id="ddpjob_pods", labels=OWNED_PODS, registry=registry)
+    def ddpjob_pods(namespace: str, labels: Mapping[str, str], body: kopf.Body,
+                    **_: Any) -> dict[tuple[str, str], store.PodSummary]:
+        return {(namespace, labels[builders.LABEL_JOB_UID]): store.summarize_pod(body)}
+
+    @kopf.on.event(model.GROUP, model.VERSION, model.PLURAL, id="ddpjob_event", registry=registry)
+    async def ddpjob_event(type: str | None, body: kopf.Body, ddpjob_pods: kopf.Index[Any, Any],
+                           **_: Any) -> None:
+        controller.pods = ddpjob_pods
+        controller.job_event(type, body)
+
+    @kopf.on.event("", "v1", "pods", id="pod_event", labels=OWNED_PODS, registry=registry)
+    async def pod_event(namespace: str, labels: Mapping[str, str], ddpjob_pods: kopf.Index[Any, Any],
+                        **_: Any) -> None:
+        controller.pods = ddpjob_pods
+        controller.pod_event(namespace, labels)
+
+    return registry

@@ -1,0 +1,189 @@
+"""Thin async access to the Kubernetes API: the only module that makes the operator's own calls.
+
+kopf has no general-purpose client, so this is a few verbs over aiohttp with the same
+credentials kopf logs in with. Idempotency lives here: AlreadyExists on create and NotFound on
+delete mean "done". Everything else (a 409 Conflict included) raises `ApiError`, and the caller
+retries the whole reconcile (level-based, so that is always safe).
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import kopf
+
+from . import model
+
+USER_AGENT = "ddpjob-operator"
+
+
+@dataclass(frozen=True)
+class Connection:
+    server: str  # e.g. https://10.0.0.1:443
+    token: str | None = None
+    ca_path: str | None = None
+    certificate_path: str | None = None
+    private_key_path: str | None = None
+    insecure: bool = False
+
+    @classmethod
+    def from_environment(cls) -> "Connection":
+        """In-cluster service account, else the current kubeconfig context."""
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)
+        auth = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken")
+        token = auth.split(" ", 1)[1] if auth and auth.startswith("Bearer ") else auth
+        return cls(server=configuration.host, token=token, ca_path=configuration.ssl_ca_cert,
+                   certificate_path=configuration.cert_file, private_key_path=configuration.key_file,
+                   insecure=not configuration.verify_ssl)
+
+    def for_kopf(self) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=self.server, token=self.token, scheme="Bearer" if self.token else None,
+                                   ca_path=self.ca_path, certificate_path=self.certificate_path,
+                                   private_key_path=self.private_key_path, insecure=self.insecure)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, message: str):
+        self.status, self.reason, self.message = status, reason, message
+        super().__init__(f"HTTP {status} {reason}: {message}")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Where a resource lives in the URL space."""
+
+    api_version: str
+    plural: str
+
+    def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+        root = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        path = f"{root}/namespaces/{namespace}/{self.plural}"
+        if name:
+            path += f"/{name}"
+        if subresource:
+            path += f"/{subresource}"
+        return path
+
+
+PODS = Kind("v1", "pods")
+SERVICES = Kind("v1", "services")
+CLAIMS = Kind("v1", "persistentvolumeclaims")
+EVENTS = Kind("v1", "events")
+DDPJOBS = Kind(model.API_VERSION, model.PLURAL)
+KINDS = {("v1", "Pod"): PODS, ("v1", "Service"): SERVICES, ("v1", "PersistentVolumeClaim"): CLAIMS}
+
+
+def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386 patch turning `old` into `new` (removed keys become null, lists are replaced)."""
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            nested = merge_patch(before, value)
+            if nested:
+                patch[key] = nested
+        elif value != before:
+            patch[key] = value
+    return patch
+
+
+class Kube:
+    def __init__(self, connection: Connection, *, timeout_seconds: float = 30.0):
+        self.connection = connection
+        self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            conn = self.connection
+            ssl_context: ssl.SSLContext | bool = False if conn.insecure else ssl.create_default_context(
+                cafile=conn.ca_path)
+            if isinstance(ssl_context, ssl.SSLContext) and conn.certificate_path:
+                ssl_context.load_cert_chain(conn.certificate_path, conn.private_key_path)
+            headers = {"User-Agent": USER_AGENT}
+            if conn.token:
+                headers["Authorization"] = f"Bearer {conn.token}"
+            self._session = aiohttp.ClientSession(
+                base_url=conn.server.rstrip("/") + "/", headers=headers, timeout=self.timeout,
+                connector=aiohttp.TCPConnector(ssl=ssl_context if conn.server.startswith("https") else None))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _call(self, method: str, path: str, *, body: Any = None, params: dict[str, str] | None = None,
+                    content_type: str = "application/json") -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if body is not None else {}
+        async with self._open().request(method, path.lstrip("/"), data=data, params=params,
+                                        headers=headers) as response:
+            text = await response.text()
+            payload = json.loads(text) if text else None
+            if response.status >= 400:
+                info = payload if isinstance(payload, dict) else {}
+                raise ApiError(response.status, info.get("reason") or response.reason or "",
+                               info.get("message") or text[:200])
+            return response.status, payload
+
+    async def create(self, manifest: dict[str, Any], kind: Kind | None = None) -> dict[str, Any] | None:
+        """Create; None when it already exists (the earlier attempt succeeded: that is done)."""
+        kind = kind or KINDS[(manifest["apiVersion"], manifest["kind"])]
+        try:
+            _, created = await self._call("POST", kind.path(manifest["metadata"]["namespace"]), body=manifest)
+            return created
+        except ApiError as exc:
+            if exc.status == 409:
+                return None
+            raise
+
+    async def delete(self, kind: Kind, namespace: str, name: str, *, grace_seconds: int | None = None) -> bool:
+        """Delete; False when it is already gone. Children are removed in the background."""
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        try:
+            await self._call("DELETE", kind.path(namespace, name), body=body)
+            return True
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    async def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
+        """Merge-patch the DDPJob status subresource; False when the job is gone.
+
+        No resourceVersion precondition: the operator is the only status writer, and a 409 from
+        anything else raises, so the caller re-runs the whole (idempotent) reconcile.
+        """
+        try:
+            await self._call("PATCH", DDPJOBS.path(namespace, name, "status"), body={"status": patch},
+                             content_type="application/merge-patch+json")
+            return True
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    async def post_event(self, involved: dict[str, str], type_: str, reason: str, message: str,
+                         timestamp: str) -> None:
+        namespace = involved["namespace"]
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": {"apiVersion": model.API_VERSION, "kind": model.KIND, **involved},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": "ddpjob-operator"}, "reportingComponent": "ddpjob-operator",
+            "firstTimestamp": timestamp, "lastTimestamp": timestamp, "count": 1,
+        }
+        await self._call("POST", EVENTS.path(namespace), body=event)

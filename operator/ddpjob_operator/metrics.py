@@ -1,0 +1,53 @@
+"""Prometheus metrics: jobs by phase, restarts, disruptions, reconcile latency and errors.
+
+Each operator instance has its own registry (tests run several in one process).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+
+from .model import PHASES
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.jobs = Gauge("ddpjob_jobs", "DDPJobs known to the operator, by phase", ["phase"],
+                          registry=self.registry)
+        self.restarts = Counter("ddpjob_restarts", "Worker restarts charged to a restart budget",
+                                registry=self.registry)
+        self.disruptions = Counter("ddpjob_disruptions", "Replacements after evictions, node loss or store loss "
+                                   "(not charged)", registry=self.registry)
+        self.reconcile_seconds = Histogram("ddpjob_reconcile_duration_seconds", "Time of one reconcile pass",
+                                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+                                           registry=self.registry)
+        self.reconcile_errors = Counter("ddpjob_reconcile_errors", "Reconcile passes that failed (retried)",
+                                        registry=self.registry)
+        self._phase_of: dict[str, str] = {}
+        for phase in PHASES:
+            self.jobs.labels(phase=phase).set(0)
+        self._server: Any = None
+
+    def job_phase(self, uid: str, phase: str | None) -> None:
+        """Move one job between phase gauges (None: the job is gone)."""
+        old = self._phase_of.pop(uid, None)
+        if old is not None:
+            self.jobs.labels(phase=old).dec()
+        if phase is not None:
+            self._phase_of[uid] = phase
+            self.jobs.labels(phase=phase).inc()
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+    def serve(self, port: int, address: str) -> None:
+        self._server, _ = start_http_server(port, addr=address, registry=self.registry)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

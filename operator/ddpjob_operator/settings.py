@@ -1,0 +1,131 @@
+"""Operator settings from DDPJOB_OPERATOR_* environment variables, validated at startup.
+
+A bad value stops the operator with a message naming the variable and the fix (no traceback).
+The Helm chart sets the first four; the rest can be set with the chart's `extraEnv`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import kopf
+
+PREFIX = "DDPJOB_OPERATOR_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+NAMESPACE_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class SettingsError(ValueError):
+    """One or more invalid variables; the message lists each with its fix."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    watch_namespaces: tuple[str, ...] = ()  # empty: all namespaces (cluster-wide)
+    log_level: str = "INFO"
+    health_port: int = 8080  # kopf liveness endpoint /healthz; 0 disables it
+    metrics_port: int = 9090  # Prometheus /metrics; 0 disables it
+    resync_seconds: float = 30.0  # every job is reconciled at least this often
+    stuck_terminating_seconds: float = 300.0  # then a Terminating pod is force-deleted
+    request_timeout_seconds: float = 30.0  # one Kubernetes API call
+    retry_seconds: float = 2.0  # after a failed reconcile (API error), try again this soon
+    bind_address: str = "0.0.0.0"  # of the health and metrics endpoints
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.watch_namespaces
+
+    @property
+    def liveness_endpoint(self) -> str | None:
+        return f"http://{self.bind_address}:{self.health_port}/healthz" if self.health_port else None
+
+
+def _namespaces(raw: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    bad = [n for n in names if not NAMESPACE_PATTERN.match(n) or len(n) > 63]
+    if bad:
+        raise ValueError(f"invalid namespace name(s) {', '.join(bad)}; use comma-separated DNS-1123 labels "
+                         f"such as `team-a,team-b`, or leave it empty to watch all namespaces")
+    return names
+
+
+def _level(raw: str) -> str:
+    level = raw.strip().upper()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
+def _port(raw: str) -> int:
+    try:
+        port = int(raw)
+    except ValueError:
+        raise ValueError("must be a whole number 0-65535 (0 turns the endpoint off)") from None
+    if not 0 <= port <= 65535:
+        raise ValueError("must be a whole number 0-65535 (0 turns the endpoint off)")
+    return port
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("must be a number of seconds, e.g. 30 or 0.5") from None
+    if not value > 0:
+        raise ValueError("must be a number of seconds greater than 0")
+    return value
+
+
+PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
+    "WATCH_NAMESPACES": ("watch_namespaces", _namespaces),
+    "LOG_LEVEL": ("log_level", _level),
+    "HEALTH_PORT": ("health_port", _port),
+    "METRICS_PORT": ("metrics_port", _port),
+    "RESYNC_SECONDS": ("resync_seconds", _seconds),
+    "STUCK_TERMINATING_SECONDS": ("stuck_terminating_seconds", _seconds),
+    "REQUEST_TIMEOUT_SECONDS": ("request_timeout_seconds", _seconds),
+    "RETRY_SECONDS": ("retry_seconds", _seconds),
+    "BIND_ADDRESS": ("bind_address", str),
+}
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    values: dict[str, object] = {}
+    errors = []
+    for suffix, (attr, parse) in PARSERS.items():
+        name = PREFIX + suffix
+        if name not in env:
+            continue
+        try:
+            values[attr] = parse(env[name])
+        except ValueError as exc:
+            errors.append(f"{name}={env[name]!r}: {exc}")
+    unknown = sorted(k for k in env if k.startswith(PREFIX) and k[len(PREFIX):] not in PARSERS)
+    for name in unknown:
+        known = ", ".join(PREFIX + s for s in PARSERS)
+        errors.append(f"{name}: unknown setting; remove it or use one of {known}")
+    if errors:
+        raise SettingsError("invalid operator settings:\n  " + "\n  ".join(errors))
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
+    """kopf as this operator needs it: one replica, no kopf state in the strict status."""
+    kopf_settings.peering.standalone = True  # single replica (Recreate); no peering objects
+    kopf_settings.peering.clusterwide = settings.clusterwide
+    # Without scanning kopf needs no access to CRDs or Namespaces (see permissions.py).
+    kopf_settings.scanning.disabled = True
+    # Annotations only: the strict status schema would prune `status.kopf`.
+    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.ddp.dev")
+    kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kopf.ddp.dev", key="last-handled-configuration")
+    # kopf posts handler problems as Events; lifecycle Events are posted by the operator itself.
+    kopf_settings.posting.level = logging.WARNING
+    kopf_settings.networking.request_timeout = settings.request_timeout_seconds
+    kopf_settings.watching.server_timeout = 300
+    kopf_settings.watching.client_timeout = 330

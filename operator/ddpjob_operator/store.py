@@ -1,0 +1,133 @@
+"""Kubernetes objects -> the decision layer's inputs (JobView, WorkerObservation, StoreObservation).
+
+The only place that knows how a pod body says "failed with exit code 137, evicted, terminating".
+Pure: bodies in, frozen values out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable, Mapping
+
+from pydantic import ValidationError
+
+from . import builders, decisions, model
+from .validation import InvalidJob, parse_spec
+
+# Pod status reasons set when the node or the control plane, not the program, ended the pod.
+DISRUPTION_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "NodeShutdown", "Shutdown", "Terminated",
+                                "DeletionByTaintManager", "DeletionByPodGC", "TerminationByKubelet"})
+
+
+@dataclass(frozen=True)
+class PodSummary:
+    """What the operator needs of one of its pods (kept in kopf's index; cheap to compare)."""
+
+    name: str
+    role: str
+    index: int
+    generation: int
+    attempt: int
+    phase: str
+    ready: bool
+    exit_code: int | None
+    reason: str | None
+    disruption: bool
+    terminating_since: datetime | None
+    node: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+def _int_label(labels: Mapping[str, str], key: str) -> int:
+    try:
+        return int(labels.get(key, "0"))
+    except ValueError:
+        return 0
+
+
+def _trainer_state(status: Mapping[str, Any], container: str) -> Mapping[str, Any]:
+    for cs in status.get("containerStatuses") or ():
+        if cs.get("name") == container:
+            return cs.get("state") or {}
+    return {}
+
+
+def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
+    meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
+    labels = meta.get("labels") or {}
+    role = labels.get(builders.LABEL_ROLE, builders.ROLE_WORKER)
+    container = builders.STORE_CONTAINER if role == builders.ROLE_STORE else builders.TRAINER_CONTAINER
+    state = _trainer_state(status, container)
+    terminated = state.get("terminated") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or ()}
+    disruption_condition = conditions.get("DisruptionTarget", {}).get("status") == "True"
+    pod_reason = status.get("reason")
+    terminating_since = None
+    if meta.get("deletionTimestamp"):
+        # deletionTimestamp is when the grace period ends; the deletion was requested that much earlier.
+        grace = meta.get("deletionGracePeriodSeconds") or 0
+        terminating_since = decisions.parse_time(meta["deletionTimestamp"]) - timedelta(seconds=grace)
+    exit_code = terminated.get("exitCode")
+    return PodSummary(
+        name=meta.get("name", ""),
+        role=role,
+        index=_int_label(labels, builders.LABEL_REPLICA_INDEX),
+        generation=_int_label(labels, builders.LABEL_GENERATION),
+        attempt=_int_label(labels, builders.LABEL_ATTEMPT),
+        phase=status.get("phase") or "Pending",
+        ready=conditions.get("Ready", {}).get("status") == "True",
+        exit_code=int(exit_code) if exit_code is not None else None,
+        reason=pod_reason or terminated.get("reason"),
+        disruption=disruption_condition or pod_reason in DISRUPTION_REASONS,
+        terminating_since=terminating_since,
+        node=spec.get("nodeName"),
+        started_at=decisions.parse_time((state.get("running") or {}).get("startedAt") or terminated.get("startedAt")),
+        finished_at=decisions.parse_time(terminated.get("finishedAt")),
+    )
+
+
+def worker_observation(pod: PodSummary) -> decisions.WorkerObservation:
+    return decisions.WorkerObservation(
+        index=pod.index, name=pod.name, generation=pod.generation, phase=pod.phase, attempt=pod.attempt,
+        ready=pod.ready, exit_code=pod.exit_code, reason=pod.reason, disruption=pod.disruption,
+        terminating_since=pod.terminating_since, node=pod.node, started_at=pod.started_at,
+        finished_at=pod.finished_at)
+
+
+def observe(pods: Iterable[PodSummary], now: datetime) -> decisions.Observed:
+    workers, store = [], None
+    for pod in pods:
+        if pod.role == builders.ROLE_STORE:
+            store = decisions.StoreObservation(phase=pod.phase, ready=pod.ready,
+                                               terminating_since=pod.terminating_since)
+        else:
+            workers.append(worker_observation(pod))
+    workers.sort(key=lambda w: (w.index, w.generation))
+    return decisions.Observed(workers=tuple(workers), store=store, now=now)
+
+
+def parse_status(raw: Any) -> model.DDPJobStatus:
+    """The stored status; anything unreadable counts as no status (it is rebuilt from the pods)."""
+    try:
+        return model.DDPJobStatus.model_validate(raw or {})
+    except ValidationError:
+        return model.DDPJobStatus()
+
+
+def job_view(body: Mapping[str, Any], status: model.DDPJobStatus | None = None) -> decisions.JobView:
+    """`status` overrides the body's: the operator's own last write may be newer than the watch."""
+    meta = body.get("metadata") or {}
+    try:
+        spec, errors = parse_spec(body.get("spec")), ()
+    except InvalidJob as exc:
+        spec, errors = None, tuple(exc.errors)
+    return decisions.JobView(
+        name=meta["name"], namespace=meta.get("namespace") or "default", uid=meta.get("uid") or "",
+        metadata_generation=int(meta.get("generation") or 1),
+        created_at=decisions.parse_time(meta.get("creationTimestamp")) or datetime.fromtimestamp(0, timezone.utc),
+        spec=spec, spec_errors=errors,
+        status=status if status is not None else parse_status(body.get("status")),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )

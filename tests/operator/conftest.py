@@ -1,0 +1,203 @@
+"""Fixtures: an emulated cluster (kmock over HTTP), the real operator (kopf) on it, a kubelet."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, AsyncIterator, Callable
+
+import aiohttp
+import kmock
+import pytest
+import pytest_asyncio
+
+from ddpjob_operator import builders, model, permissions
+from ddpjob_operator.kube import Connection
+from ddpjob_operator.run import run_operator
+from ddpjob_operator.settings import Settings
+
+from .emulator import DDPJOBS, PODS, Cluster
+
+NAMESPACE = "team-a"
+FAST = Settings(health_port=0, metrics_port=0, resync_seconds=0.5, stuck_terminating_seconds=2.0,
+                retry_seconds=0.2, request_timeout_seconds=10)
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll until check() returns something truthy (the operator works asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Harness:
+    """The test's side of the cluster: a user with kubectl, and the kubelet."""
+
+    def __init__(self, cluster: Cluster, url: str, session: aiohttp.ClientSession):
+        self.cluster, self.url, self.session = cluster, url, session
+
+    # ---------------------------------------------------------------- kubectl
+
+    async def request(self, method: str, path: str, body: Any = None,
+                      content_type: str = "application/merge-patch+json") -> tuple[int, Any]:
+        async with self.session.request(method, self.url + path, json=body,
+                                        headers={"Content-Type": content_type}) as response:
+            return response.status, await response.json()
+
+    def job_path(self, name: str, sub: str = "") -> str:
+        return f"/apis/{model.API_VERSION}/namespaces/{NAMESPACE}/{model.PLURAL}/{name}" + (f"/{sub}" if sub else "")
+
+    async def apply(self, name: str, **spec: Any) -> dict[str, Any]:
+        body = {"apiVersion": model.API_VERSION, "kind": model.KIND, "metadata": {"name": name},
+                "spec": {"replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer", **spec}}
+        status, created = await self.request("POST", f"/apis/{model.API_VERSION}/namespaces/{NAMESPACE}/"
+                                             f"{model.PLURAL}", body, "application/json")
+        assert status < 300, created
+        return created
+
+    async def patch_spec(self, name: str, spec: dict[str, Any]) -> tuple[int, Any]:
+        return await self.request("PATCH", self.job_path(name), {"spec": spec})
+
+    async def scale(self, name: str, replicas: int) -> tuple[int, Any]:
+        return await self.request("PATCH", self.job_path(name, "scale"), {"spec": {"replicas": replicas}})
+
+    async def delete_job(self, name: str) -> None:
+        status, body = await self.request("DELETE", self.job_path(name), {}, "application/json")
+        assert status < 300, body
+
+    # ---------------------------------------------------------------- reading
+
+    def job(self, name: str) -> dict[str, Any] | None:
+        return next((j for j in self.cluster.live(DDPJOBS, NAMESPACE) if j["metadata"]["name"] == name), None)
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.job(name) or {}).get("status") or {}
+
+    def pods(self, job: str, role: str = builders.ROLE_WORKER) -> dict[str, dict[str, Any]]:
+        return {p["metadata"]["name"]: p for p in self.cluster.live(PODS, NAMESPACE)
+                if p["metadata"]["labels"].get(builders.LABEL_JOB_NAME) == job
+                and p["metadata"]["labels"].get(builders.LABEL_ROLE) == role}
+
+    def events(self, job: str) -> list[dict[str, Any]]:
+        return [e for e in self.cluster.live(kmock.resource("", "v1", "events"), NAMESPACE)
+                if e["involvedObject"]["name"] == job]
+
+    def condition(self, job: str, type_: str) -> dict[str, Any] | None:
+        return next((c for c in self.status(job).get("conditions", []) if c["type"] == type_), None)
+
+    async def wait_phase(self, job: str, phase: str, timeout: float = 10.0) -> dict[str, Any]:
+        return await eventually(lambda: self.status(job) if self.status(job).get("phase") == phase else None,
+                                timeout, f"{job} to reach phase {phase} (now {self.status(job).get('phase')})")
+
+    async def wait_workers(self, job: str, count: int, timeout: float = 10.0, **labels: str) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            pods = {n: p for n, p in self.pods(job).items()
+                    if not p["metadata"].get("deletionTimestamp")
+                    and all(p["metadata"]["labels"].get(f"{model.GROUP}/{k}") == v for k, v in labels.items())}
+            return pods if len(pods) == count else None
+        return await eventually(check, timeout, f"{count} workers of {job} with {labels}")
+
+    # ---------------------------------------------------------------- kubelet
+
+    async def set_status(self, pod: str, status: dict[str, Any]) -> None:
+        await self.cluster.write((PODS, NAMESPACE, pod), {"status": status})
+
+    async def run(self, *pods: str) -> None:
+        for pod in pods:
+            await self.cluster.write((PODS, NAMESPACE, pod), {"spec": {"nodeName": "node-1"}, "status": {
+                "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": c, "state": {"running": {"startedAt": "2026-11-22T00:00:00Z"}}}
+                                      for c in (builders.TRAINER_CONTAINER, builders.STORE_CONTAINER)]}})
+
+    async def run_all(self, job: str) -> None:
+        await self.run(*self.pods(job), *self.pods(job, builders.ROLE_STORE))
+
+    async def exit(self, pod: str, code: int, reason: str = "Error") -> None:
+        await self.set_status(pod, {
+            "phase": "Succeeded" if code == 0 else "Failed", "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": builders.TRAINER_CONTAINER, "state": {"terminated": {
+                "exitCode": code, "reason": reason, "finishedAt": "2026-11-22T00:00:00Z"}}}]})
+
+    async def evict(self, pod: str) -> None:
+        await self.set_status(pod, {
+            "phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory.",
+            "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}],
+            "containerStatuses": [{"name": builders.TRAINER_CONTAINER, "state": {"terminated": {
+                "exitCode": 137, "reason": "Error", "finishedAt": "2026-11-22T00:00:00Z"}}}]})
+
+    async def finish_terminating(self, job: str) -> list[str]:
+        """The kubelet confirms every graceful deletion (the containers have exited)."""
+        done = []
+        for role in (builders.ROLE_WORKER, builders.ROLE_STORE):
+            for name, pod in self.pods(job, role).items():
+                if pod["metadata"].get("deletionTimestamp"):
+                    await self.cluster.remove((PODS, NAMESPACE, name))
+                    done.append(name)
+        return done
+
+
+@pytest_asyncio.fixture()
+async def cluster() -> AsyncIterator[tuple[Cluster, str]]:
+    async with Cluster() as emulator, kmock.Server(emulator) as server:
+        emulator.register_resources()
+        yield emulator, str(server.url).rstrip("/")
+
+
+@pytest_asyncio.fixture()
+async def harness(cluster: tuple[Cluster, str]) -> AsyncIterator[Harness]:
+    emulator, url = cluster
+    async with aiohttp.ClientSession(headers={"User-Agent": "kubectl-test"}) as session:
+        yield Harness(emulator, url, session)
+
+
+class OperatorProcess:
+    """The real operator (kopf + handlers) in its own thread and event loop, as in its own pod.
+
+    (kopf cancels every task of its loop that it did not start when it stops, so it cannot share
+    the test's loop, where the emulated API server runs.) It can be stopped and started again.
+    """
+
+    def __init__(self, url: str, settings: Settings = FAST):
+        self.url, self.settings = url, settings
+        self.thread: threading.Thread | None = None
+        self.stop_flag = threading.Event()
+        self.controller: Any = None
+
+    async def start(self) -> None:
+        self.stop_flag, ready = threading.Event(), threading.Event()
+
+        def main() -> None:
+            asyncio.run(run_operator(self.settings, Connection(server=self.url, insecure=True),
+                                     stop_flag=self.stop_flag, ready_flag=ready,
+                                     on_controller=lambda c: setattr(self, "controller", c)))
+
+        self.thread = threading.Thread(target=main, name="operator", daemon=True)
+        self.thread.start()
+        await eventually(ready.is_set, 10, "the operator to start")
+
+    async def stop(self) -> None:
+        if self.thread is not None:
+            self.stop_flag.set()
+            await asyncio.to_thread(self.thread.join, 15)
+            assert not self.thread.is_alive(), "the operator did not stop"
+            self.thread = None
+
+
+@pytest_asyncio.fixture()
+async def operator(cluster: tuple[Cluster, str]) -> AsyncIterator[OperatorProcess]:
+    emulator, url = cluster
+    process = OperatorProcess(url)
+    await process.start()
+    try:
+        yield process
+    finally:
+        await process.stop()
+    # Every call the operator made is one the chart's RBAC grants (permissions.py).
+    outside = sorted(c for c in emulator.calls if not permissions.allows(*c))
+    assert outside == [], f"operator called APIs outside permissions.PERMISSIONS: {outside}"
