@@ -160,8 +160,10 @@ class Controller:
         view = store.job_view(body, self.written.get(uid))
         observed = store.observe(self.pods.get((key[0], uid), ()), self.clock())
         decision = decisions.decide(view, observed, self.options)
-        if decision.status_changed(view.status):
-            patch = kube.merge_patch(view.status.wire(), decision.status.wire())
+        # Diff against what the server holds: our last write, or the stored status after a restart.
+        stored = self.written[uid].wire() if uid in self.written else dict(body.get("status") or {})
+        patch = kube.merge_patch(stored, decision.status.wire())
+        if patch:
             if not await self.api.patch_status(view.namespace, view.name, patch):
                 return  # the job is gone; its children go with it
             self.written[uid] = decision.status

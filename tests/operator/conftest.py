@@ -131,6 +131,18 @@ class Harness:
             "containerStatuses": [{"name": builders.TRAINER_CONTAINER, "state": {"terminated": {
                 "exitCode": 137, "reason": "Error", "finishedAt": "2026-11-22T00:00:00Z"}}}]})
 
+    async def settle(self, job: str, check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
+        """Like eventually(), confirming graceful deletions in between (the kubelet at work)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            await self.finish_terminating(job)
+            result = check()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            await asyncio.sleep(0.02)
+
     async def finish_terminating(self, job: str) -> list[str]:
         """The kubelet confirms every graceful deletion (the containers have exited)."""
         done = []

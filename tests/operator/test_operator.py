@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import kmock
 import pytest
 
-from ddpjob_operator import builders
+from ddpjob_operator import builders, model
 
 from .conftest import NAMESPACE, eventually
+from .emulator import DDPJOBS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,3 +32,194 @@ async def test_create_makes_services_store_and_workers(harness, operator):
     assert status["selector"] == "elastic.ddp.dev/job-name=digits,elastic.ddp.dev/role=worker"
     assert [r["phase"] for r in status["ranks"]] == ["Running", "Running"]
     await eventually(lambda: any(e["reason"] == "Running" for e in harness.events("digits")), what="event")
+
+
+FAST_BACKOFF = {"backoff": {"initialSeconds": 0, "maxSeconds": 1}}
+
+
+async def started(harness, name: str, **spec) -> dict:
+    """Apply a job and play the kubelet until all of its pods run."""
+    job = await harness.apply(name, **spec)
+    await harness.wait_workers(name, spec.get("replicas", 2))
+    await eventually(lambda: harness.pods(name, builders.ROLE_STORE), what="store pod")
+    await harness.run_all(name)
+    await harness.wait_phase(name, "Running")
+    return job
+
+
+async def test_retryable_failure_replaces_only_that_rank(harness, operator):
+    await started(harness, "pod-scope", minReplicas=1, failurePolicy={"maxRestarts": 3, **FAST_BACKOFF})
+    survivor_uid = harness.pods("pod-scope")["pod-scope-worker-0"]["metadata"]["uid"]
+    await harness.exit("pod-scope-worker-1", 137, "OOMKilled")
+    await eventually(lambda: harness.pods("pod-scope").get("pod-scope-worker-1", {}).get("metadata", {})
+                     .get("labels", {}).get(builders.LABEL_ATTEMPT) == "1", what="the replacement")
+    assert harness.pods("pod-scope")["pod-scope-worker-0"]["metadata"]["uid"] == survivor_uid
+    status = harness.status("pod-scope")
+    assert status["restarts"] == 1 and status["generation"] == 0
+    rank = status["ranks"][1]
+    assert rank["restarts"] == 1 and rank["lastExitCode"] == 137 and rank["lastReason"] == "OOMKilled"
+    await harness.run("pod-scope-worker-1")
+    await harness.wait_phase("pod-scope", "Running")
+    assert any(e["reason"] == "WorkerFailed" and "exit code 137" in e["message"] for e in harness.events("pod-scope"))
+
+
+async def test_permanent_failure_fails_the_job(harness, operator):
+    await started(harness, "user-error")
+    await harness.exit("user-error-worker-1", 2, "Error")
+    status = await harness.wait_phase("user-error", "Failed")
+    failed = harness.condition("user-error", "Failed")
+    assert failed["reason"] == "PermanentError" and "worker 1" in failed["message"] and "exit code 2" in failed["message"]
+    assert status["completionTime"] and status["restarts"] == 0
+    # cleanPodPolicy Running: the running worker and the store are stopped, the failed pod is kept.
+    await harness.finish_terminating("user-error")
+    assert set(harness.pods("user-error")) == {"user-error-worker-1"}
+    assert harness.pods("user-error", builders.ROLE_STORE) == {}
+    await eventually(lambda: any(e["type"] == "Warning" and "Failed" in e["message"]
+                                 for e in harness.events("user-error")), what="a Failed event")
+
+
+async def test_budget_exhaustion_fails_the_job(harness, operator):
+    await started(harness, "budget", minReplicas=1, failurePolicy={"maxRestarts": 1, **FAST_BACKOFF})
+    await harness.exit("budget-worker-1", 143)
+    await eventually(lambda: harness.pods("budget").get("budget-worker-1", {}).get("status", {})
+                     .get("phase") == "Pending", what="the replacement")
+    await harness.exit("budget-worker-1", 143)
+    await harness.wait_phase("budget", "Failed")
+    assert harness.condition("budget", "Failed")["reason"] == "RestartBudgetExhausted"
+    assert harness.status("budget")["restarts"] == 1
+
+
+async def test_eviction_is_a_disruption_not_charged(harness, operator):
+    await started(harness, "evicted", minReplicas=1, failurePolicy={"maxRestarts": 0, **FAST_BACKOFF})
+    await harness.evict("evicted-worker-0")
+    await eventually(lambda: harness.pods("evicted").get("evicted-worker-0", {}).get("status", {})
+                     .get("phase") == "Pending", what="the replacement of the evicted worker 0")
+    status = harness.status("evicted")
+    assert status["restarts"] == 0 and status["disruptions"] == 1 and status["phase"] != "Failed"
+    assert harness.pods("evicted", builders.ROLE_STORE)  # worker 0 does not take the store with it
+
+
+async def test_gang_restart_moves_every_worker_to_a_new_generation(harness, operator):
+    job = await started(harness, "gang", failurePolicy={"restartScope": "All", **FAST_BACKOFF})
+    await harness.exit("gang-worker-0", 139)
+    await eventually(lambda: harness.status("gang").get("generation") == 1, what="generation 1")
+    await harness.settle("gang", lambda: len(harness.pods("gang")) == 2 and all(
+        p["metadata"]["labels"][builders.LABEL_GENERATION] == "1" for p in harness.pods("gang").values()),
+        what="a new generation of workers")
+    for pod in harness.pods("gang").values():
+        assert f"--rdzv-id={job['metadata']['uid']}-g1" in pod["spec"]["containers"][0]["command"]
+    await harness.run(*harness.pods("gang"))
+    status = await harness.wait_phase("gang", "Running")
+    assert status["restarts"] == 1
+
+
+async def test_store_loss_moves_to_a_fresh_rendezvous_without_charging(harness, operator):
+    await started(harness, "store-lost", failurePolicy={"maxRestarts": 0})
+    await harness.set_status("store-lost-rdzv", {"phase": "Failed"})
+    await eventually(lambda: harness.status("store-lost").get("generation") == 1, what="generation 1")
+    await harness.settle("store-lost", lambda: len(harness.pods("store-lost")) == 2 and all(
+        p["metadata"]["labels"][builders.LABEL_GENERATION] == "1" for p in harness.pods("store-lost").values())
+        and harness.pods("store-lost", builders.ROLE_STORE), what="a new store and workers")
+    assert harness.status("store-lost")["restarts"] == 0 and harness.status("store-lost")["disruptions"] == 1
+
+
+async def test_scale_up_and_down_within_bounds_and_rejected_outside(harness, operator):
+    await started(harness, "elastic", minReplicas=1, maxReplicas=4)
+    code, _ = await harness.scale("elastic", 4)
+    assert code == 200
+    await harness.wait_workers("elastic", 4)
+    code, _ = await harness.scale("elastic", 1)
+    assert code == 200
+    await eventually(lambda: {n for n, p in harness.pods("elastic").items()
+                              if not p["metadata"].get("deletionTimestamp")} == {"elastic-worker-0"},
+                     what="workers 1-3 to be terminating")
+    for bad in (0, 5):
+        code, body = await harness.scale("elastic", bad)
+        assert code == 422 and "replicas" in body["message"]
+    assert harness.job("elastic")["spec"]["replicas"] == 1
+    assert harness.status("elastic")["restarts"] == 0
+
+
+async def test_suspend_deletes_pods_keeps_claim_and_resume_recreates(harness, operator):
+    await started(harness, "pausable", checkpoint={"claimTemplate": {"size": "1Gi"}})
+    await harness.patch_spec("pausable", {"runPolicy": {"suspend": True}})
+    await harness.wait_phase("pausable", "Suspended")
+    await eventually(lambda: all(p["metadata"].get("deletionTimestamp") for p in harness.pods("pausable").values()),
+                     what="workers to get SIGTERM (graceful deletion)")
+    assert harness.pods("pausable")["pausable-worker-0"]["metadata"]["deletionGracePeriodSeconds"] == 60
+    await harness.finish_terminating("pausable")
+    claims = harness.cluster.live(kmock.resource("", "v1", "persistentvolumeclaims"), NAMESPACE)
+    assert [c["metadata"]["name"] for c in claims] == ["pausable-checkpoints"]
+    await harness.patch_spec("pausable", {"runPolicy": {"suspend": False}})
+    await harness.wait_workers("pausable", 2)
+    await harness.run_all("pausable")
+    await harness.wait_phase("pausable", "Running")
+    assert harness.condition("pausable", "Suspended")["status"] == "False"
+
+
+async def test_active_deadline_fails_with_deadline_exceeded(harness, operator):
+    await started(harness, "slow", runPolicy={"activeDeadlineSeconds": 1})
+    await harness.wait_phase("slow", "Failed", timeout=5)
+    assert harness.condition("slow", "Failed")["reason"] == "DeadlineExceeded"
+
+
+async def test_success_stops_the_rest_and_honours_ttl(harness, operator):
+    await started(harness, "done", runPolicy={"successPolicy": "RankZero", "ttlSecondsAfterFinished": 1})
+    await harness.exit("done-worker-0", 0)
+    status = await harness.wait_phase("done", "Succeeded")
+    assert status["completionTime"]
+    await eventually(lambda: harness.pods("done")["done-worker-1"]["metadata"].get("deletionTimestamp"),
+                     what="worker 1 to be stopped")
+    await eventually(lambda: harness.job("done") is None, timeout=5, what="TTL deletion")
+    await eventually(lambda: not harness.pods("done"), what="garbage collection")
+
+
+async def test_stuck_terminating_pod_is_force_deleted_and_replaced(harness, operator):
+    await started(harness, "unreachable", minReplicas=1)
+    # The node died: the pod is marked for deletion, and its kubelet never confirms.
+    code, _ = await harness.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/unreachable-worker-1", {},
+                                    "application/json")
+    assert code == 200
+    old_uid = harness.pods("unreachable")["unreachable-worker-1"]["metadata"]["uid"]
+    await eventually(lambda: harness.pods("unreachable").get("unreachable-worker-1", {}).get("metadata", {})
+                     .get("uid", old_uid) != old_uid, timeout=8, what="a force-deleted, replaced worker 1")
+    assert harness.status("unreachable")["disruptions"] == 1 and harness.status("unreachable")["restarts"] == 0
+
+
+async def test_deleting_the_job_removes_everything_and_nothing_comes_back(harness, operator):
+    await started(harness, "doomed")
+    await harness.delete_job("doomed")
+    await eventually(lambda: not harness.pods("doomed") and not harness.pods("doomed", builders.ROLE_STORE),
+                     what="garbage collection")
+    await asyncio.sleep(1.2)  # two resync periods: the operator must not recreate anything
+    assert not harness.pods("doomed") and not harness.pods("doomed", builders.ROLE_STORE)
+
+
+async def test_invalid_stored_spec_fails_without_pods(harness, operator):
+    # Stored before the CRD schema caught it: put straight into the store, past validation.
+    harness.cluster.objects[DDPJOBS, NAMESPACE, "broken"] = {
+        "apiVersion": model.API_VERSION, "kind": model.KIND,
+        "metadata": {"name": "broken", "namespace": NAMESPACE, "uid": "uid-broken", "generation": 1},
+        "spec": {"replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer", "minReplicas": 5}}
+    await harness.request("PATCH", harness.job_path("broken"), {"metadata": {"labels": {"poke": "1"}}})
+    await harness.wait_phase("broken", "Failed")
+    failed = harness.condition("broken", "Failed")
+    assert failed["reason"] == "InvalidSpec" and "spec.minReplicas" in failed["message"]
+    await asyncio.sleep(0.6)
+    assert harness.pods("broken") == {} and harness.pods("broken", builders.ROLE_STORE) == {}
+
+
+async def test_operator_restart_mid_job_duplicates_nothing_and_loses_nothing(harness, operator):
+    await started(harness, "survivor", minReplicas=1, failurePolicy={"maxRestarts": 5, **FAST_BACKOFF})
+    before = {n: p["metadata"]["uid"] for n, p in harness.pods("survivor").items()}
+    await operator.stop()
+    await harness.exit("survivor-worker-1", 137)  # fails while no operator runs
+    await operator.start()
+    await eventually(lambda: harness.pods("survivor").get("survivor-worker-1", {}).get("metadata", {})
+                     .get("uid", before["survivor-worker-1"]) != before["survivor-worker-1"], what="replacement")
+    await asyncio.sleep(0.6)
+    pods = harness.pods("survivor")
+    assert set(pods) == {"survivor-worker-0", "survivor-worker-1"}
+    assert pods["survivor-worker-0"]["metadata"]["uid"] == before["survivor-worker-0"]
+    assert harness.status("survivor")["restarts"] == 1 and harness.status("survivor")["generation"] == 0
+    assert len(harness.pods("survivor", builders.ROLE_STORE)) == 1
