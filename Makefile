@@ -83,3 +83,11 @@ kind-down:
 chart-files: crds
 	cp crds/ddpjobs.elastic.ddp.dev.yaml charts/ddpjob-operator/crds/
 	$(BIN)/ddpjob rbac-rules > charts/ddpjob-operator/files/rbac-rules.yaml
+
+# ---- demo ----
+# The README's first command: the bundled digits DDPJob on this machine with 2 workers; worker 1
+# is SIGKILLed midway, replaced, and training resumes from the last checkpoint (docs/local.md).
+DEMO_KILL_AT_STEP ?= 300
+
+demo: venv
+	$(BIN)/ddpjob run examples/cpu-digits.yaml --local --kill-worker 1 --kill-at-step $(DEMO_KILL_AT_STEP)

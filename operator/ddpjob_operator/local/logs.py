@@ -10,6 +10,8 @@ from typing import Any
 
 # The trainer's rank-0 progress line (docs/launch-contract.md).
 STEP_LINE = re.compile(r"\bstep=(\d+) epoch=(\d+) loss=([-+0-9.eE]+|nan|inf)")
+# The bundled trainer's rank-0 log line after loading a checkpoint (other entrypoints may not print it).
+RESUME_LINE = re.compile(r"resumed from checkpoint step=(\d+)")
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Callable
 
 from .. import builders, decisions, model
 from ..validation import FieldError, InvalidJob
-from .logs import LogTail, read_report
+from .logs import RESUME_LINE, LogTail, read_report
 from .processes import LocalProcess, kill_marked, marker_for
 from .view import Snapshot, Summary, View, WorkerRow
 
@@ -320,6 +320,9 @@ class LocalRunner:
             for line in tail.read_new_lines():
                 if self.options.print_logs:
                     self.view.log_line(name, line)
+                resumed = RESUME_LINE.search(line)
+                if resumed:
+                    self.view.event(f"{name}: training resumed from the checkpoint of step {resumed.group(1)}")
         self.view.update(self.snapshot(now))
 
     def snapshot(self, now: datetime) -> Snapshot:
@@ -348,7 +351,9 @@ class LocalRunner:
     def summary(self) -> Summary:
         phase = self.status.phase or "Pending"
         condition = next((c for c in self.status.conditions if c.type == phase), None)
-        message = f"{condition.reason}: {self.status.message}" if condition else (self.status.message or "")
+        message = self.status.message or ""
+        if condition is not None and condition.reason != phase:
+            message = f"{condition.reason}: {message}"
         if self.interrupted:
             message = (f"stopped by {signal.Signals(self._signals[0]).name} while {phase}; the workers "
                        f"checkpointed, continue with --resume")

@@ -22,7 +22,7 @@ class WorkerRow:
     name: str
     state: str  # Pending, Running, Terminating, Succeeded, Failed
     restarts: int = 0
-    exit_code: int | None = None
+    exit_code: int | None = None  # of the current process once it ended, else of the rank's last failure
     step: int | None = None
     loss: float | None = None
 
@@ -108,7 +108,7 @@ class PlainView:
         for w in snap.workers:
             old = before.get(w.name)
             if old is None or (old.state, old.restarts) != (w.state, w.restarts):
-                exit_text = f" exit {w.exit_code}" if w.exit_code is not None else ""
+                exit_text = f" exit {w.exit_code}" if w.state in ("Failed", "Succeeded") else ""
                 self._print(f"{w.name}: {w.state}{exit_text} (restarts {w.restarts})")
         now = time.monotonic()
         if snap.step is not None and (last is None or snap.step != last.step) \
@@ -148,7 +148,7 @@ class LiveView:
         title = Text.assemble(f"DDPJob {snap.job}  ", (snap.phase, PHASE_STYLE.get(snap.phase, "")),
                               f"  {snap.elapsed_s:.0f}s  restarts {snap.restarts}/{snap.max_restarts}")
         table = Table(title=title, title_justify="left", expand=False)
-        for column in ("worker", "state", "restarts", "exit", "step", "loss"):
+        for column in ("worker", "state", "restarts", "last exit", "step", "loss"):
             table.add_column(column, justify="right" if column not in ("worker", "state") else "left")
         for w in snap.workers:
             table.add_row(w.name, Text(w.state, PHASE_STYLE.get(w.state, "")), str(w.restarts),
