@@ -71,9 +71,8 @@ async def test_permanent_failure_fails_the_job(harness, operator):
     assert failed["reason"] == "PermanentError" and "worker 1" in failed["message"] and "exit code 2" in failed["message"]
     assert status["completionTime"] and status["restarts"] == 0
     # cleanPodPolicy Running: the running worker and the store are stopped, the failed pod is kept.
-    await harness.finish_terminating("user-error")
-    assert set(harness.pods("user-error")) == {"user-error-worker-1"}
-    assert harness.pods("user-error", builders.ROLE_STORE) == {}
+    await harness.settle("user-error", lambda: set(harness.pods("user-error")) == {"user-error-worker-1"}
+                         and harness.pods("user-error", builders.ROLE_STORE) == {}, what="cleanup")
     await eventually(lambda: any(e["type"] == "Warning" and "Failed" in e["message"]
                                  for e in harness.events("user-error")), what="a Failed event")
 
