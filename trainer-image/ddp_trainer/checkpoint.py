@@ -50,14 +50,24 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def cpu_snapshot(obj: Any) -> Any:
-    """Deep copy with every tensor cloned to CPU, so training can keep mutating the originals."""
+def cpu_snapshot(obj: Any, pool: dict[tuple, torch.Tensor] | None = None, key: tuple = ()) -> Any:
+    """Deep copy with every tensor copied to CPU, so training can keep mutating the originals.
+
+    With a `pool`, CPU buffers from the previous snapshot are reused: a fresh 100 MB allocation
+    costs page faults on first touch (3-8x the memcpy itself on the benchmark box)."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        buf = pool.get(key) if pool is not None else None
+        if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
+            buf = torch.empty(obj.shape, dtype=obj.dtype, device="cpu",
+                              pin_memory=obj.is_cuda)  # pinned: the device copy can be async
+            if pool is not None:
+                pool[key] = buf
+        buf.copy_(obj.detach(), non_blocking=obj.is_cuda)
+        return buf
     if isinstance(obj, dict):
-        return {k: cpu_snapshot(v) for k, v in obj.items()}
+        return {k: cpu_snapshot(v, pool, (*key, k)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(cpu_snapshot(v) for v in obj)
+        return type(obj)(cpu_snapshot(v, pool, (*key, i)) for i, v in enumerate(obj))
     return obj
 
 
@@ -71,6 +81,7 @@ class CheckpointManager:
         self.last_committed_step: int | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._pool: dict[tuple, torch.Tensor] = {}  # snapshot buffers, reused once the last write is done
         if is_writer:
             self.dir.mkdir(parents=True, exist_ok=True)
             for stale in self.dir.glob(".step-*.tmp*"):  # left by a writer killed mid-save
@@ -85,7 +96,9 @@ class CheckpointManager:
             return
         self.wait()  # at most one write in flight; also surfaces a failed previous write
         if self.async_save and not blocking:
-            snapshot = cpu_snapshot(state)
+            snapshot = cpu_snapshot(state, self._pool)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # the non_blocking device-to-host copies must land first
             self._thread = threading.Thread(target=self._write_guarded, args=(step, snapshot),
                                             name=f"checkpoint-{step}", daemon=True)
             self._thread.start()
