@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from . import crd, local, permissions, validation
+from . import crd, local, permissions, render_cli, validation
 
 EXIT_INVALID = 2
 
@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Subcommands from other modules register themselves here, one line each.
     permissions.add_subcommand(sub)
     local.register(sub)
+    render_cli.register(sub)
     return parser
 
 

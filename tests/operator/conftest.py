@@ -210,6 +210,11 @@ async def operator(cluster: tuple[Cluster, str]) -> AsyncIterator[OperatorProces
         yield process
     finally:
         await process.stop()
-    # Every call the operator made is one the chart's RBAC grants (permissions.py).
+    assert_within_permissions(emulator)
+
+
+def assert_within_permissions(emulator: Cluster) -> None:
+    """Every call the operator made is one the chart's RBAC grants (permissions.py)."""
+    assert emulator.calls, "the recorder saw no operator calls"
     outside = sorted(c for c in emulator.calls if not permissions.allows(*c))
     assert outside == [], f"operator called APIs outside permissions.PERMISSIONS: {outside}"

@@ -1,0 +1,105 @@
+"""Operator settings validation, `ddpjob render`, and the metrics and liveness endpoints."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+from ddpjob_operator import settings
+
+from .conftest import FAST, OperatorProcess, assert_within_permissions, eventually
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_watch_all_namespaces():
+    s = settings.from_env({})
+    assert s.clusterwide and s.metrics_port == 9090 and s.health_port == 8080
+    assert s.liveness_endpoint == "http://0.0.0.0:8080/healthz"
+
+
+def test_values_are_parsed():
+    s = settings.from_env({"DDPJOB_OPERATOR_WATCH_NAMESPACES": "team-a, team-b", "DDPJOB_OPERATOR_LOG_LEVEL": "debug",
+                           "DDPJOB_OPERATOR_METRICS_PORT": "0", "DDPJOB_OPERATOR_STUCK_TERMINATING_SECONDS": "90"})
+    assert s.watch_namespaces == ("team-a", "team-b") and not s.clusterwide
+    assert s.log_level == "DEBUG" and s.metrics_port == 0 and s.stuck_terminating_seconds == 90
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("DDPJOB_OPERATOR_METRICS_PORT", "http", "whole number 0-65535"),
+    ("DDPJOB_OPERATOR_HEALTH_PORT", "70000", "whole number 0-65535"),
+    ("DDPJOB_OPERATOR_LOG_LEVEL", "LOUD", "DEBUG, INFO, WARNING, ERROR"),
+    ("DDPJOB_OPERATOR_WATCH_NAMESPACES", "Team_A", "DNS-1123"),
+    ("DDPJOB_OPERATOR_RESYNC_SECONDS", "-1", "greater than 0"),
+    ("DDPJOB_OPERATOR_RESYNC_SECONDZ", "1", "unknown setting"),
+])
+def test_bad_values_name_the_variable_and_the_fix(name, value, words):
+    with pytest.raises(settings.SettingsError) as caught:
+        settings.from_env({name: value})
+    assert name in str(caught.value) and words in str(caught.value)
+
+
+def test_operator_refuses_bad_settings_without_a_traceback():
+    result = subprocess.run([sys.executable, "-m", "ddpjob_operator.run"], capture_output=True, text=True,
+                            env={"DDPJOB_OPERATOR_METRICS_PORT": "nope", "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert result.returncode == 2
+    assert "DDPJOB_OPERATOR_METRICS_PORT" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_render_prints_what_the_operator_creates():
+    result = subprocess.run([sys.executable, "-m", "ddpjob_operator.cli", "render", str(ROOT / "examples/cpu-digits.yaml"),
+                             "-n", "ml", "--uid", "u-1"], capture_output=True, text=True, check=True, timeout=60)
+    docs = list(yaml.safe_load_all(result.stdout))
+    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
+        ("Service", "digits-cpu"), ("Service", "digits-cpu-rdzv"), ("PersistentVolumeClaim", "digits-cpu-checkpoints"),
+        ("Pod", "digits-cpu-rdzv"), ("Pod", "digits-cpu-worker-0"), ("Pod", "digits-cpu-worker-1")]
+    assert "--rdzv-id=u-1-g0" in docs[-1]["spec"]["containers"][0]["command"]
+
+
+def test_render_of_an_invalid_file_names_the_field():
+    result = subprocess.run([sys.executable, "-m", "ddpjob_operator.cli", "render",
+                             str(ROOT / "tests/api/invalid/replicas-zero.yaml")], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2 and "spec.replicas" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_operator_package_never_imports_torch():
+    code = ("import sys, ddpjob_operator.run, ddpjob_operator.cli, ddpjob_operator.handlers; "
+            "print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert result.stdout.strip() == "False"
+
+
+async def test_metrics_and_liveness_endpoints(harness, cluster, unused_tcp_port_factory):
+    _, url = cluster
+    metrics_port, health_port = unused_tcp_port_factory(), unused_tcp_port_factory()
+    process = OperatorProcess(url, settings.Settings(**{**FAST.__dict__, "metrics_port": metrics_port,
+                                                        "health_port": health_port, "bind_address": "127.0.0.1"}))
+    await process.start()
+    try:
+        await harness.apply("observed", minReplicas=1, failurePolicy={"backoff": {"initialSeconds": 0}})
+        await harness.wait_workers("observed", 2)
+        await harness.run_all("observed")
+        await harness.wait_phase("observed", "Running")
+        await harness.exit("observed-worker-1", 137)
+        await eventually(lambda: harness.status("observed").get("restarts") == 1, what="a restart")
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{health_port}/healthz") as response:
+                assert response.status == 200
+                assert (await response.json())["jobs"] == 1
+            async def scrape() -> str:
+                async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+                    return await response.text()
+            text = await scrape()
+            assert "ddpjob_restarts_total 1.0" in text
+            assert "ddpjob_reconcile_duration_seconds_count" in text
+            assert 'ddpjob_jobs{phase="' in text and ("Restarting\"} 1.0" in text or "Running\"} 1.0" in text)
+    finally:
+        await process.stop()
+    assert ("", "pods", "create") in harness.cluster.calls and ("", "events", "create") in harness.cluster.calls
+    assert_within_permissions(harness.cluster)
