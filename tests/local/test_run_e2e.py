@@ -53,15 +53,20 @@ def test_killed_worker_is_replaced_and_training_resumes_from_its_checkpoint(tmp_
     path = write_manifest(tmp_path, doc)
     code, out = start(runs, tmp_path, str(path), "--kill-worker", "1", "--kill-at-step", "45").wait(timeout=300)
     assert code == 0, out
-    killed = re.search(r"fault injection: killed kill-worker-1 .* trainer step (\d+)", out)
-    assert killed, out
+    assert re.search(r"fault injection: killed kill-worker-1 .* trainer step \d+", out), out
     assert "WorkerFailed: worker 1 (pod kill-worker-1) failed with exit code 137" in out
     assert "restarts charged to the budget: 1" in out and "kill-worker-1: 1" in out
-    log0 = (job_dir(tmp_path, "kill") / "logs" / "kill-worker-0.log").read_text()
-    resumed = [int(s) for s in re.findall(r"resumed from checkpoint step=(\d+)", log0)]
-    assert resumed, log0[-3000:]
-    # The checkpoint at or before the kill, never a later one, at most one interval back.
-    assert int(killed.group(1)) - 10 - 5 <= resumed[0] <= int(killed.group(1)), (killed.group(0), resumed)
+    # Rank 0 may live in either worker: in each log, what precedes its first resume is pre-kill.
+    before, resumed = [], []
+    for log in (job_dir(tmp_path, "kill") / "logs").glob("kill-worker-*.log"):
+        head, found, _ = log.read_text().partition("resumed from checkpoint step=")
+        before += [int(s) for s in re.findall(r"^step=(\d+) ", head, re.MULTILINE)]
+        if found:
+            resumed.append(int(re.search(r"resumed from checkpoint step=(\d+)", log.read_text()).group(1)))
+    assert before and resumed, out
+    # Logged every 5 steps, checkpointed every 10: the newest checkpoint at or before the kill.
+    assert min(resumed) >= 10, "a replacement must not start from scratch"
+    assert max(before) - 10 <= min(resumed) <= max(before) + 4, (max(before), resumed)
     result = read_json(job_dir(tmp_path, "kill") / "checkpoints" / "result.json")
     assert result and result["status"] == "completed" and result["epoch"] == 12, out
 
