@@ -185,6 +185,11 @@ def parse_time(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def accounting(status: model.DDPJobStatus) -> tuple[object, ...]:
+    """The status fields that record charged failures: durable before the actions they cause."""
+    return (status.restarts, status.disruptions, status.generation, tuple((r.index, r.restarts) for r in status.ranks))
+
+
 def classify_exit(exit_code: int | None, reason: str | None, disruption: bool,
                   policy: model.FailurePolicy) -> FailureClass:
     """Which kind of failure this is, by the job's exit-code rules (explicit lists win)."""

@@ -50,6 +50,7 @@ class Controller:
         self.pods: Mapping[tuple[str, str], Any] = {}  # kopf's index: (namespace, job uid) -> PodSummary
         self.written: dict[str, model.DDPJobStatus] = {}  # job uid -> the status this process last wrote
         self.shared_ready: set[str] = set()  # job uids whose Services / claim exist
+        self._specs: dict[str, tuple[tuple[str, Any], store.ParsedSpec]] = {}  # uid -> (generation, parsed)
         self._running: dict[JobKey, asyncio.Task[None]] = {}
         self._dirty: set[JobKey] = set()
         self._timers: dict[JobKey, tuple[float, asyncio.TimerHandle]] = {}
@@ -92,6 +93,7 @@ class Controller:
             old = self.jobs.pop(key, None)
             uid = (old or _snapshot(body))["metadata"].get("uid", "")
             self.written.pop(uid, None)
+            self._specs.pop(uid, None)
             self.shared_ready.discard(uid)
             self.metrics.job_phase(uid, None)
             self._cancel_timer(key)
@@ -157,21 +159,43 @@ class Controller:
         if body is None:
             return
         uid = body["metadata"].get("uid", "")
-        view = store.job_view(body, self.written.get(uid))
+        view = store.job_view(body, self.written.get(uid), self._parsed_spec(uid, body))
         observed = store.observe(self.pods.get((key[0], uid), ()), self.clock())
         decision = decisions.decide(view, observed, self.options)
         # Diff against what the server holds: our last write, or the stored status after a restart.
         stored = self.written[uid].wire() if uid in self.written else dict(body.get("status") or {})
         patch = kube.merge_patch(stored, decision.status.wire())
-        if patch:
-            if not await self.api.patch_status(view.namespace, view.name, patch):
+        actions = self.execute(view, decision.actions, observed.now)
+        if not patch:
+            await actions
+        elif decisions.accounting(view.status) != decisions.accounting(decision.status):
+            # Charged restarts, generations and rank counters go on record before the pods they
+            # account for change, so a crash in between never charges one failure twice.
+            if not await self._write_status(view, decision.status, patch):
+                actions.close()
                 return  # the job is gone; its children go with it
-            self.written[uid] = decision.status
-            self._count(view.status, decision.status)
+            await actions
+        else:
+            await asyncio.gather(self._write_status(view, decision.status, patch), actions)
         self.metrics.job_phase(uid, decision.status.phase)
-        await self.execute(view, decision.actions, observed.now)
         if decision.requeue_after is not None:
             self.requeue(key, decision.requeue_after)
+
+    async def _write_status(self, view: decisions.JobView, status: model.DDPJobStatus, patch: dict[str, Any]) -> bool:
+        if not await self.api.patch_status(view.namespace, view.name, patch):
+            return False
+        self.written[view.uid] = status
+        self._count(view.status, status)
+        return True
+
+    def _parsed_spec(self, uid: str, body: Mapping[str, Any]) -> store.ParsedSpec:
+        """The spec only changes with metadata.generation; parse it once per generation."""
+        key = (uid, body["metadata"].get("generation"))
+        cached = self._specs.get(uid)
+        if cached is None or cached[0] != key:
+            cached = (key, store.parse_body_spec(body))
+            self._specs[uid] = cached
+        return cached[1]
 
     def _count(self, old: model.DDPJobStatus, new: model.DDPJobStatus) -> None:
         if new.restarts > old.restarts:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import time
 import uuid
 from typing import Any
 
@@ -58,6 +59,8 @@ def deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 @attrs.define(kw_only=True)
 class Cluster(kmock.KubernetesEmulator):
     calls: set[tuple[str, str, str]] = attrs.field(factory=set, init=False)
+    created: dict[tuple[str, str], float] = attrs.field(factory=dict, init=False)  # pod -> perf_counter()
+    _in_flight: set[rendering.Request] = attrs.field(factory=set, init=False)
     _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
 
     def register_resources(self) -> None:
@@ -80,6 +83,16 @@ class Cluster(kmock.KubernetesEmulator):
     # ------------------------------------------------------------ request handling
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        # kmock matches each request by scanning its whole request history; keep only the requests
+        # still being served (watches), or every call gets slower with every call before it.
+        self._in_flight.add(request)
+        self._requests[:] = [r for r in self._requests if r in self._in_flight]
+        try:
+            return await self._serve(request)
+        finally:
+            self._in_flight.discard(request)
+
+    async def _serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.resource is None or not request.resource.plural:
             return await super()._handle(request)  # discovery
         self._record(request)
@@ -114,6 +127,7 @@ class Cluster(kmock.KubernetesEmulator):
                     creationTimestamp=now_rfc3339(), generation=1)
         if request.resource == PODS:
             request.data.setdefault("status", {"phase": "Pending"})
+            self.created[meta.get("namespace"), meta.get("name")] = time.perf_counter()
         if request.resource == DDPJOBS:
             request.data.pop("status", None)
             self._validate(request.data.get("spec"))
@@ -175,6 +189,36 @@ class Cluster(kmock.KubernetesEmulator):
             owners = [o.get("uid") for o in obj.raw["metadata"].get("ownerReferences") or ()]
             if owners and not any(uid in live_uids for uid in owners):
                 await self.remove(key)
+
+    # ------------------------------------------------------------ O(1) lookups
+    # kmock finds the object of a request by scanning all objects (deleted ones included); with
+    # hundreds of pods and events that dominates every call, so answer from the keyed store.
+
+    def _get_resources(self) -> list[Any]:
+        return kmock.KubernetesScaffold._get_resources(self)  # declared ones; no scan of objects
+
+    def _stored(self, request: rendering.Request) -> Any:
+        namespace = request.namespace or (request.data or {}).get("metadata", {}).get("namespace")
+        name = request.name or (request.data or {}).get("metadata", {}).get("name")
+        key = (request.resource, namespace, name)
+        if key not in self.objects:
+            raise KubernetesError(status=404, reason="NotFound", message=f"{name!r} not found")
+        return self.objects[key]
+
+    async def _serve_create(self, request: rendering.Request) -> Any:
+        return self._stored(request).raw
+
+    async def _serve_update(self, request: rendering.Request) -> Any:
+        return self._stored(request).last.raw
+
+    async def _serve_delete(self, request: rendering.Request) -> Any:
+        return self._stored(request).last.raw
+
+    async def _serve_fetch(self, request: rendering.Request) -> Any:
+        obj = self._stored(request)
+        if obj.deleted:
+            raise KubernetesError(status=404, reason="NotFound", message=f"{request.name!r} not found")
+        return obj.raw
 
     # ------------------------------------------------------------ direct access (the test's kubelet)
 
