@@ -87,8 +87,9 @@ def test_retryable_failures_exhaust_the_restart_budget(tmp_path, runs):
     path = write_manifest(tmp_path, manifest(
         "budget", entrypoint=str(entry), args=[], replicas=1, minReplicas=1,
         failurePolicy={"maxRestarts": 1, "retryableExitCodes": [1], "backoff": {"initialSeconds": 0}}))
-    code, out = start(runs, tmp_path, str(path)).wait(timeout=120)
+    code, out = start(runs, tmp_path, str(path), "--logs").wait(timeout=120)
     assert code == 1, out
+    assert "[budget-worker-0] ---- budget-worker-0:" in out, "--logs prints worker lines with their pod"
     assert "WorkerFailed: worker 0 (pod budget-worker-0) failed with exit code 1, reason Error; retrying" in out
     assert "RestartBudgetExhausted" in out and "failurePolicy.maxRestarts=1 is spent" in out
     assert "restarts charged to the budget: 1" in out

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fault.add_argument("--kill-worker", type=int, metavar="I", help="SIGKILL worker I (its whole process tree)")
     when = fault.add_mutually_exclusive_group()
     when.add_argument("--kill-after", type=float, metavar="SECONDS",
-                      help="... this many seconds after the job starts running")
+                      help="... this many seconds after the run started")
     when.add_argument("--kill-at-step", type=int, metavar="STEP",
                       help="... once the trainer reports this optimizer step")
     p.set_defaults(func=cmd_run)
