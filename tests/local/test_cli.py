@@ -46,6 +46,7 @@ def test_replicas_outside_the_elastic_bounds_is_refused(capsys, tmp_path, replic
 @pytest.mark.parametrize("argv, flag, fix", [
     (["--kill-worker", "1"], "--kill-worker", "--kill-after SECONDS or --kill-at-step STEP"),
     (["--kill-after", "5"], "--kill-after/--kill-at-step", "add --kill-worker I"),
+    (["--kill-worker", "2", "--kill-after", "5"], "--kill-worker", "pick 0..1"),
 ])
 def test_half_a_fault_injection_is_refused(capsys, tmp_path, argv, flag, fix):
     path = write_manifest(tmp_path, manifest("fault"))
@@ -66,3 +67,9 @@ def test_two_jobs_in_one_file_are_refused(capsys, tmp_path):
                     + write_manifest(tmp_path, manifest("two")).read_text())
     code, _, err = run_cli(capsys, "run", str(path), "--local")
     assert code == cli.EXIT_INVALID and "holds 2 DDPJobs" in err
+
+
+def test_a_suspended_job_is_refused_instead_of_waiting_forever(capsys, tmp_path):
+    doc = manifest("held", runPolicy={"suspend": True})
+    code, _, err = run_cli(capsys, "run", str(write_manifest(tmp_path, doc)), "--local")
+    assert code == cli.EXIT_INVALID and err.startswith("spec.runPolicy.suspend:") and "suspend: false" in err

@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_run)
 
 
-def _fault(args: argparse.Namespace) -> tuple[FaultInjection, ...]:
+def _fault(args: argparse.Namespace, replicas: int) -> tuple[FaultInjection, ...]:
     timed = args.kill_after is not None or args.kill_at_step is not None
     if args.kill_worker is None:
         if timed:
@@ -47,6 +47,9 @@ def _fault(args: argparse.Namespace) -> tuple[FaultInjection, ...]:
     if not timed:
         raise validation.InvalidJob([validation.FieldError(
             "--kill-worker", "needs a moment to strike", "add --kill-after SECONDS or --kill-at-step STEP")])
+    if not 0 <= args.kill_worker < replicas:
+        raise validation.InvalidJob([validation.FieldError(
+            "--kill-worker", f"no worker {args.kill_worker} in a run of {replicas}", f"pick 0..{replicas - 1}")])
     return (FaultInjection(index=args.kill_worker, after_seconds=args.kill_after, at_step=args.kill_at_step),)
 
 
@@ -91,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         job = with_replicas(load_one_job(args.file), args.replicas)
         options = RunOptions(checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-                             print_logs=args.logs, faults=_fault(args))
+                             print_logs=args.logs, faults=_fault(args, job.spec.replicas))
         runner = LocalRunner(job, options, make_view())
     except validation.InvalidJob as exc:
         for error in exc.errors:

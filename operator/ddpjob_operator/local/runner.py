@@ -81,7 +81,8 @@ def _accepts_connections(port: int) -> bool:
 
 
 def base_environment(spec: model.DDPJobSpec) -> dict[str, str]:
-    """This shell's environment without what torchrun and the operator own, plus the job's env."""
+    """This shell's environment without what torchrun and the operator own, plus the job's env;
+    InvalidJob for what cannot run on this machine."""
     env = {k: v for k, v in os.environ.items()
            if k not in model.RESERVED_ENV_NAMES and not k.startswith(model.RESERVED_ENV_PREFIXES)}
     errors = []
@@ -91,6 +92,9 @@ def base_environment(spec: model.DDPJobSpec) -> dict[str, str]:
                                      "not exist in a local run", f"give {var.name} a literal `value` for local runs"))
         else:
             env[var.name] = var.value or ""
+    if spec.run_policy.suspend:
+        errors.append(FieldError("spec.runPolicy.suspend", "a suspended job runs no worker",
+                                 "set suspend: false to run it (checkpoints are kept with --resume)"))
     if errors:
         raise InvalidJob(errors)
     return env
