@@ -483,6 +483,9 @@ def _replace_and_create(plan: _Plan, spec: model.DDPJobSpec, options: Options) -
     current = _current(plan)
     stale = [w for w in plan.observed.workers if w.generation != generation]
     restarting = bool(stale)
+    # Pods that have exited are removed at once (force: nothing is left to stop), so their
+    # replacements can be created in this same pass; DeleteWorker actions run before CreateWorker.
+    freed: set[str] = set()
 
     for w in current + stale:
         if w.terminating_since is not None:
@@ -493,11 +496,14 @@ def _replace_and_create(plan: _Plan, spec: model.DDPJobSpec, options: Options) -
             restarting = True
             gate = _failure_gate(plan, spec, w)
             if now >= gate:
-                plan.act(DeleteWorker(w.name, REASON_REPLACE))
+                plan.act(DeleteWorker(w.name, REASON_REPLACE, force=True))
+                freed.add(w.name)
             else:
                 plan.wake_at(gate)
         elif w.generation != generation:
-            plan.act(DeleteWorker(w.name, REASON_OLD_GENERATION))
+            plan.act(DeleteWorker(w.name, REASON_OLD_GENERATION, force=w.exited))
+            if w.exited:
+                freed.add(w.name)
         elif w.index >= spec.replicas and not w.exited:
             # Scale down: the highest indices go, gracefully, so they can checkpoint.
             plan.act(DeleteWorker(w.name, REASON_SCALE_DOWN))
@@ -507,8 +513,9 @@ def _replace_and_create(plan: _Plan, spec: model.DDPJobSpec, options: Options) -
     # and the backoff holds for every rank) and while the store is not being replaced.
     store = plan.observed.store
     store_ready_or_coming = store is None or store.usable
-    occupied = {w.index for w in plan.observed.workers}
-    if not stale and store_ready_or_coming:
+    remaining = [w for w in plan.observed.workers if w.name not in freed]
+    if not any(w.generation != generation for w in remaining) and store_ready_or_coming:
+        occupied = {w.index for w in remaining}
         missing = [i for i in range(spec.replicas) if i not in occupied]
         for i in missing:
             plan.act(CreateWorker(i, generation, plan.rank(i).restarts))

@@ -17,7 +17,7 @@ import copy
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 import aiohttp
 import kopf
@@ -98,8 +98,18 @@ class Controller:
             self.metrics.job_phase(uid, None)
             self._cancel_timer(key)
             return
-        self.jobs[key] = _snapshot(body)
-        self.trigger(key)
+        snapshot, previous = _snapshot(body), self.jobs.get(key)
+        self.jobs[key] = snapshot
+        if previous is None or self._changed_by_others(previous, snapshot):
+            self.trigger(key)
+
+    def _changed_by_others(self, previous: dict[str, Any], current: dict[str, Any]) -> bool:
+        """False for the echo of our own status write (same spec generation, our status)."""
+        old_meta, meta = previous["metadata"], current["metadata"]
+        written = self.written.get(meta.get("uid", ""))
+        return (old_meta.get("generation") != meta.get("generation")
+                or old_meta.get("deletionTimestamp") != meta.get("deletionTimestamp")
+                or written is None or written.wire() != current["status"])
 
     def pod_event(self, namespace: str, labels: Mapping[str, str]) -> None:
         job_name = labels.get(builders.LABEL_JOB_NAME)
@@ -206,33 +216,31 @@ class Controller:
     async def execute(self, view: decisions.JobView, actions: tuple[decisions.Action, ...], now: datetime) -> None:
         job = builders.JobRef(view.name, view.namespace, view.uid)
         spec = view.spec
-        for event in (a for a in actions if isinstance(a, decisions.Event)):
-            self._post_event(job, event, now)
-        creates = [a for a in actions if isinstance(a, (decisions.CreateStore, decisions.CreateWorker))]
-        if creates:
+        # Deletes first: a replacement may reuse the name of a pod removed in the same pass.
+        await self._all(self.api.delete(kube.PODS, job.namespace, _pod_name(job, a), grace_seconds=0 if a.force else None)
+                        for a in actions if isinstance(a, (decisions.DeleteWorker, decisions.DeleteStore)))
+        workers = [a for a in actions if isinstance(a, decisions.CreateWorker)]
+        creates_store = any(isinstance(a, decisions.CreateStore) for a in actions)
+        if workers or creates_store:
             assert spec is not None  # the decision layer only creates for a runnable spec
             await self._ensure_shared(job, spec)
-        if any(isinstance(a, decisions.CreateStore) for a in actions):
-            assert spec is not None
-            await self.api.create(builders.store_pod(job, spec))  # before workers: they dial it
-        calls = []
-        for action in actions:
-            if isinstance(action, decisions.CreateWorker):
-                assert spec is not None
-                calls.append(self.api.create(builders.worker_pod(
-                    job, spec, index=action.index, generation=action.generation, attempt=action.attempt)))
-            elif isinstance(action, decisions.DeleteWorker):
-                calls.append(self.api.delete(kube.PODS, job.namespace, action.name,
-                                             grace_seconds=0 if action.force else None))
-            elif isinstance(action, decisions.DeleteStore):
-                calls.append(self.api.delete(kube.PODS, job.namespace, builders.store_pod_name(job.name),
-                                             grace_seconds=0 if action.force else None))
+            if creates_store:
+                await self.api.create(builders.store_pod(job, spec))  # before workers: they dial it
+            await self._all(self.api.create(builders.worker_pod(
+                job, spec, index=a.index, generation=a.generation, attempt=a.attempt)) for a in workers)
+        if any(isinstance(a, decisions.DeleteJob) for a in actions):
+            await self.api.delete(kube.DDPJOBS, job.namespace, job.name)
+        # Events after the pod calls: they are informational and must not queue ahead of them.
+        for event in (a for a in actions if isinstance(a, decisions.Event)):
+            self._post_event(job, event, now)
+
+    @staticmethod
+    async def _all(calls: Iterable[Awaitable[Any]]) -> None:
+        """Run API calls concurrently; raise the first failure after all have finished."""
         results = await asyncio.gather(*calls, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0]
-        if any(isinstance(a, decisions.DeleteJob) for a in actions):
-            await self.api.delete(kube.DDPJOBS, job.namespace, job.name)
 
     async def _ensure_shared(self, job: builders.JobRef, spec: model.DDPJobSpec) -> None:
         if job.uid in self.shared_ready:
@@ -253,6 +261,10 @@ class Controller:
         task = asyncio.get_running_loop().create_task(post())
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
+
+
+def _pod_name(job: builders.JobRef, action: decisions.DeleteWorker | decisions.DeleteStore) -> str:
+    return action.name if isinstance(action, decisions.DeleteWorker) else builders.store_pod_name(job.name)
 
 
 def build_registry(controller: Controller, connection: kube.Connection) -> kopf.OperatorRegistry:

@@ -17,6 +17,7 @@ never relies on kmock quirks):
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import itertools
 import time
@@ -61,6 +62,7 @@ class Cluster(kmock.KubernetesEmulator):
     calls: set[tuple[str, str, str]] = attrs.field(factory=set, init=False)
     created: dict[tuple[str, str], float] = attrs.field(factory=dict, init=False)  # pod -> perf_counter()
     _in_flight: set[rendering.Request] = attrs.field(factory=set, init=False)
+    _creation_waiters: dict[tuple[str, str], list[asyncio.Future[float]]] = attrs.field(factory=dict, init=False)
     _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
 
     def register_resources(self) -> None:
@@ -127,7 +129,11 @@ class Cluster(kmock.KubernetesEmulator):
                     creationTimestamp=now_rfc3339(), generation=1)
         if request.resource == PODS:
             request.data.setdefault("status", {"phase": "Pending"})
-            self.created[meta.get("namespace"), meta.get("name")] = time.perf_counter()
+            key, moment = (meta.get("namespace"), meta.get("name")), time.perf_counter()
+            self.created[key] = moment
+            for waiter in self._creation_waiters.pop(key, ()):
+                if not waiter.done():
+                    waiter.set_result(moment)
         if request.resource == DDPJOBS:
             request.data.pop("status", None)
             self._validate(request.data.get("spec"))
@@ -235,6 +241,12 @@ class Cluster(kmock.KubernetesEmulator):
             raw = self.objects[key].raw
             self.objects[key].delete()
             await self._buses[key[0]].put({"type": "DELETED", "object": raw})
+
+    def when_created(self, namespace: str, name: str) -> asyncio.Future[float]:
+        """Resolves with perf_counter() at the next creation of this pod (for benchmarks)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._creation_waiters.setdefault((namespace, name), []).append(waiter)
+        return waiter
 
     def live(self, resource: Any, namespace: str | None = None) -> list[dict[str, Any]]:
         return [obj.raw for (res, ns, _), obj in self.objects.items()

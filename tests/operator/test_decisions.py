@@ -149,10 +149,16 @@ def test_retryable_failure_pod_scope_waits_for_backoff_then_replaces_only_that_r
     # Same observation again: not charged twice.
     again = d.decide(job(s, st), seen(w(0), failed(1, 137, "OOMKilled"), now=T0 + timedelta(seconds=5)))
     assert again.status.restarts == 1 and again.requeue_after == 5
-    # Backoff passed: the failed pod goes (survivor untouched) ...
+    # Backoff passed: the exited pod is removed at once and replaced in the same pass (same
+    # generation, next attempt); the survivor is untouched.
     later = d.decide(job(s, again.status), seen(w(0), failed(1, 137, "OOMKilled"), now=T0 + timedelta(seconds=10)))
-    assert of(later, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_REPLACE)]
-    # ... and once it is gone the replacement comes, same generation, next attempt.
+    assert later.actions[:2] == (d.DeleteWorker("j-worker-1", d.REASON_REPLACE, force=True), d.CreateWorker(1, 0, 1))
+    assert later.status.restarts == 1
+    # Had the delete not finished yet (pod still listed), nothing is created twice: the name is taken.
+    pending = d.decide(job(s, later.status), seen(w(0), failed(1, 137, "OOMKilled", terminating_since=T0),
+                                                  now=T0 + timedelta(seconds=11)))
+    assert of(pending, d.CreateWorker) == [] and pending.status.restarts == 1
+    # Once it is gone, a pass that missed the create makes it.
     replaced = d.decide(job(s, later.status), seen(w(0), now=T0 + timedelta(seconds=11)))
     assert of(replaced, d.CreateWorker) == [d.CreateWorker(1, 0, 1)] and replaced.status.restarts == 1
     back = d.decide(job(s, replaced.status), seen(w(0), w(1, attempt=1), now=T0 + timedelta(seconds=30)))
@@ -212,7 +218,8 @@ def test_disruption_is_recorded_but_not_charged(worker):
     assert st.phase == "Restarting" and st.restarts == 0 and st.disruptions == 1 and st.ranks[1].restarts == 1
     assert any(e.reason == "WorkerDisrupted" for e in of(out, d.Event))
     if worker.phase == "Failed":  # no backoff for disruptions
-        assert of(out, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_REPLACE)]
+        assert of(out, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_REPLACE, force=True)]
+        assert of(out, d.CreateWorker) == [d.CreateWorker(1, 0, 1)]
 
 
 def test_restart_scope_all_moves_gang_to_new_generation_after_backoff():
@@ -224,11 +231,12 @@ def test_restart_scope_all_moves_gang_to_new_generation_after_backoff():
     assert of(first, d.DeleteWorker) == [d.DeleteWorker("j-worker-0", d.REASON_OLD_GENERATION)]
     assert of(first, d.CreateWorker) == []
     assert any(e.reason == "GangRestart" for e in of(first, d.Event))
+    early = d.decide(job(s, st), seen(failed(1, 143), now=T0 + timedelta(seconds=5)))
+    assert of(early, d.CreateWorker) == [] and early.requeue_after == 5  # the backoff holds the gang
     mid = d.decide(job(s, st), seen(failed(1, 143), now=T0 + timedelta(seconds=10)))
     assert mid.status.restarts == 1  # old generation: never charged again
-    assert of(mid, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_REPLACE)]
-    fresh = d.decide(job(s, mid.status), seen(now=T0 + timedelta(seconds=11)))
-    assert of(fresh, d.CreateWorker) == [d.CreateWorker(0, 1, 0), d.CreateWorker(1, 1, 1)]
+    assert of(mid, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_REPLACE, force=True)]
+    assert of(mid, d.CreateWorker) == [d.CreateWorker(0, 1, 0), d.CreateWorker(1, 1, 1)]
 
 
 def test_pod_scope_below_min_replicas_moves_to_fresh_generation():
