@@ -70,10 +70,10 @@ class Run:
 
     def leftovers(self) -> list[str]:
         """Live processes (any session, any parent) that inherited this run's environment."""
-        return tagged_processes(self.tag)
+        return [f"{pid}: {cmdline[:160]}" for pid, cmdline in tagged_processes(self.tag)]
 
 
-def tagged_processes(tag: str) -> list[str]:
+def tagged_processes(tag: str) -> list[tuple[int, str]]:
     wanted = f"{TAG_ENV}={tag}".encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -87,14 +87,14 @@ def tagged_processes(tag: str) -> list[str]:
         except OSError:
             continue
         if stat.rsplit(")", 1)[1].split()[0] != "Z":
-            found.append(f"{entry.name}: {cmdline[:160]}")
+            found.append((int(entry.name), cmdline))
     return found
 
 
 def kill_tagged(tag: str) -> None:
-    for line in tagged_processes(tag):
+    for pid, _ in tagged_processes(tag):
         try:
-            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 

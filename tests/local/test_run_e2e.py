@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from .harness import Run, job_dir, kill_tagged, manifest, read_json, script, write_manifest
+from .harness import Run, job_dir, kill_tagged, manifest, read_json, script, tagged_processes, write_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -118,3 +120,27 @@ def test_ctrl_c_stops_workers_gracefully_and_leaves_no_process(tmp_path, runs):
     assert stopped, log0[-3000:]
     final = job_dir(tmp_path, "stop") / "checkpoints" / "checkpoints" / f"step-{int(stopped.group(1)):08d}.committed"
     assert final.exists(), sorted(p.name for p in final.parent.iterdir())
+
+
+def test_lost_store_moves_the_job_to_a_new_generation_without_charging_the_budget(tmp_path, runs):
+    doc = manifest("store")
+    doc["spec"]["args"] = ["--workload", "digits", "--epochs", "40", "--batch-size", "32", "--log-every", "5"]
+    run = start(runs, tmp_path, str(write_manifest(tmp_path, doc)))
+    progress = job_dir(tmp_path, "store") / "checkpoints" / "progress.json"
+    deadline = time.monotonic() + 180
+    while ((read_json(progress) or {}).get("step") or 0) < 30:
+        assert run.proc.poll() is None and time.monotonic() < deadline, "training never reached step 30"
+        time.sleep(0.2)
+    store = [pid for pid, cmdline in tagged_processes(run.tag) if "dist.TCPStore(" in cmdline]
+    assert len(store) == 1, run.leftovers()
+    os.kill(store[0], signal.SIGKILL)
+    code, out = run.wait(timeout=240)
+    assert code == 0, out
+    assert "RendezvousStoreLost: rendezvous store lost (Failed); moving all workers to rendezvous generation 1" in out
+    assert "restarts charged to the budget: 0, disruptions: 1" in out
+    # The old generation was deleted gracefully: its trainers saved on SIGTERM and training went on from there.
+    logs = "".join(p.read_text() for p in (job_dir(tmp_path, "store") / "logs").glob("store-worker-*.log"))
+    stopped = re.search(r"stop requested at step (\d+)", logs)
+    assert stopped and f"resumed from checkpoint step={stopped.group(1)} " in logs, logs[-3000:]
+    assert "--rdzv-id=" in logs and len(set(re.findall(r"--rdzv-id=(\S+)", logs))) == 2, "one id per generation"
+    assert run.leftovers() == []
