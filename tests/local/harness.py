@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,13 @@ class Run:
             out, _ = self.proc.communicate()
             raise AssertionError(f"ddpjob run did not finish within {timeout}s:\n{out}") from None
         return self.proc.returncode, out
+
+    def wait_for_step(self, progress: Path, step: int, timeout: float = 180) -> None:
+        """Until the trainer's progress.json reports `step` (while the run is still going)."""
+        deadline = time.monotonic() + timeout
+        while ((read_json(progress) or {}).get("step") or 0) < step:
+            assert self.proc.poll() is None and time.monotonic() < deadline, f"training never reached step {step}"
+            time.sleep(0.2)
 
     def interrupt(self) -> None:
         self.proc.send_signal(signal.SIGINT)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -105,10 +104,7 @@ def test_ctrl_c_stops_workers_gracefully_and_leaves_no_process(tmp_path, runs):
     path = write_manifest(tmp_path, doc)
     run = start(runs, tmp_path, str(path))
     progress = job_dir(tmp_path, "stop") / "checkpoints" / "progress.json"
-    deadline = time.monotonic() + 180
-    while ((read_json(progress) or {}).get("step") or 0) < 20:
-        assert run.proc.poll() is None and time.monotonic() < deadline, "training never reached step 20"
-        time.sleep(0.2)
+    run.wait_for_step(progress, 20)
     assert len(run.leftovers()) >= 5, run.leftovers()  # store + 2 agents + 2 trainers
     run.interrupt()
     code, out = run.wait(timeout=120)
@@ -127,10 +123,7 @@ def test_lost_store_moves_the_job_to_a_new_generation_without_charging_the_budge
     doc["spec"]["args"] = ["--workload", "digits", "--epochs", "40", "--batch-size", "32", "--log-every", "5"]
     run = start(runs, tmp_path, str(write_manifest(tmp_path, doc)))
     progress = job_dir(tmp_path, "store") / "checkpoints" / "progress.json"
-    deadline = time.monotonic() + 180
-    while ((read_json(progress) or {}).get("step") or 0) < 30:
-        assert run.proc.poll() is None and time.monotonic() < deadline, "training never reached step 30"
-        time.sleep(0.2)
+    run.wait_for_step(progress, 30)
     store = [pid for pid, cmdline in tagged_processes(run.tag) if "dist.TCPStore(" in cmdline]
     assert len(store) == 1, run.leftovers()
     os.kill(store[0], signal.SIGKILL)
