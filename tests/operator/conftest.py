@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import kmock
@@ -24,10 +24,13 @@ FAST = Settings(health_port=0, metrics_port=0, resync_seconds=0.5, stuck_termina
                 retry_seconds=0.2, request_timeout_seconds=10)
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition",
+                     between: Callable[[], Awaitable[Any]] | None = None) -> Any:
     """Poll until check() returns something truthy (the operator works asynchronously)."""
     deadline = time.monotonic() + timeout
     while True:
+        if between is not None:
+            await between()
         result = check()
         if result:
             return result
@@ -133,15 +136,7 @@ class Harness:
 
     async def settle(self, job: str, check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
         """Like eventually(), confirming graceful deletions in between (the kubelet at work)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            await self.finish_terminating(job)
-            result = check()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-            await asyncio.sleep(0.02)
+        return await eventually(check, timeout, what, between=lambda: self.finish_terminating(job))
 
     async def finish_terminating(self, job: str) -> list[str]:
         """The kubelet confirms every graceful deletion (the containers have exited)."""
