@@ -9,7 +9,6 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import kmock
-import pytest
 import pytest_asyncio
 
 from ddpjob_operator import builders, model, permissions
