@@ -111,8 +111,7 @@ def test_backoff_delays_the_replacement_by_the_injected_clock(tmp_path):
         runner.reconcile()
         assert runner.workers["unit-worker-0"].process is first, "replaced before the backoff passed"
         clock.advance(1)
-        runner.reconcile()  # the failed pod goes ...
-        runner.reconcile()  # ... and its replacement comes, as attempt 1
+        runner.reconcile()  # the failed pod goes and its replacement comes in the same pass
         replacement = runner.workers["unit-worker-0"]
         assert replacement.process is not first and replacement.attempt == 1
     finally:

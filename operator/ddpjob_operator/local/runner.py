@@ -226,8 +226,7 @@ class LocalRunner:
         if isinstance(action, decisions.CreateStore):
             self._create_store(now)
         elif isinstance(action, decisions.DeleteStore):
-            if self.store is not None:
-                self.store.kill() if action.force else self.store.terminate(now)
+            self._delete_store(action, now)
         elif isinstance(action, decisions.CreateWorker):
             self._create_worker(action, now)
         elif isinstance(action, decisions.DeleteWorker):
@@ -264,16 +263,28 @@ class LocalRunner:
         self.tails.setdefault(name, LogTail(process.log_path))
 
     def _delete_worker(self, action: decisions.DeleteWorker, now: datetime) -> None:
+        """Force kills at once; otherwise SIGTERM, and `observe` drops the pod once it has exited.
+        An exited pod is gone at once, so a replacement in the same pass can take its name."""
         w = self.workers.get(action.name)
         if w is None:
             return
         w.deleted = True
         if action.force:
             w.process.kill()
-        elif w.process.poll(now) is None:
+        if w.process.poll(now) is None:
             w.process.terminate(now)
         else:
             del self.workers[action.name]
+
+    def _delete_store(self, action: decisions.DeleteStore, now: datetime) -> None:
+        if self.store is None:
+            return
+        if action.force:
+            self.store.kill()
+        if self.store.poll(now) is None:
+            self.store.terminate(now)
+        else:
+            self.store = None
 
     def _inject_faults(self, now: datetime) -> None:
         progress = read_report(self.checkpoint_dir, "progress.json") or {}
