@@ -78,6 +78,7 @@ class WorkerObservation:
     exit_code: int | None = None  # 128+N for signal N
     reason: str | None = None  # OOMKilled, Evicted, Error, ...
     disruption: bool = False  # eviction, preemption, node loss: not the user's fault
+    # Being stopped; the stuck timeout counts from here: for a pod, the end of its grace period.
     terminating_since: datetime | None = None
     node: str | None = None
     started_at: datetime | None = None

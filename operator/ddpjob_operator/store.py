@@ -7,7 +7,7 @@ Pure: bodies in, frozen values out.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
 from pydantic import ValidationError
@@ -64,11 +64,9 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
     conditions = {c.get("type"): c for c in status.get("conditions") or ()}
     disruption_condition = conditions.get("DisruptionTarget", {}).get("status") == "True"
     pod_reason = status.get("reason")
-    terminating_since = None
-    if meta.get("deletionTimestamp"):
-        # deletionTimestamp is when the grace period ends; the deletion was requested that much earlier.
-        grace = meta.get("deletionGracePeriodSeconds") or 0
-        terminating_since = decisions.parse_time(meta["deletionTimestamp"]) - timedelta(seconds=grace)
+    # deletionTimestamp is when the grace period ends: a pod checkpointing on SIGTERM is not
+    # "stuck" before then, so the stuck-terminating timeout counts from there.
+    terminating_since = decisions.parse_time(meta.get("deletionTimestamp"))
     exit_code = terminated.get("exitCode")
     return PodSummary(
         name=meta.get("name", ""),

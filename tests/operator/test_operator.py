@@ -175,9 +175,10 @@ async def test_success_stops_the_rest_and_honours_ttl(harness, operator):
 
 async def test_stuck_terminating_pod_is_force_deleted_and_replaced(harness, operator):
     await started(harness, "unreachable", minReplicas=1)
-    # The node died: the pod is marked for deletion, and its kubelet never confirms.
-    code, _ = await harness.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/unreachable-worker-1", {},
-                                    "application/json")
+    # The node died: the pod is marked for deletion (here with a 1 s grace period), and its kubelet
+    # never confirms. 2 s (FAST.stuck_terminating_seconds) after the grace period it is force-deleted.
+    code, _ = await harness.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/unreachable-worker-1",
+                                    {"gracePeriodSeconds": 1}, "application/json")
     assert code == 200
     old_uid = harness.pods("unreachable")["unreachable-worker-1"]["metadata"]["uid"]
     await eventually(lambda: harness.pods("unreachable").get("unreachable-worker-1", {}).get("metadata", {})
