@@ -98,9 +98,9 @@ def test_retryable_failures_exhaust_the_restart_budget(tmp_path, runs):
     assert log.count("---- budget-worker-0:") == 2, "one replacement, then the budget is spent"
 
 
-def test_ctrl_c_stops_workers_gracefully_and_leaves_no_process(tmp_path, runs):
+def test_ctrl_c_stops_workers_gracefully_leaves_no_process_and_resume_continues(tmp_path, runs):
     doc = manifest("stop")
-    doc["spec"]["args"] = ["--workload", "digits", "--epochs", "400", "--batch-size", "32", "--log-every", "5"]
+    doc["spec"]["args"] = ["--workload", "digits", "--epochs", "25", "--batch-size", "32", "--log-every", "5"]
     path = write_manifest(tmp_path, doc)
     run = start(runs, tmp_path, str(path))
     progress = job_dir(tmp_path, "stop") / "checkpoints" / "progress.json"
@@ -116,6 +116,12 @@ def test_ctrl_c_stops_workers_gracefully_and_leaves_no_process(tmp_path, runs):
     assert stopped, log0[-3000:]
     final = job_dir(tmp_path, "stop") / "checkpoints" / "checkpoints" / f"step-{int(stopped.group(1)):08d}.committed"
     assert final.exists(), sorted(p.name for p in final.parent.iterdir())
+
+    code, out = start(runs, tmp_path, str(path), "--resume").wait(timeout=240)
+    assert code == 0, out
+    assert f"training resumed from the checkpoint of step {stopped.group(1)}" in out
+    result = read_json(job_dir(tmp_path, "stop") / "checkpoints" / "result.json")
+    assert result and result["status"] == "completed" and result["epoch"] == 25, out
 
 
 def test_lost_store_moves_the_job_to_a_new_generation_without_charging_the_budget(tmp_path, runs):

@@ -80,6 +80,13 @@ def _accepts_connections(port: int) -> bool:
         return False
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def base_environment(spec: model.DDPJobSpec) -> dict[str, str]:
     """This shell's environment without what torchrun and the operator own, plus the job's env;
     InvalidJob for what cannot run on this machine."""
@@ -258,9 +265,10 @@ class LocalRunner:
             name=name, marker=marker_for(self.run_id, name, action.attempt), env=env,
             argv=builders.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, python=sys.executable),
             log_path=self.log_dir / f"{name}.log")
+        if name not in self.tails:  # logs are appended across runs: read only this run's part
+            self.tails[name] = LogTail(process.log_path, offset=_size(process.log_path))
         process.start(now)
         self.workers[name] = WorkerProcess(action.index, action.generation, action.attempt, process)
-        self.tails.setdefault(name, LogTail(process.log_path))
 
     def _delete_worker(self, action: decisions.DeleteWorker, now: datetime) -> None:
         """Force kills at once; otherwise SIGTERM, and `observe` drops the pod once it has exited.
