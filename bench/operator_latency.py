@@ -1,6 +1,6 @@
 """Operator latency against the in-process Kubernetes emulator, side by side with a bare client.
 
-Two measurements, for 1 job (repeated) and for 100 jobs of 4 workers at once:
+Two measurements, for 1 job (repeated) and for batches of 100 jobs of 4 workers at once:
 
 - create: DDPJob POST answered -> the last of its pods (store + 4 workers) created;
 - replace: a worker's Failed status written (what the operator's watch sees) -> its
@@ -13,7 +13,7 @@ as users run it (`python -m ddpjob_operator.run`, kubeconfig pointing at the emu
 process; the bare client runs in a process of its own too, told what to do over a pipe. Creation times are
 taken inside the emulator when it stores each pod (futures, no polling).
 
-    .venv/bin/python bench/operator_latency.py [--repeats 15] [--jobs 100]
+    .venv/bin/python bench/operator_latency.py [--repeats 15] [--jobs 100] [--batches 3]
 """
 
 from __future__ import annotations
@@ -197,12 +197,12 @@ def summary(values: list[float]) -> str:
     return f"{statistics.median(values) * 1000:.1f}"
 
 
-async def main(repeats: int, many: int) -> None:
+async def main(repeats: int, many: int, batches: int) -> None:
     with tempfile.TemporaryDirectory(prefix="ddpjob-bench-") as tmp:
-        await measure(Path(tmp), repeats, many)
+        await measure(Path(tmp), repeats, many, batches)
 
 
-async def measure(tmp: Path, repeats: int, many: int) -> None:
+async def measure(tmp: Path, repeats: int, many: int, batches: int) -> None:
     async with Cluster() as cluster, kmock.Server(cluster) as server, aiohttp.ClientSession() as session:
         cluster.register_resources()
         url = str(server.url).rstrip("/")
@@ -218,7 +218,7 @@ async def measure(tmp: Path, repeats: int, many: int) -> None:
         sides = {"floor": (FLOOR_NAMESPACE, on_created, on_failed), "operator": (OPERATOR_NAMESPACE, noop, noop)}
         results: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
         # Interleaved, so both sides share whatever else the machine is doing at the time.
-        for jobs, rounds in ((1, repeats), (many, 1)):
+        for jobs, rounds in ((1, repeats), (many, batches)):
             for _ in range(rounds):
                 for side, (namespace, created_hook, failed_hook) in sides.items():
                     bench.namespace = namespace
@@ -232,7 +232,7 @@ async def measure(tmp: Path, repeats: int, many: int) -> None:
         bare.wait(15)
 
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, python {platform.python_version()}, date 2026-11-22; "
-          f"{repeats} single-job runs, one batch of {many} jobs x {WORKERS} workers")
+          f"{repeats} single-job runs, {batches} batches of {many} jobs x {WORKERS} workers, sides interleaved")
     print("| jobs | measurement | bare client median ms | operator median ms | ratio | operator max ms |")
     print("| --- | --- | --- | --- | --- | --- |")
     for jobs in ("1", str(many)):
@@ -245,7 +245,8 @@ async def measure(tmp: Path, repeats: int, many: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=15, help="single-job runs per side")
-    parser.add_argument("--jobs", type=int, default=100, help="jobs in the concurrent batch")
+    parser.add_argument("--jobs", type=int, default=100, help="jobs in a concurrent batch")
+    parser.add_argument("--batches", type=int, default=3, help="concurrent batches per side")
     parser.add_argument("--bare-client", metavar="URL", help=argparse.SUPPRESS)  # the floor's own process
     args = parser.parse_args()
-    asyncio.run(bare_client(args.bare_client) if args.bare_client else main(args.repeats, args.jobs))
+    asyncio.run(bare_client(args.bare_client) if args.bare_client else main(args.repeats, args.jobs, args.batches))
