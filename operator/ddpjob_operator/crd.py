@@ -69,19 +69,9 @@ def _factory_defaults(schema: dict[str, Any], model_cls: type[BaseModel]) -> Non
         if field.default_factory is not None and "default" not in prop:
             value = field.default_factory()
             prop["default"] = value.wire() if isinstance(value, model.APIModel) else value
-        sub = _model_of(field.annotation)
+        sub = model.model_in(field.annotation)
         if sub is not None:
             _factory_defaults(prop if "properties" in prop else prop.get("items", {}), sub)
-
-
-def _model_of(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _model_of(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def _strip_defaults(node: Any) -> Any:

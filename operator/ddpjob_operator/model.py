@@ -80,6 +80,17 @@ class APIModel(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+def model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model class inside a field annotation such as `Backoff`, `list[EnvVar]` or `X | None`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
 class CelRuleError(ValueError):
     """A failed cross-field rule; carries the rule so the error can name its field."""
 

@@ -146,18 +146,8 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | 
         field = next((f for n, f in current.model_fields.items() if part in (n, f.alias)), None)
         if field is None:
             return None
-        current = _first_model(field.annotation)
+        current = model.model_in(field.annotation)
     return current
-
-
-def _first_model(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _first_model(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def _known_fields(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
