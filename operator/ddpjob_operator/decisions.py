@@ -43,6 +43,7 @@ REASON_OLD_GENERATION = "OldGeneration"
 REASON_CLEANUP = "JobFinished"
 REASON_SCALE_DOWN = "ScaleDown"
 REASON_REPLACE = "Replace"
+REASON_POD_VANISHED = "PodVanished"
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 PHASE_CONDITIONS = ("Running", "Restarting", "Suspended", "Succeeded", "Failed")
@@ -396,7 +397,7 @@ def _store_lost(plan: _Plan, spec: model.DDPJobSpec, current: list[WorkerObserva
     for w in current:
         if w.terminating_since is None:
             plan.act(DeleteWorker(w.name, REASON_OLD_GENERATION))
-    _update_counts(plan, spec, current)
+    _update_counts(plan, spec, [])  # the ranks now belong to the new, still empty generation
     _set_phase(plan, "Restarting", REASON_STORE_LOST, message)
     return True
 
@@ -428,6 +429,15 @@ def _account_failures(plan: _Plan, spec: model.DDPJobSpec, current: list[WorkerO
         if (w.phase == "Failed" or lost_while_running) and w.attempt == rank.restarts:
             kind = DISRUPTION if lost_while_running else classify_exit(w.exit_code, w.reason, w.disruption, policy)
             new_failures.append((w, kind))
+    present = {w.index for w in current}
+    for index in range(spec.replicas):
+        rank = plan.rank(index)
+        if index not in present and rank.phase in ("Pending", "Running"):
+            # Seen alive, now gone, and we never delete such a pod: force-deleted behind our back
+            # (kubectl delete --force, node garbage collection). A disruption.
+            gone = WorkerObservation(index=index, name=rank.pod, generation=status.generation, phase=MISSING,
+                                     attempt=rank.restarts, reason=REASON_POD_VANISHED, disruption=True)
+            new_failures.append((gone, DISRUPTION))
     if not new_failures:
         return False
 
@@ -574,6 +584,10 @@ def _update_counts(plan: _Plan, spec: model.DDPJobSpec, current: list[WorkerObse
 
 
 def _suspend(plan: _Plan, spec: model.DDPJobSpec, options: Options) -> None:
+    if plan.status.phase != "Suspended":
+        # The stopped pods become an old generation: on resume they are never mistaken for lost
+        # ranks, new workers wait until they are gone, and the fresh store gets a fresh rendezvous id.
+        plan.status.generation += 1
     for w in plan.observed.workers:
         if w.terminating_since is None:
             plan.act(DeleteWorker(w.name, REASON_SUSPENDED))

@@ -384,3 +384,26 @@ def test_transition_events_on_every_phase_change():
     out = d.decide(job(status=running_status(phase="Pending")), seen(w(0), w(1)))
     transitions = [e for e in of(out, d.Event) if "->" in e.message]
     assert [e.message.split(":")[0] for e in transitions] == ["Pending -> Running"]
+
+
+def test_pod_deleted_behind_our_back_is_a_disruption_and_replaced():
+    s = spec(minReplicas=1)
+    status = d.decide(job(s, running_status()), seen(w(0), w(1))).status
+    out = d.decide(job(s, status), seen(w(0)))  # worker 1 force-deleted by someone else
+    st = out.status
+    assert st.disruptions == 1 and st.restarts == 0 and st.ranks[1].restarts == 1
+    assert st.ranks[1].last_reason == d.REASON_POD_VANISHED
+    assert of(out, d.CreateWorker) == [d.CreateWorker(1, 0, 1)]
+    again = d.decide(job(s, st), seen(w(0)))  # replacement not seen yet: nothing charged twice
+    assert again.status.disruptions == 1 and of(again, d.CreateWorker) == [d.CreateWorker(1, 0, 1)]
+
+
+def test_resume_while_suspended_pods_still_terminate_charges_nothing_and_waits():
+    suspended = d.decide(job(spec(runPolicy={"suspend": True}), running_status()), seen(w(0), w(1)))
+    assert suspended.status.generation == 1
+    stopping = (w(0, terminating_since=T0), w(1, terminating_since=T0))
+    resumed = d.decide(job(spec(), suspended.status), seen(*stopping, store=None))
+    st = resumed.status
+    assert st.restarts == 0 and st.disruptions == 0 and of(resumed, d.CreateWorker) == []
+    done = d.decide(job(spec(), st), seen(store=d.StoreObservation("Pending")))
+    assert of(done, d.CreateWorker) == [d.CreateWorker(0, 1, 0), d.CreateWorker(1, 1, 0)]

@@ -223,3 +223,15 @@ async def test_operator_restart_mid_job_duplicates_nothing_and_loses_nothing(har
     assert pods["survivor-worker-0"]["metadata"]["uid"] == before["survivor-worker-0"]
     assert harness.status("survivor")["restarts"] == 1 and harness.status("survivor")["generation"] == 0
     assert len(harness.pods("survivor", builders.ROLE_STORE)) == 1
+
+
+async def test_force_deleted_worker_is_replaced_as_a_disruption(harness, operator):
+    await started(harness, "forced", failurePolicy={"maxRestarts": 0})
+    old_uid = harness.pods("forced")["forced-worker-0"]["metadata"]["uid"]
+    code, _ = await harness.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/forced-worker-0",
+                                    {"gracePeriodSeconds": 0}, "application/json")
+    assert code == 200
+    await eventually(lambda: harness.pods("forced").get("forced-worker-0", {}).get("metadata", {})
+                     .get("uid", old_uid) != old_uid, what="a new worker 0")
+    status = harness.status("forced")
+    assert status["disruptions"] == 1 and status["restarts"] == 0 and status["phase"] != "Failed"
