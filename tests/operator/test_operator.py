@@ -226,7 +226,7 @@ async def test_operator_restart_mid_job_duplicates_nothing_and_loses_nothing(har
 
 
 async def test_force_deleted_worker_is_replaced_as_a_disruption(harness, operator):
-    await started(harness, "forced", failurePolicy={"maxRestarts": 0})
+    await started(harness, "forced", minReplicas=1, failurePolicy={"maxRestarts": 0})
     old_uid = harness.pods("forced")["forced-worker-0"]["metadata"]["uid"]
     code, _ = await harness.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/forced-worker-0",
                                     {"gracePeriodSeconds": 0}, "application/json")
