@@ -9,8 +9,10 @@ retries the whole reconcile (level-based, so that is always safe).
 from __future__ import annotations
 
 import json
+import os
 import ssl
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,10 +23,14 @@ from . import model
 USER_AGENT = "ddpjob-operator"
 
 
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
 @dataclass(frozen=True)
 class Connection:
     server: str  # e.g. https://10.0.0.1:443
     token: str | None = None
+    token_path: str | None = None  # read at each use: projected service-account tokens rotate
     ca_path: str | None = None
     certificate_path: str | None = None
     private_key_path: str | None = None
@@ -32,22 +38,31 @@ class Connection:
 
     @classmethod
     def from_environment(cls) -> "Connection":
-        """In-cluster service account, else the current kubeconfig context."""
+        """The pod's service account when running in a cluster, else the current kubeconfig context."""
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+        if host and port and (SERVICE_ACCOUNT_DIR / "token").exists():
+            host = f"[{host}]" if ":" in host else host  # IPv6
+            return cls(server=f"https://{host}:{port}", token_path=str(SERVICE_ACCOUNT_DIR / "token"),
+                       ca_path=str(SERVICE_ACCOUNT_DIR / "ca.crt"))
         from kubernetes import client, config
 
         configuration = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
-        auth = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken")
-        token = auth.split(" ", 1)[1] if auth and auth.startswith("Bearer ") else auth
-        return cls(server=configuration.host, token=token, ca_path=configuration.ssl_ca_cert,
-                   certificate_path=configuration.cert_file, private_key_path=configuration.key_file,
-                   insecure=not configuration.verify_ssl)
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration)
+        auth = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken") or ""
+        scheme, _, credential = auth.partition(" ")
+        return cls(server=configuration.host, token=credential if scheme.lower() == "bearer" else None,
+                   ca_path=configuration.ssl_ca_cert, certificate_path=configuration.cert_file,
+                   private_key_path=configuration.key_file, insecure=not configuration.verify_ssl)
+
+    def current_token(self) -> str | None:
+        if self.token_path:
+            return Path(self.token_path).read_text().strip()
+        return self.token
 
     def for_kopf(self) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=self.server, token=self.token, scheme="Bearer" if self.token else None,
+        """kopf calls the login handler again on a 401, so a rotated token is picked up."""
+        token = self.current_token()
+        return kopf.ConnectionInfo(server=self.server, token=token, scheme="Bearer" if token else None,
                                    ca_path=self.ca_path, certificate_path=self.certificate_path,
                                    private_key_path=self.private_key_path, insecure=self.insecure)
 
@@ -111,8 +126,6 @@ class Kube:
             if isinstance(ssl_context, ssl.SSLContext) and conn.certificate_path:
                 ssl_context.load_cert_chain(conn.certificate_path, conn.private_key_path)
             headers = {"User-Agent": USER_AGENT}
-            if conn.token:
-                headers["Authorization"] = f"Bearer {conn.token}"
             self._session = aiohttp.ClientSession(
                 base_url=conn.server.rstrip("/") + "/", headers=headers, timeout=self.timeout,
                 connector=aiohttp.TCPConnector(ssl=ssl_context if conn.server.startswith("https") else None))
@@ -126,6 +139,9 @@ class Kube:
                     content_type: str = "application/json") -> tuple[int, Any]:
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if body is not None else {}
+        token = self.connection.current_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         async with self._open().request(method, path.lstrip("/"), data=data, params=params,
                                         headers=headers) as response:
             text = await response.text()

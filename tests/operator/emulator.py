@@ -60,6 +60,7 @@ def deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 @attrs.define(kw_only=True)
 class Cluster(kmock.KubernetesEmulator):
     calls: set[tuple[str, str, str]] = attrs.field(factory=set, init=False)
+    credentials: list[str] = attrs.field(factory=list, init=False)  # Authorization headers seen
     created: dict[tuple[str, str], float] = attrs.field(factory=dict, init=False)  # pod -> perf_counter()
     _in_flight: set[rendering.Request] = attrs.field(factory=set, init=False)
     _creation_waiters: dict[tuple[str, str], list[asyncio.Future[float]]] = attrs.field(factory=dict, init=False)
@@ -118,6 +119,8 @@ class Cluster(kmock.KubernetesEmulator):
             return
         resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
         self.calls.add((request.resource.group or "", resource, VERBS[request.action]))
+        if "Authorization" in request.headers:
+            self.credentials.append(request.headers["Authorization"])
 
     def _fill_metadata(self, request: rendering.Request) -> None:
         meta = request.data.setdefault("metadata", {})

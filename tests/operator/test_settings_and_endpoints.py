@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 import yaml
 
-from ddpjob_operator import settings
+from ddpjob_operator import kube, settings
 
 from .conftest import FAST, OperatorProcess, assert_within_permissions, eventually
 
@@ -103,3 +103,42 @@ async def test_metrics_and_liveness_endpoints(harness, cluster, unused_tcp_port_
         await process.stop()
     assert ("", "pods", "create") in harness.cluster.calls and ("", "events", "create") in harness.cluster.calls
     assert_within_permissions(harness.cluster)
+
+
+def test_in_cluster_connection_uses_the_service_account(monkeypatch, tmp_path):
+    (tmp_path / "token").write_text("sa-token\n")
+    (tmp_path / "ca.crt").write_text("")
+    monkeypatch.setattr(kube, "SERVICE_ACCOUNT_DIR", tmp_path)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    connection = kube.Connection.from_environment()
+    assert connection.server == "https://10.0.0.1:443" and connection.ca_path == str(tmp_path / "ca.crt")
+    assert connection.for_kopf().token == "sa-token" and connection.for_kopf().scheme == "Bearer"
+
+
+def test_kubeconfig_connection(monkeypatch, tmp_path):
+    config = tmp_path / "config"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "https://api.example:6443", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "user-token"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    connection = kube.Connection.from_environment()
+    assert (connection.server, connection.token, connection.insecure) == ("https://api.example:6443", "user-token", True)
+
+
+async def test_rotated_token_is_used_by_the_next_call(cluster, tmp_path):
+    emulator, url = cluster
+    token = tmp_path / "token"
+    token.write_text("first")
+    api = kube.Kube(kube.Connection(server=url, token_path=str(token)))
+    try:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}}
+        await api.create(pod)
+        token.write_text("second")
+        assert await api.delete(kube.PODS, "ns", "p", grace_seconds=0)
+    finally:
+        await api.close()
+    assert emulator.credentials == ["Bearer first", "Bearer second"]
