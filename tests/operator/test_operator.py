@@ -157,8 +157,10 @@ async def test_suspend_deletes_pods_keeps_claim_and_resume_recreates(harness, op
 
 
 async def test_active_deadline_fails_with_deadline_exceeded(harness, operator):
-    await started(harness, "slow", runPolicy={"activeDeadlineSeconds": 1})
-    await harness.wait_phase("slow", "Failed", timeout=5)
+    await harness.apply("slow", runPolicy={"activeDeadlineSeconds": 1})
+    await harness.wait_workers("slow", 2)
+    await harness.run_all("slow")
+    await harness.wait_phase("slow", "Failed", timeout=8)
     assert harness.condition("slow", "Failed")["reason"] == "DeadlineExceeded"
 
 
