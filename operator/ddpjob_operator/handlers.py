@@ -148,6 +148,9 @@ class Controller:
                 await self._reconcile_safely(key)
                 if key not in self._dirty:
                     return
+                # Triggered again while it ran: a burst (our own pods' events). Let it settle a
+                # moment so one more pass covers it all, instead of one pass (and status write) each.
+                await asyncio.sleep(self.settings.coalesce_seconds)
         finally:
             self._running.pop(key, None)
 

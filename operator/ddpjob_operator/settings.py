@@ -33,6 +33,7 @@ class Settings:
     stuck_terminating_seconds: float = 300.0  # then a Terminating pod is force-deleted
     request_timeout_seconds: float = 30.0  # one Kubernetes API call
     retry_seconds: float = 2.0  # after a failed reconcile (API error), try again this soon
+    coalesce_seconds: float = 0.01  # a job triggered during its reconcile runs again this much later
     bind_address: str = "0.0.0.0"  # of the health and metrics endpoints
 
     @property
@@ -89,6 +90,7 @@ PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "STUCK_TERMINATING_SECONDS": ("stuck_terminating_seconds", _seconds),
     "REQUEST_TIMEOUT_SECONDS": ("request_timeout_seconds", _seconds),
     "RETRY_SECONDS": ("retry_seconds", _seconds),
+    "COALESCE_SECONDS": ("coalesce_seconds", _seconds),
     "BIND_ADDRESS": ("bind_address", str),
 }
 
