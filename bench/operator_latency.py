@@ -94,9 +94,12 @@ class Bench:
         names = [f"{prefix}-{self.serial}-{i}" for i in range(jobs)]
         self.serial += 1
         creations = [self.watch_creation(self.job_pods(n)) for n in names]
-        results = await asyncio.gather(*(self.create_job(n) for n in names))
-        for created, _ in results:
-            on_created(created)
+        async def create(name: str) -> tuple[dict[str, Any], float]:
+            created, at = await self.create_job(name)
+            on_created(created)  # the floor starts the moment its job exists
+            return created, at
+
+        results = await asyncio.gather(*(create(n) for n in names))
         create = await asyncio.gather(*(self.created_after(self.job_pods(n), t, waiters)
                                         for n, (_, t), waiters in zip(names, results, creations)))
         await self.run_all(names)
