@@ -20,11 +20,14 @@ $(STAMP): operator/pyproject.toml trainer-image/pyproject.toml
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The chart ships a byte-identical copy of the CRD (a test checks it).
 crds: venv
 	$(BIN)/ddpjob crd > crds/ddpjobs.elastic.ddp.dev.yaml
+	cp crds/ddpjobs.elastic.ddp.dev.yaml charts/ddpjob-operator/crds/
 
 check-crds: venv
 	$(BIN)/ddpjob crd | diff -u crds/ddpjobs.elastic.ddp.dev.yaml -
+	diff -u crds/ddpjobs.elastic.ddp.dev.yaml charts/ddpjob-operator/crds/ddpjobs.elastic.ddp.dev.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ddpjob
@@ -81,7 +84,6 @@ kind-down:
 
 # The chart ships copies of generated files: the CRD and the RBAC rules (tests check both).
 chart-files: crds
-	cp crds/ddpjobs.elastic.ddp.dev.yaml charts/ddpjob-operator/crds/
 	$(BIN)/ddpjob rbac-rules > charts/ddpjob-operator/files/rbac-rules.yaml
 
 # ---- demo ----
