@@ -30,7 +30,7 @@ import kmock
 from kmock._internal import enums, rendering
 from kmock._internal.k8s import KubernetesError
 
-from ddpjob_operator import kube, model
+from ddpjob_operator import crd, kube, model
 from ddpjob_operator.validation import InvalidJob, parse_spec
 
 PODS = kmock.resource("", "v1", "pods")
@@ -67,9 +67,12 @@ class Cluster(kmock.KubernetesEmulator):
     _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
 
     def register_resources(self) -> None:
-        self.resources[DDPJOBS] = kmock.ResourceInfo(
-            kind=model.KIND, singular=model.SINGULAR, namespaced=True, shortnames=set(model.SHORT_NAMES),
-            verbs={"list", "watch", "get", "create", "patch", "delete"}, subresources={"status", "scale"})
+        definition = crd.build_crd()["spec"]  # the DDPJob as the generated CRD declares it
+        names, version = definition["names"], definition["versions"][0]
+        self.resources[kmock.resource(definition["group"], version["name"], names["plural"])] = kmock.ResourceInfo(
+            kind=names["kind"], singular=names["singular"], namespaced=definition["scope"] == "Namespaced",
+            shortnames=set(names["shortNames"]), categories=set(names["categories"]),
+            verbs={"list", "watch", "get", "create", "patch", "delete"}, subresources=set(version["subresources"]))
         for plural, kind in (("pods", "Pod"), ("services", "Service"), ("events", "Event"),
                              ("persistentvolumeclaims", "PersistentVolumeClaim")):
             self.resources[kmock.resource("", "v1", plural)] = kmock.ResourceInfo(
