@@ -68,6 +68,55 @@ def rendezvous_id(uid: str, generation: int) -> str:
     return f"{uid}-g{generation}"
 
 
+# ---------------------------------------------------------------- worker launcher
+
+TERMINATION_LOG_ENV = "DDPJOB_TERMINATION_LOG"
+TERMINATION_LOG_PATH = "/dev/termination-log"  # the container's default terminationMessagePath
+# Kubernetes keeps at most 4096 bytes of a container's termination message.
+TERMINATION_MESSAGE_LIMIT = 4000
+
+# Started as `python -c LAUNCHER_PROGRAM <torchrun args...>`: torchrun's own entry point, run
+# in-process, so that the container's exit code is the failed trainer's (torchrun itself always exits
+# 1), 128+N for a signal N, and the failure is written where the kubelet reads termination messages.
+# A constant, never built from user input.
+LAUNCHER_PROGRAM = f"""\
+import os, sys
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import main
+
+def report(text):
+    path = os.environ.get("{TERMINATION_LOG_ENV}", "{TERMINATION_LOG_PATH}")
+    try:
+        with open(path, "wb") as log:
+            log.write(text.encode("utf-8", "replace")[:{TERMINATION_MESSAGE_LIMIT}])
+    except OSError:
+        pass  # no termination log here (not in a container): the log has the same story
+
+try:
+    main(sys.argv[1:])
+except ChildFailedError as failed:
+    rank, failure = failed.get_first_failure()
+    code = 128 - failure.exitcode if failure.exitcode < 0 else failure.exitcode
+    if isinstance(failure.message, dict):  # the exception recorded by @record in the trainer
+        detail = failure.message.get("message", "")
+    elif failure.exitcode < 0:
+        detail = "killed by " + failure.signal_name()
+    else:
+        detail = ""  # exited without a recorded exception: its log says why
+    print(failed, file=sys.stderr, flush=True)
+    report(f"rank {{rank}} (local rank {{failure.local_rank}}) exited with code {{code}}"
+           + (f": {{detail}}" if detail else ""))
+    sys.exit(code)
+except SignalException as stopped:
+    report(f"torchrun stopped by {{stopped.sigval.name}}; exit code {{128 + stopped.sigval}}")
+    sys.exit(128 + stopped.sigval)
+except Exception as error:
+    report(f"torchrun failed: {{type(error).__name__}}: {{error}}")
+    raise
+"""
+
+
 # ---------------------------------------------------------------- names
 
 
@@ -87,6 +136,11 @@ def headless_service_name(job_name: str) -> str:
     return job_name
 
 
+def worker_address(job_name: str, namespace: str, index: int) -> str:
+    """Stable DNS name of a worker pod through the headless Service."""
+    return f"{worker_name(job_name, index)}.{headless_service_name(job_name)}.{namespace}.svc"
+
+
 def checkpoint_claim_name(job_name: str, spec: model.DDPJobSpec) -> str | None:
     if spec.checkpoint is None:
         return None
@@ -95,12 +149,33 @@ def checkpoint_claim_name(job_name: str, spec: model.DDPJobSpec) -> str | None:
 
 # ---------------------------------------------------------------- torchrun command and env
 
+# In a pod, the agent publishes its pod IP (downward API) to the rendezvous, not its DNS name, which
+# may not resolve yet for the other workers. Kubernetes expands `$(VAR)` in args and env values.
+POD_IP_ENV = "DDPJOB_POD_IP"
+POD_IP_REFERENCE = f"$({POD_IP_ENV})"
+# torchrun's SIGTERM -> SIGKILL wait for its trainers ends this long before the pod's grace period,
+# so trainers finish their SIGTERM checkpoint before the kubelet kills the whole container.
+SHUTDOWN_MARGIN_SECONDS = 5
+# MASTER_PORT given to static jobs for code outside torchrun's workers (torchrun's own default port;
+# the rendezvous store uses spec.rendezvous.port).
+STATIC_MASTER_PORT = 29500
 
-def torchrun_flags(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str) -> list[tuple[str, str]]:
-    """(flag, value) pairs, in launch-contract order; also mirrored as PET_* variables."""
+
+def shutdown_timeout_seconds(spec: model.DDPJobSpec) -> int:
+    return max(1, spec.template.termination_grace_period_seconds - SHUTDOWN_MARGIN_SECONDS)
+
+
+def torchrun_flags(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str,
+                   local_addr: str) -> list[tuple[str, str]]:
+    """(flag, value) pairs, in launch-contract order; also mirrored as PET_* variables.
+
+    `local_addr`: the address this agent publishes (POD_IP_REFERENCE in a pod, 127.0.0.1 locally).
+    """
     rdzv = spec.rendezvous
     conf = (f"is_host=false,join_timeout={rdzv.join_timeout_seconds},"
-            f"last_call_timeout={rdzv.last_call_timeout_seconds},read_timeout={rdzv.read_timeout_seconds}")
+            f"last_call_timeout={rdzv.last_call_timeout_seconds},read_timeout={rdzv.read_timeout_seconds},"
+            f"keep_alive_interval={rdzv.keep_alive_interval_seconds},"
+            f"keep_alive_max_attempt={rdzv.keep_alive_max_attempts}")
     return [
         ("nnodes", f"{spec.min_nodes}:{spec.max_nodes}"),
         ("nproc-per-node", str(spec.nproc_per_node)),
@@ -108,25 +183,30 @@ def torchrun_flags(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str) -> li
         ("rdzv-endpoint", endpoint),
         ("rdzv-id", rdzv_id),
         ("rdzv-conf", conf),
+        ("local-addr", local_addr),
         ("max-restarts", str(spec.failure_policy.max_restarts)),
+        ("shutdown-timeout", str(shutdown_timeout_seconds(spec))),
     ]
 
 
-def worker_command(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str,
+def worker_command(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str, local_addr: str,
                    python: str = "python") -> list[str]:
-    """The worker's argv: torchrun flags, then the user's entrypoint and args (never a shell)."""
-    argv = [python, "-m", "torch.distributed.run"]
-    argv += [f"--{flag}={value}" for flag, value in torchrun_flags(spec, endpoint=endpoint, rdzv_id=rdzv_id)]
+    """The worker's argv: the launcher, torchrun flags, then the user's entrypoint and args (never a shell)."""
+    argv = [python, "-c", LAUNCHER_PROGRAM]
+    flags = torchrun_flags(spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=local_addr)
+    argv += [f"--{flag}={value}" for flag, value in flags]
     if not spec.entrypoint.endswith(".py"):
         argv.append("-m")
     return argv + [spec.entrypoint, *spec.args]
 
 
 def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: int, generation: int,
-               endpoint: str, rdzv_id: str, checkpoint_dir: str | None = None) -> dict[str, str]:
+               endpoint: str, rdzv_id: str, local_addr: str, master_addr: str,
+               checkpoint_dir: str | None = None) -> dict[str, str]:
     """The launch-contract environment (docs/launch-contract.md), without the user's spec.env.
 
-    `checkpoint_dir` overrides the mount path (the local runner uses a host directory).
+    `master_addr`: where worker 0 runs (its stable DNS name in a pod, 127.0.0.1 locally); only static
+    jobs get it. `checkpoint_dir` overrides the mount path (the local runner uses a host directory).
     """
     env = {
         "DDPJOB_NAME": job_name,
@@ -143,7 +223,12 @@ def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: 
     # With torchrun's shared TCPStore, a surviving rank-0 agent skips publishing MASTER_ADDR in a
     # re-rendezvous round, so a replacement worker and it wait on each other until read_timeout.
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    for flag, value in torchrun_flags(spec, endpoint=endpoint, rdzv_id=rdzv_id):
+    if spec.min_nodes == spec.max_nodes:
+        # A static gang always has worker 0, so code outside torchrun's worker processes (which get
+        # torchrun's own values) can find it. Elastic jobs have no fixed rank 0: they get none.
+        env["MASTER_ADDR"] = master_addr
+        env["MASTER_PORT"] = str(STATIC_MASTER_PORT)
+    for flag, value in torchrun_flags(spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=local_addr):
         env["PET_" + flag.upper().replace("-", "_")] = value
     return env
 
@@ -212,8 +297,11 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
               LABEL_REPLICA_INDEX: str(index), LABEL_GENERATION: str(generation),
               LABEL_ATTEMPT: str(attempt)}
     contract = worker_env(spec, job_name=job.name, namespace=job.namespace, index=index,
-                          generation=generation, endpoint=endpoint, rdzv_id=rdzv_id)
-    env = [{"name": k, "value": v} for k, v in contract.items()] + [e.wire() for e in spec.env]
+                          generation=generation, endpoint=endpoint, rdzv_id=rdzv_id,
+                          local_addr=POD_IP_REFERENCE, master_addr=worker_address(job.name, job.namespace, 0))
+    # First: `$(DDPJOB_POD_IP)` in later env values (PET_LOCAL_ADDR) only expands to earlier variables.
+    pod_ip = {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    env = [pod_ip] + [{"name": k, "value": v} for k, v in contract.items()] + [e.wire() for e in spec.env]
 
     mounts = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {
@@ -230,8 +318,10 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
         "name": TRAINER_CONTAINER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": worker_command(spec, endpoint=endpoint, rdzv_id=rdzv_id),
+        "command": worker_command(spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=POD_IP_REFERENCE),
         "env": env,
+        # The launcher writes the failure to /dev/termination-log; without one, the log's tail.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": mounts,
     }
     resources = _resources(spec)

@@ -78,6 +78,7 @@ class WorkerObservation:
     ready: bool = False
     exit_code: int | None = None  # 128+N for signal N
     reason: str | None = None  # OOMKilled, Evicted, Error, ...
+    message: str | None = None  # the termination message: failed rank, exit code, error
     disruption: bool = False  # eviction, preemption, node loss: not the user's fault
     # Being stopped; the stuck timeout counts from here: for a pod, the end of its grace period.
     terminating_since: datetime | None = None
@@ -232,9 +233,25 @@ def set_condition(conditions: list[model.Condition], type_: str, status: str, re
     return out
 
 
+# Termination messages go into conditions, events and the rank status: one short line.
+MESSAGE_LIMIT = 300
+
+
+def short_message(text: str | None) -> str | None:
+    """One line of at most MESSAGE_LIMIT characters, keeping its start (the launcher's summary) and
+    its end (the last words of a log tail)."""
+    line = " ".join((text or "").split())
+    if len(line) <= MESSAGE_LIMIT:
+        return line or None
+    half = (MESSAGE_LIMIT - 5) // 2
+    return f"{line[:half]} ... {line[-half:]}"
+
+
 def _describe_failure(w: WorkerObservation) -> str:
     code = "unknown exit code" if w.exit_code is None else f"exit code {w.exit_code}"
-    return f"worker {w.index} (pod {w.name}) failed with {code}, reason {w.reason or 'unknown'}"
+    described = f"worker {w.index} (pod {w.name}) failed with {code}, reason {w.reason or 'unknown'}"
+    message = short_message(w.message)
+    return f"{described} ({message})" if message else described
 
 
 # ---------------------------------------------------------------- the decision
@@ -406,6 +423,7 @@ def _record_failure(plan: _Plan, w: WorkerObservation) -> None:
     rank = plan.rank(w.index)
     rank.last_exit_code = w.exit_code
     rank.last_reason = w.reason
+    rank.last_message = short_message(w.message)
 
 
 def _fail(plan: _Plan, spec: model.DDPJobSpec, w: WorkerObservation, reason: str, message: str) -> None:

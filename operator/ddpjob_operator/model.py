@@ -187,6 +187,12 @@ class Rendezvous(APIModel):
         "Once minReplicas have joined, how long to wait for more (up to maxReplicas) before starting."))
     read_timeout_seconds: int = Field(default=60, ge=5, le=3600, description=(
         "Timeout of a single rendezvous store operation."))
+    keep_alive_interval_seconds: int = Field(default=5, ge=1, le=300, description=(
+        "How often each worker's agent sends a rendezvous heartbeat. A worker whose heartbeats stop "
+        "for keepAliveIntervalSeconds x keepAliveMaxAttempts is dropped, so the survivors re-form the "
+        "group without it; smaller values detect a lost worker sooner."))
+    keep_alive_max_attempts: int = Field(default=3, ge=1, le=100, description=(
+        "Missed heartbeats after which a worker counts as dead in the rendezvous."))
     store_image: str | None = Field(default=None, min_length=1, description=(
         "Image of the rendezvous store pod (must have torch). Defaults to spec.image."))
 
@@ -351,6 +357,8 @@ class RankStatus(APIModel):
     restarts: int = Field(default=0, description="Times this rank was replaced.")
     last_exit_code: int | None = Field(default=None, description="Exit code of its last failure.")
     last_reason: str | None = Field(default=None, description="Reason of its last failure.")
+    last_message: str | None = Field(default=None, description=(
+        "Termination message of its last failure (failed process, exit code, error), shortened."))
 
 
 class Progress(APIModel):

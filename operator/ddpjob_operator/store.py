@@ -33,6 +33,7 @@ class PodSummary:
     ready: bool
     exit_code: int | None
     reason: str | None
+    message: str | None
     disruption: bool
     terminating_since: datetime | None
     node: str | None
@@ -47,10 +48,10 @@ def _int_label(labels: Mapping[str, str], key: str) -> int:
         return 0
 
 
-def _trainer_state(status: Mapping[str, Any], container: str) -> Mapping[str, Any]:
+def _container_status(status: Mapping[str, Any], container: str) -> Mapping[str, Any]:
     for cs in status.get("containerStatuses") or ():
         if cs.get("name") == container:
-            return cs.get("state") or {}
+            return cs
     return {}
 
 
@@ -59,8 +60,12 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
     labels = meta.get("labels") or {}
     role = labels.get(builders.LABEL_ROLE, builders.ROLE_WORKER)
     container = builders.STORE_CONTAINER if role == builders.ROLE_STORE else builders.TRAINER_CONTAINER
-    state = _trainer_state(status, container)
+    container_status = _container_status(status, container)
+    state = container_status.get("state") or {}
     terminated = state.get("terminated") or {}
+    # lastState: the container ran again since (restartPolicy is Never for ours, but not for all pods).
+    message = terminated.get("message") or ((container_status.get("lastState") or {}).get("terminated") or {}).get(
+        "message")
     conditions = {c.get("type"): c for c in status.get("conditions") or ()}
     disruption_condition = conditions.get("DisruptionTarget", {}).get("status") == "True"
     pod_reason = status.get("reason")
@@ -78,6 +83,7 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
         ready=conditions.get("Ready", {}).get("status") == "True",
         exit_code=int(exit_code) if exit_code is not None else None,
         reason=pod_reason or terminated.get("reason"),
+        message=message or status.get("message"),
         disruption=disruption_condition or pod_reason in DISRUPTION_REASONS,
         terminating_since=terminating_since,
         node=spec.get("nodeName"),
@@ -89,7 +95,8 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
 def worker_observation(pod: PodSummary) -> decisions.WorkerObservation:
     return decisions.WorkerObservation(
         index=pod.index, name=pod.name, generation=pod.generation, phase=pod.phase, attempt=pod.attempt,
-        ready=pod.ready, exit_code=pod.exit_code, reason=pod.reason, disruption=pod.disruption,
+        ready=pod.ready, exit_code=pod.exit_code, reason=pod.reason, message=pod.message,
+        disruption=pod.disruption,
         terminating_since=pod.terminating_since, node=pod.node, started_at=pod.started_at,
         finished_at=pod.finished_at)
 

@@ -27,17 +27,26 @@ def flags(argv: list[str]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    ({}, {"nnodes": "2:2", "nproc-per-node": "1", "max-restarts": "3"}),
+    ({}, {"nnodes": "2:2", "nproc-per-node": "1", "max-restarts": "3", "shutdown-timeout": "55",
+          "rdzv-conf": "is_host=false,join_timeout=600,last_call_timeout=15,read_timeout=60,"
+                       "keep_alive_interval=5,keep_alive_max_attempt=3"}),
     ({"minReplicas": 1, "maxReplicas": 4, "replicas": 2}, {"nnodes": "1:4"}),
     ({"nprocPerNode": 8, "failurePolicy": {"maxRestarts": 7}}, {"nproc-per-node": "8", "max-restarts": "7"}),
-    ({"rendezvous": {"joinTimeoutSeconds": 30, "lastCallTimeoutSeconds": 2, "readTimeoutSeconds": 9}},
-     {"rdzv-conf": "is_host=false,join_timeout=30,last_call_timeout=2,read_timeout=9"}),
+    ({"rendezvous": {"joinTimeoutSeconds": 30, "lastCallTimeoutSeconds": 2, "readTimeoutSeconds": 9,
+                     "keepAliveIntervalSeconds": 1, "keepAliveMaxAttempts": 2}},
+     {"rdzv-conf": "is_host=false,join_timeout=30,last_call_timeout=2,read_timeout=9,"
+                   "keep_alive_interval=1,keep_alive_max_attempt=2"}),
+    # torchrun's SIGTERM -> SIGKILL wait ends inside the pod's grace period, and is never 0.
+    ({"template": {"terminationGracePeriodSeconds": 90}}, {"shutdown-timeout": "85"}),
+    ({"template": {"terminationGracePeriodSeconds": 3}}, {"shutdown-timeout": "1"}),
+    ({"template": {"terminationGracePeriodSeconds": 0}}, {"shutdown-timeout": "1"}),
 ])
 def test_torchrun_flags(overrides, expected):
-    argv = builders.worker_command(spec(**overrides), endpoint="h:1", rdzv_id="u-g0")
+    argv = builders.worker_command(spec(**overrides), endpoint="h:1", rdzv_id="u-g0", local_addr="10.0.0.7")
     got = flags(argv)
-    assert argv[:3] == ["python", "-m", "torch.distributed.run"]
+    assert argv[:3] == ["python", "-c", builders.LAUNCHER_PROGRAM]
     assert got["rdzv-backend"] == "c10d" and got["rdzv-endpoint"] == "h:1" and got["rdzv-id"] == "u-g0"
+    assert got["local-addr"] == "10.0.0.7"
     assert "is_host=false" in got["rdzv-conf"]  # no worker ever hosts the store
     for key, value in expected.items():
         assert got[key] == value
@@ -50,9 +59,11 @@ def test_torchrun_flags(overrides, expected):
     ("ddp_trainer", ["; rm -rf / $(id)"], ["-m", "ddp_trainer", "; rm -rf / $(id)"]),
 ])
 def test_entrypoint_and_args_are_argv_not_shell(entrypoint, args, tail):
-    argv = builders.worker_command(spec(entrypoint=entrypoint, args=args), endpoint="h:1", rdzv_id="x")
+    argv = builders.worker_command(spec(entrypoint=entrypoint, args=args), endpoint="h:1", rdzv_id="x",
+                                   local_addr="127.0.0.1")
     assert argv[-len(tail):] == tail
-    assert "sh" not in argv and "-c" not in argv
+    # The only program text is the fixed launcher; user input only ever follows it as argv.
+    assert argv[1:3] == ["-c", builders.LAUNCHER_PROGRAM] and "sh" not in argv and argv.count("-c") == 1
 
 
 def test_rendezvous_id_is_unique_per_job_and_generation():
@@ -60,26 +71,45 @@ def test_rendezvous_id_is_unique_per_job_and_generation():
     assert len(ids) == 4 and all(i != "none" for i in ids)
 
 
+def env_for(s: model.DDPJobSpec, **kw) -> dict[str, str]:
+    args = {"job_name": "digits", "namespace": "team-a", "index": 1, "generation": 3,
+            "endpoint": "digits-rdzv.team-a.svc:29400", "rdzv_id": "u-g3", "local_addr": "10.0.0.7",
+            "master_addr": "digits-worker-0.digits.team-a.svc", **kw}
+    return builders.worker_env(s, **args)
+
+
 def test_worker_env_matches_the_launch_contract():
-    env = builders.worker_env(spec(checkpoint={"claimName": "ck", "intervalSteps": 7, "keep": 4}),
-                              job_name="digits", namespace="team-a", index=1, generation=3,
-                              endpoint="digits-rdzv.team-a.svc:29400", rdzv_id="u-g3")
+    env = env_for(spec(minReplicas=1, checkpoint={"claimName": "ck", "intervalSteps": 7, "keep": 4}))
     contract = (ROOT / "docs" / "launch-contract.md").read_text()
     documented = set(re.findall(r"`(DDPJOB_[A-Z_]+)`", contract))
-    assert {k for k in env if k.startswith("DDPJOB_")} == documented
+    # The pod IP comes from the downward API and the termination log path from the local runner.
+    assert {k for k in env if k.startswith("DDPJOB_")} | {builders.POD_IP_ENV, builders.TERMINATION_LOG_ENV} \
+        == documented
     assert env["DDPJOB_REPLICA_INDEX"] == "1" and env["DDPJOB_GENERATION"] == "3"
     assert env["DDPJOB_CHECKPOINT_DIR"] == "/checkpoints"
     assert env["DDPJOB_CHECKPOINT_INTERVAL_STEPS"] == "7" and env["DDPJOB_CHECKPOINT_KEEP"] == "4"
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and env["PYTHONUNBUFFERED"] == "1"
-    assert env["PET_RDZV_ID"] == "u-g3" and env["PET_NNODES"] == "2:2"
-    assert env["PET_RDZV_ENDPOINT"] == "digits-rdzv.team-a.svc:29400"
-    assert not set(env) & set(model.RESERVED_ENV_NAMES)
+    assert env["PET_RDZV_ID"] == "u-g3" and env["PET_NNODES"] == "1:2"
+    assert env["PET_RDZV_ENDPOINT"] == "digits-rdzv.team-a.svc:29400" and env["PET_LOCAL_ADDR"] == "10.0.0.7"
+    assert env["PET_SHUTDOWN_TIMEOUT"] == "55"
+    assert not set(env) & set(model.RESERVED_ENV_NAMES), "an elastic job has no fixed rank 0 to point at"
+
+
+@pytest.mark.parametrize("replicas, expected", [
+    ({"replicas": 2}, {"MASTER_ADDR": "digits-worker-0.digits.team-a.svc", "MASTER_PORT": "29500"}),
+    ({"replicas": 3, "minReplicas": 3, "maxReplicas": 3},
+     {"MASTER_ADDR": "digits-worker-0.digits.team-a.svc", "MASTER_PORT": "29500"}),
+    ({"replicas": 2, "minReplicas": 1}, {}),
+    ({"replicas": 2, "maxReplicas": 4}, {}),
+])
+def test_static_jobs_get_master_addr_and_port(replicas, expected):
+    env = env_for(spec(**replicas))
+    assert {k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT") if k in env} == expected
+    assert builders.STATIC_MASTER_PORT != model.Rendezvous().port  # never the store's port
 
 
 def test_worker_env_without_checkpoint_has_no_checkpoint_dir():
-    env = builders.worker_env(spec(), job_name="j", namespace="n", index=0, generation=0,
-                              endpoint="h:1", rdzv_id="x")
-    assert "DDPJOB_CHECKPOINT_DIR" not in env
+    assert "DDPJOB_CHECKPOINT_DIR" not in env_for(spec())
 
 
 def test_worker_pod_shape():
@@ -99,10 +129,17 @@ def test_worker_pod_shape():
     assert (pod_spec["hostname"], pod_spec["subdomain"]) == ("digits-worker-1", "digits")
     assert pod_spec["terminationGracePeriodSeconds"] == 90
     container = pod_spec["containers"][0]
+    assert container["command"][:3] == ["python", "-c", builders.LAUNCHER_PROGRAM]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     got = flags(container["command"])
     assert got["rdzv-endpoint"] == "digits-rdzv.team-a.svc:29400" and got["rdzv-id"] == f"{JOB.uid}-g2"
+    assert got["local-addr"] == "$(DDPJOB_POD_IP)" and got["shutdown-timeout"] == "85"
+    # The pod IP comes first: Kubernetes expands $(VAR) in later env values (PET_LOCAL_ADDR) and in args.
+    assert container["env"][0] == {"name": "DDPJOB_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["OMP_NUM_THREADS"] == "1" and env["DDPJOB_GENERATION"] == "2"
+    assert env["PET_LOCAL_ADDR"] == "$(DDPJOB_POD_IP)"
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("digits-worker-0.digits.team-a.svc", "29500")
     volumes = {v["name"]: v for v in pod_spec["volumes"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "digits-checkpoints"}

@@ -86,7 +86,9 @@ class LocalProcess:
     def start(self, now: datetime) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
-        self._log.write(f"---- {self.name}: {' '.join(self.argv)}\n".encode())
+        # One line: a `python -c` program (the builders' launcher or store) is shown by its role only.
+        shown = ["<program>" if "\n" in arg else arg for arg in self.argv]
+        self._log.write(f"---- {self.name}: {' '.join(shown)}\n".encode())
         self._log.flush()
         self.popen = subprocess.Popen(self.argv, env={**self.env, MARKER_ENV: self.marker},
                                       stdin=subprocess.DEVNULL, stdout=self._log,

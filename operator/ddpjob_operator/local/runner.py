@@ -59,6 +59,7 @@ class WorkerProcess:
     generation: int
     attempt: int
     process: LocalProcess
+    termination_log: Path  # the launcher writes its failure here, like a container's /dev/termination-log
     deleted: bool = False  # asked to go (DeleteWorker): vanishes once its processes are gone
 
 
@@ -78,6 +79,13 @@ def _accepts_connections(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return None
 
 
 def _size(path: Path) -> int:
@@ -205,13 +213,16 @@ class LocalRunner:
 
     @staticmethod
     def _observation(name: str, w: WorkerProcess, code: int | None) -> decisions.WorkerObservation:
+        message = None
         if code is None:
             phase, reason = "Running", None
         else:
             phase, reason = ("Succeeded", "Completed") if code == 0 else ("Failed", "Error")
+            message = _read_text(w.termination_log)
         return decisions.WorkerObservation(
             index=w.index, name=name, generation=w.generation, phase=phase, attempt=w.attempt,
-            ready=code is None, exit_code=code, reason=reason, terminating_since=w.process.terminating_since,
+            ready=code is None, exit_code=code, reason=reason, message=message,
+            terminating_since=w.process.terminating_since,
             node=LOCALHOST, started_at=w.process.started_at, finished_at=w.process.finished_at)
 
     def _store_observation(self, now: datetime) -> decisions.StoreObservation | None:
@@ -257,18 +268,22 @@ class LocalRunner:
             return  # the old pod is still terminating: created once it is gone (next passes)
         endpoint = f"{LOCALHOST}:{self.store_port}"
         rdzv_id = builders.rendezvous_id(self.uid, action.generation)
+        termination_log = self.log_dir / f"{name}.termination-log"
+        termination_log.unlink(missing_ok=True)  # a message is this attempt's or none
         env = {**self.base_env, **builders.worker_env(
             self.spec, job_name=self.name, namespace=NAMESPACE, index=action.index, generation=action.generation,
-            endpoint=endpoint, rdzv_id=rdzv_id,
-            checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None)}
+            endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST, master_addr=LOCALHOST,
+            checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None),
+            builders.TERMINATION_LOG_ENV: str(termination_log)}
         process = LocalProcess(
             name=name, marker=marker_for(self.run_id, name, action.attempt), env=env,
-            argv=builders.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, python=sys.executable),
+            argv=builders.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST,
+                                         python=sys.executable),
             log_path=self.log_dir / f"{name}.log")
         if name not in self.tails:  # logs are appended across runs: read only this run's part
             self.tails[name] = LogTail(process.log_path, offset=_size(process.log_path))
         process.start(now)
-        self.workers[name] = WorkerProcess(action.index, action.generation, action.attempt, process)
+        self.workers[name] = WorkerProcess(action.index, action.generation, action.attempt, process, termination_log)
 
     def _delete_worker(self, action: decisions.DeleteWorker, now: datetime) -> None:
         """Force kills at once; otherwise SIGTERM, and `observe` drops the pod once it has exited.

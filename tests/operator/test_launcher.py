@@ -1,0 +1,113 @@
+"""The worker launcher for real: builders.LAUNCHER_PROGRAM running torchrun (--standalone, one Gloo/CPU
+process) around tiny scripts, then the decision layer on what it reported."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from ddpjob_operator import builders, decisions, model
+
+pytestmark = pytest.mark.slow  # a torchrun agent per test (a few seconds)
+
+RECORDED_ERROR = """
+from torch.distributed.elastic.multiprocessing.errors import record
+@record
+def main():
+    raise ValueError("learning rate must be positive")
+main()
+"""
+SLEEP_UNTIL_SIGTERM = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+class Launched:
+    def __init__(self, tmp_path: Path, body: str):
+        script = tmp_path / "entry.py"
+        script.write_text(body)
+        self.termination_log = tmp_path / "termination-log"
+        argv = [sys.executable, "-c", builders.LAUNCHER_PROGRAM, "--standalone", "--nnodes=1",
+                "--nproc-per-node=1", "--shutdown-timeout=5", str(script)]
+        env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
+               builders.TERMINATION_LOG_ENV: str(self.termination_log)}
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait(self) -> tuple[int, str]:
+        try:
+            out, _ = self.proc.communicate(timeout=120)
+        finally:
+            self.proc.kill()
+        return self.proc.returncode, out
+
+    def message(self) -> str:
+        return self.termination_log.read_text()
+
+
+@pytest.mark.parametrize("body, code, message", [
+    ("import sys\nsys.exit(3)\n", 3, "rank 0 (local rank 0) exited with code 3"),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", 137,
+     "rank 0 (local rank 0) exited with code 137: killed by SIGKILL"),
+    (RECORDED_ERROR, 1, "rank 0 (local rank 0) exited with code 1: ValueError: learning rate must be positive"),
+])
+def test_launcher_exits_with_the_trainers_code_and_writes_the_termination_message(tmp_path, body, code, message):
+    launched = Launched(tmp_path, body)
+    got, out = launched.wait()
+    assert got == code, out
+    assert launched.message() == message
+    assert "Root Cause (first observed failure)" in out, "torchrun's failure summary still reaches the log"
+
+
+def test_sigterm_to_the_launcher_stops_the_trainer_and_exits_143(tmp_path):
+    launched = Launched(tmp_path, SLEEP_UNTIL_SIGTERM)
+    assert launched.proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while "ready" not in launched.proc.stdout.readline():
+        assert time.monotonic() < deadline and launched.proc.poll() is None, "the trainer never started"
+    launched.proc.send_signal(signal.SIGTERM)
+    got, out = launched.wait()
+    assert got == 143, out
+    assert launched.message() == "torchrun stopped by SIGTERM; exit code 143"
+
+
+def test_unwritable_termination_log_is_skipped(tmp_path):
+    launched = Launched(tmp_path, "import sys\nsys.exit(4)\n")
+    launched.termination_log.mkdir()  # a directory cannot be opened for writing
+    got, out = launched.wait()
+    assert got == 4, out
+
+
+@pytest.mark.parametrize("retryable, phase, reason", [
+    ([], "Failed", decisions.REASON_PERMANENT_ERROR),
+    ([3], "Restarting", decisions.REASON_REPLACE),
+])
+def test_the_real_exit_code_reaches_the_exit_code_rules(tmp_path, retryable, phase, reason):
+    launched = Launched(tmp_path, "import sys\nsys.exit(3)\n")
+    code, out = launched.wait()
+    now = datetime(2026, 11, 22, tzinfo=timezone.utc)
+    spec = model.DDPJobSpec.model_validate({
+        "replicas": 1, "image": "i", "entrypoint": "entry.py",
+        "failurePolicy": {"retryableExitCodes": retryable, "backoff": {"initialSeconds": 0}}})
+    status = model.DDPJobStatus.model_validate({"phase": "Running", "startTime": decisions.rfc3339(now)})
+    job = decisions.JobView(name="j", namespace="ns", uid="u", metadata_generation=1, created_at=now,
+                            spec=spec, status=status)
+    worker = decisions.WorkerObservation(index=0, name="j-worker-0", generation=0, phase="Failed",
+                                         exit_code=code, reason="Error", message=launched.message(),
+                                         finished_at=now)
+    decided = decisions.decide(job, decisions.Observed((worker,), decisions.StoreObservation("Running", True), now))
+    assert decided.status.phase == phase, out
+    condition = next(c for c in decided.status.conditions if c.type == phase)
+    assert condition.reason == reason
+    assert decided.status.ranks[0].last_exit_code == 3
+    assert decided.status.ranks[0].last_message == "rank 0 (local rank 0) exited with code 3"
+    told = [condition.message] + [a.message for a in decided.actions if isinstance(a, decisions.Event)]
+    assert any("exit code 3, reason Error (rank 0 (local rank 0) exited with code 3)" in m for m in told), told
