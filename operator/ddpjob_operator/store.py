@@ -63,9 +63,8 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
     container_status = _container_status(status, container)
     state = container_status.get("state") or {}
     terminated = state.get("terminated") or {}
-    # lastState: the container ran again since (restartPolicy is Never for ours, but not for all pods).
-    message = terminated.get("message") or ((container_status.get("lastState") or {}).get("terminated") or {}).get(
-        "message")
+    # lastState holds the previous run's end once a container has been restarted in place.
+    last_terminated = (container_status.get("lastState") or {}).get("terminated") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or ()}
     disruption_condition = conditions.get("DisruptionTarget", {}).get("status") == "True"
     pod_reason = status.get("reason")
@@ -83,7 +82,8 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
         ready=conditions.get("Ready", {}).get("status") == "True",
         exit_code=int(exit_code) if exit_code is not None else None,
         reason=pod_reason or terminated.get("reason"),
-        message=message or status.get("message"),
+        # The launcher's termination message (or the log tail); else the pod's own (an eviction's).
+        message=terminated.get("message") or last_terminated.get("message") or status.get("message"),
         disruption=disruption_condition or pod_reason in DISRUPTION_REASONS,
         terminating_since=terminating_since,
         node=spec.get("nodeName"),

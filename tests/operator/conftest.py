@@ -120,11 +120,14 @@ class Harness:
     async def run_all(self, job: str) -> None:
         await self.run(*self.pods(job), *self.pods(job, builders.ROLE_STORE))
 
-    async def exit(self, pod: str, code: int, reason: str = "Error") -> None:
+    async def exit(self, pod: str, code: int, reason: str = "Error", message: str | None = None) -> None:
+        """`message`: the container's termination message (what the launcher writes)."""
+        terminated = {"exitCode": code, "reason": reason, "finishedAt": "2026-11-22T00:00:00Z"}
+        if message is not None:
+            terminated["message"] = message
         await self.set_status(pod, {
             "phase": "Succeeded" if code == 0 else "Failed", "conditions": [{"type": "Ready", "status": "False"}],
-            "containerStatuses": [{"name": builders.TRAINER_CONTAINER, "state": {"terminated": {
-                "exitCode": code, "reason": reason, "finishedAt": "2026-11-22T00:00:00Z"}}}]})
+            "containerStatuses": [{"name": builders.TRAINER_CONTAINER, "state": {"terminated": terminated}}]})
 
     async def evict(self, pod: str) -> None:
         await self.set_status(pod, {

@@ -80,6 +80,24 @@ def test_backoff_is_exponential_and_capped(restarts, expected):
     assert d.backoff_seconds(restarts, model.Backoff(initial_seconds=10, max_seconds=60, factor=2)) == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    (None, None),
+    ("", None),
+    ("rank 1 (local rank 1) exited with code 3: ValueError: bad lr",
+     "rank 1 (local rank 1) exited with code 3: ValueError: bad lr"),
+    # A log tail (FallbackToLogsOnError) becomes one line.
+    ("Traceback (most recent call last):\n  File \"x.py\"\nKeyError: 'lr'\n",
+     "Traceback (most recent call last): File \"x.py\" KeyError: 'lr'"),
+])
+def test_short_message(text, expected):
+    assert d.short_message(text) == expected
+
+
+def test_long_message_keeps_its_start_and_its_end():
+    short = d.short_message("rank 0 exited with code 3: " + "x" * 5000 + " the last words")
+    assert len(short) <= d.MESSAGE_LIMIT and short.startswith("rank 0 exited") and short.endswith("the last words")
+
+
 # ---------------------------------------------------------------- creation
 
 def test_new_job_creates_store_then_every_worker():
@@ -137,6 +155,24 @@ def test_deleting_job_does_nothing():
 
 
 # ---------------------------------------------------------------- failures
+
+MESSAGE = "rank 1 (local rank 1) exited with code 3: ValueError: learning rate must be positive"
+
+
+@pytest.mark.parametrize("policy, phase, reason", [
+    ({}, "Failed", d.REASON_PERMANENT_ERROR),
+    ({"retryableExitCodes": [3]}, "Restarting", d.REASON_WORKER_FAILED),
+    ({"retryableExitCodes": [3], "maxRestarts": 0}, "Failed", d.REASON_BUDGET_EXHAUSTED),
+])
+def test_the_termination_message_reaches_condition_event_and_rank(policy, phase, reason):
+    s = spec(failurePolicy=policy)
+    out = d.decide(job(s, running_status()), seen(w(0), failed(1, 3, message=MESSAGE)))
+    assert out.status.phase == phase
+    rank = out.status.ranks[1]
+    assert (rank.last_exit_code, rank.last_reason, rank.last_message) == (3, "Error", MESSAGE)
+    told = {e.reason: e.message for e in of(out, d.Event)}
+    told.update({c.reason: c.message for c in out.status.conditions})
+    assert f"failed with exit code 3, reason Error ({MESSAGE})" in told[reason]
 
 def test_retryable_failure_pod_scope_waits_for_backoff_then_replaces_only_that_rank():
     s = spec(minReplicas=1)

@@ -65,15 +65,18 @@ async def test_retryable_failure_replaces_only_that_rank(harness, operator):
 
 async def test_permanent_failure_fails_the_job(harness, operator):
     await started(harness, "user-error")
-    await harness.exit("user-error-worker-1", 2, "Error")
+    message = "rank 1 (local rank 0) exited with code 2: ValueError: learning rate must be positive"
+    await harness.exit("user-error-worker-1", 2, "Error", message)
     status = await harness.wait_phase("user-error", "Failed")
     failed = harness.condition("user-error", "Failed")
     assert failed["reason"] == "PermanentError" and "worker 1" in failed["message"] and "exit code 2" in failed["message"]
+    # The launcher's termination message reaches the user: condition, event and the rank's status.
+    assert message in failed["message"] and status["ranks"][1]["lastMessage"] == message
     assert status["completionTime"] and status["restarts"] == 0
     # cleanPodPolicy Running: the running worker and the store are stopped, the failed pod is kept.
     await harness.settle("user-error", lambda: set(harness.pods("user-error")) == {"user-error-worker-1"}
                          and harness.pods("user-error", builders.ROLE_STORE) == {}, what="cleanup")
-    await eventually(lambda: any(e["type"] == "Warning" and "Failed" in e["message"]
+    await eventually(lambda: any(e["type"] == "Warning" and "Failed" in e["message"] and message in e["message"]
                                  for e in harness.events("user-error")), what="a Failed event")
 
 
