@@ -78,8 +78,10 @@ def test_permanent_error_fails_the_job_with_the_reason(tmp_path, runs):
                                              failurePolicy={"maxRestarts": 0}))
     code, out = start(runs, tmp_path, str(path)).wait(timeout=120)
     assert code == 1, out
-    # torchrun reports any trainer failure as exit code 1: permanent (1-127) by failurePolicy.
-    assert "job perm: Failed" in out and "PermanentError: worker 0 (pod perm-worker-0) failed with exit code 1" in out
+    # The launcher passes the trainer's own exit code on (torchrun alone would say 1), with its message.
+    assert "job perm: Failed" in out
+    assert ("PermanentError: worker 0 (pod perm-worker-0) failed with exit code 2, reason Error "
+            "(rank 0 (local rank 0) exited with code 2)") in out
     assert "bad learning rate" in (job_dir(tmp_path, "perm") / "logs" / "perm-worker-0.log").read_text()
 
 
@@ -91,7 +93,8 @@ def test_retryable_failures_exhaust_the_restart_budget(tmp_path, runs):
     code, out = start(runs, tmp_path, str(path), "--logs").wait(timeout=120)
     assert code == 1, out
     assert "[budget-worker-0] ---- budget-worker-0:" in out, "--logs prints worker lines with their pod"
-    assert "WorkerFailed: worker 0 (pod budget-worker-0) failed with exit code 1, reason Error; retrying" in out
+    assert ("WorkerFailed: worker 0 (pod budget-worker-0) failed with exit code 1, reason Error "
+            "(rank 0 (local rank 0) exited with code 1); retrying") in out
     assert "RestartBudgetExhausted" in out and "failurePolicy.maxRestarts=1 is spent" in out
     assert "restarts charged to the budget: 1" in out
     log = (job_dir(tmp_path, "budget") / "logs" / "budget-worker-0.log").read_text()
