@@ -64,6 +64,7 @@ def test_entrypoint_and_args_are_argv_not_shell(entrypoint, args, tail):
     assert argv[-len(tail):] == tail
     # The only program text is the fixed launcher; user input only ever follows it as argv.
     assert argv[1:3] == ["-c", builders.LAUNCHER_PROGRAM] and "sh" not in argv and argv.count("-c") == 1
+    assert "$(" not in builders.LAUNCHER_PROGRAM, "Kubernetes would expand $(VAR) inside the program text"
 
 
 def test_rendezvous_id_is_unique_per_job_and_generation():
