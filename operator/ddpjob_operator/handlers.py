@@ -173,12 +173,13 @@ class Controller:
             return
         uid = body["metadata"].get("uid", "")
         view = store.job_view(body, self.written.get(uid), self._parsed_spec(uid, body))
-        observed = store.observe(self.pods.get((key[0], uid), ()), self.clock())
+        pods = tuple(self.pods.get((key[0], uid), ()))
+        observed = store.observe(pods, self.clock())
         decision = decisions.decide(view, observed, self.options)
         # Diff against what the server holds: our last write, or the stored status after a restart.
         stored = self.written[uid].wire() if uid in self.written else dict(body.get("status") or {})
         patch = kube.merge_patch(stored, decision.status.wire())
-        actions = self.execute(view, decision.actions, observed.now)
+        actions = self.execute(view, decision.actions, observed.now, {p.name: p.uid for p in pods})
         if not patch:
             await actions
         elif decisions.accounting(view.status) != decisions.accounting(decision.status):
@@ -216,12 +217,16 @@ class Controller:
         if new.disruptions > old.disruptions:
             self.metrics.disruptions.inc(new.disruptions - old.disruptions)
 
-    async def execute(self, view: decisions.JobView, actions: tuple[decisions.Action, ...], now: datetime) -> None:
+    async def execute(self, view: decisions.JobView, actions: tuple[decisions.Action, ...], now: datetime,
+                      pod_uids: Mapping[str, str]) -> None:
         job = builders.JobRef(view.name, view.namespace, view.uid)
         spec = view.spec
-        # Deletes first: a replacement may reuse the name of a pod removed in the same pass.
-        await self._all(self.api.delete(kube.PODS, job.namespace, _pod_name(job, a), grace_seconds=0 if a.force else None)
-                        for a in actions if isinstance(a, (decisions.DeleteWorker, decisions.DeleteStore)))
+        # Deletes first: a replacement may reuse the name of a pod removed in the same pass. Each
+        # names the uid this pass observed, so a stale view never deletes that replacement.
+        await self._all(self.api.delete(kube.PODS, job.namespace, name, grace_seconds=0 if a.force else None,
+                                        uid=pod_uids.get(name))
+                        for a in actions if isinstance(a, (decisions.DeleteWorker, decisions.DeleteStore))
+                        for name in [_pod_name(job, a)])
         workers = [a for a in actions if isinstance(a, decisions.CreateWorker)]
         creates_store = any(isinstance(a, decisions.CreateStore) for a in actions)
         if workers or creates_store:

@@ -163,16 +163,23 @@ class Kube:
                 return None
             raise
 
-    async def delete(self, kind: Kind, namespace: str, name: str, *, grace_seconds: int | None = None) -> bool:
-        """Delete; False when it is already gone. Children are removed in the background."""
+    async def delete(self, kind: Kind, namespace: str, name: str, *, grace_seconds: int | None = None,
+                     uid: str | None = None) -> bool:
+        """Delete; False when it is already gone. Children are removed in the background.
+
+        With `uid`, only that incarnation is deleted: a 409 (precondition failed) means the name
+        now belongs to a newer object, so the one meant is gone too.
+        """
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
+        if uid:
+            body["preconditions"] = {"uid": uid}
         try:
             await self._call("DELETE", kind.path(namespace, name), body=body)
             return True
         except ApiError as exc:
-            if exc.status == 404:
+            if exc.status == 404 or (exc.status == 409 and uid):
                 return False
             raise
 

@@ -25,6 +25,7 @@ class PodSummary:
     """What the operator needs of one of its pods (kept in kopf's index; cheap to compare)."""
 
     name: str
+    uid: str  # a delete names it as a precondition: never the newer pod that reuses the name
     role: str
     index: int
     generation: int
@@ -74,6 +75,7 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
     exit_code = terminated.get("exitCode")
     return PodSummary(
         name=meta.get("name", ""),
+        uid=meta.get("uid") or "",
         role=role,
         index=_int_label(labels, builders.LABEL_REPLICA_INDEX),
         generation=_int_label(labels, builders.LABEL_GENERATION),

@@ -179,6 +179,11 @@ class Cluster(kmock.KubernetesEmulator):
             raise KubernetesError(status=404, reason="NotFound", message=f"pods {request.name!r} not found")
         pod = self.objects[key].raw
         options = request.data if isinstance(request.data, dict) else {}
+        wanted_uid = (options.get("preconditions") or {}).get("uid")
+        if wanted_uid and wanted_uid != pod["metadata"].get("uid"):
+            raise KubernetesError(status=409, reason="Conflict", message=(
+                f"Precondition failed: UID in precondition: {wanted_uid}, "
+                f"UID in object meta: {pod['metadata'].get('uid')}"))
         grace = options.get("gracePeriodSeconds")
         if grace is None:
             grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
