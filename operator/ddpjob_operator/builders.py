@@ -74,6 +74,9 @@ TERMINATION_LOG_ENV = "DDPJOB_TERMINATION_LOG"
 TERMINATION_LOG_PATH = "/dev/termination-log"  # the container's default terminationMessagePath
 # Kubernetes keeps at most 4096 bytes of a container's termination message.
 TERMINATION_MESSAGE_LIMIT = 4000
+# The launcher starts its message with this when torchrun could not form the group (join timeout,
+# a closed or unreachable rendezvous): an infrastructure failure, retried in a fresh generation.
+RENDEZVOUS_FAILED_PREFIX = "rendezvous failed"
 
 # Started as `python -c LAUNCHER_PROGRAM <torchrun args...>`: torchrun's own entry point, run
 # in-process, so that the container's exit code is the failed trainer's (torchrun itself always exits
@@ -83,6 +86,7 @@ LAUNCHER_PROGRAM = f"""\
 import os, sys
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.run import main
 
 def report(text):
@@ -108,6 +112,10 @@ except ChildFailedError as failed:
     report(f"rank {{rank}} (local rank {{failure.local_rank}}) exited with code {{code}}"
            + (f": {{detail}}" if detail else ""))
     sys.exit(code)
+except RendezvousError as error:
+    report(f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}")
+    print(f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}", file=sys.stderr, flush=True)
+    sys.exit(1)
 except SignalException as stopped:
     report(f"torchrun stopped by {{stopped.sigval.name}}; exit code {{128 + stopped.sigval}}")
     sys.exit(128 + stopped.sigval)

@@ -191,8 +191,13 @@ def accounting(status: model.DDPJobStatus) -> tuple[object, ...]:
     return (status.restarts, status.disruptions, status.generation, tuple((r.index, r.restarts) for r in status.ranks))
 
 
+def rendezvous_failed(message: str | None) -> bool:
+    """The launcher's word that torchrun never formed the group (not the trainer's failure)."""
+    return bool(message) and message.startswith(builders.RENDEZVOUS_FAILED_PREFIX)
+
+
 def classify_exit(exit_code: int | None, reason: str | None, disruption: bool,
-                  policy: model.FailurePolicy) -> FailureClass:
+                  policy: model.FailurePolicy, message: str | None = None) -> FailureClass:
     """Which kind of failure this is, by the job's exit-code rules (explicit lists win)."""
     if disruption:
         return DISRUPTION
@@ -200,7 +205,7 @@ def classify_exit(exit_code: int | None, reason: str | None, disruption: bool,
         return PERMANENT
     if exit_code is not None and exit_code in policy.retryable_exit_codes:
         return RETRYABLE
-    if reason == "OOMKilled":
+    if reason == "OOMKilled" or rendezvous_failed(message):
         return RETRYABLE
     if exit_code is None or exit_code >= 128:
         return RETRYABLE  # killed by a signal, or the pod died without a container exit code
@@ -445,7 +450,8 @@ def _account_failures(plan: _Plan, spec: model.DDPJobSpec, current: list[WorkerO
         # pods): node loss or eviction.
         lost_while_running = w.terminating_since is not None and not w.exited
         if (w.phase == "Failed" or lost_while_running) and w.attempt == rank.restarts:
-            kind = DISRUPTION if lost_while_running else classify_exit(w.exit_code, w.reason, w.disruption, policy)
+            kind = DISRUPTION if lost_while_running else classify_exit(w.exit_code, w.reason, w.disruption, policy,
+                                                                            w.message)
             new_failures.append((w, kind))
     present = {w.index for w in current}
     for index in range(spec.replicas):
@@ -488,11 +494,13 @@ def _account_failures(plan: _Plan, spec: model.DDPJobSpec, current: list[WorkerO
     status.restarts += needed
 
     survivors = [w for w in current if w.live and w.index < spec.replicas]
-    if gang or len(survivors) < spec.min_nodes:
-        # Below minReplicas the survivors' rendezvous cannot go on (and may already be closed):
-        # a fresh generation always forms, instead of RendezvousClosedError forever.
+    broken_rendezvous = any(rendezvous_failed(w.message) for w in charged)
+    if gang or len(survivors) < spec.min_nodes or broken_rendezvous:
+        # Below minReplicas the survivors' rendezvous cannot go on, and a closed or timed-out one
+        # never reopens: a fresh generation always forms, instead of RendezvousClosedError forever.
         status.generation += 1
-        why = "restartScope All" if gang else f"fewer than minReplicas={spec.min_nodes} workers left"
+        why = ("restartScope All" if gang else "the rendezvous failed" if broken_rendezvous
+               else f"fewer than minReplicas={spec.min_nodes} workers left")
         plan.event("Normal", REASON_GANG_RESTART,
                    f"restarting all workers in rendezvous generation {status.generation} ({why})")
     return False

@@ -71,6 +71,27 @@ def test_classify_exit(code, reason, disruption, expected):
     assert d.classify_exit(code, reason, disruption, POLICY) == expected
 
 
+@pytest.mark.parametrize("message, expected", [
+    ("rendezvous failed: RendezvousTimeoutError: timed out", d.RETRYABLE),
+    ("rendezvous failed: RendezvousClosedError: ", d.RETRYABLE),
+    ("rank 0 (local rank 0) exited with code 1: ValueError: bad", d.PERMANENT),
+    (None, d.PERMANENT),
+])
+def test_a_failed_rendezvous_is_retryable_although_torchrun_exits_1(message, expected):
+    assert d.classify_exit(1, "Error", False, model.FailurePolicy(), message) == expected
+
+
+def test_a_failed_rendezvous_moves_to_a_fresh_generation_even_with_pod_scope():
+    """A closed or timed-out rendezvous never reopens: rejoining it would fail forever."""
+    st = running_status(ranks=[{"index": 0, "pod": "j-worker-0", "phase": "Running"},
+                               {"index": 1, "pod": "j-worker-1", "phase": "Running"}])
+    out = d.decide(job(status=st), seen(
+        w(0), failed(1, 1, message="rendezvous failed: RendezvousClosedError: ")))
+    assert out.status.restarts == 1 and out.status.generation == 1
+    assert any(e.reason == d.REASON_GANG_RESTART and "rendezvous failed" in e.message
+               for e in of(out, d.Event))
+
+
 def test_oom_is_retryable_by_default():
     assert d.classify_exit(137, "OOMKilled", False, model.FailurePolicy()) == d.RETRYABLE
 

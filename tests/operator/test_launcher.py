@@ -111,3 +111,31 @@ def test_the_real_exit_code_reaches_the_exit_code_rules(tmp_path, retryable, pha
     assert decided.status.ranks[0].last_message == "rank 0 (local rank 0) exited with code 3"
     told = [condition.message] + [a.message for a in decided.actions if isinstance(a, decisions.Event)]
     assert any("exit code 3, reason Error (rank 0 (local rank 0) exited with code 3)" in m for m in told), told
+
+
+def test_a_rendezvous_that_never_forms_is_reported_as_such_and_retried_in_a_new_generation(tmp_path):
+    """2 nodes wanted, 1 comes: torchrun's join timeout is an infrastructure failure, not the user's."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = subprocess.Popen(builders.store_command(port, python=sys.executable), env={"PATH": "/usr/bin:/bin"},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        script = tmp_path / "entry.py"
+        script.write_text("print('never runs')\n")
+        log = tmp_path / "termination-log"
+        argv = [sys.executable, "-c", builders.LAUNCHER_PROGRAM, "--nnodes=2", "--nproc-per-node=1",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test-g0",
+                "--rdzv-conf=is_host=false,join_timeout=3,read_timeout=10", str(script)]
+        done = subprocess.run(argv, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
+                                         builders.TERMINATION_LOG_ENV: str(log)},
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        store.terminate()
+        store.wait(timeout=30)
+    message = log.read_text()
+    assert done.returncode == 1, done.stderr
+    assert message.startswith(f"{builders.RENDEZVOUS_FAILED_PREFIX}: RendezvousTimeoutError"), message
+    assert decisions.classify_exit(1, "Error", False, model.FailurePolicy(), message) == decisions.RETRYABLE
