@@ -348,6 +348,8 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
         "containers": [container],
         "volumes": volumes,
     }
+    # Only relabel the volume when its root does not match: a big checkpoint claim stays fast.
+    pod_spec["securityContext"] = {"fsGroup": template.fs_group, "fsGroupChangePolicy": "OnRootMismatch"}
     optional = {"nodeSelector": template.node_selector, "affinity": template.affinity,
                 "tolerations": tolerations, "serviceAccountName": template.service_account_name,
                 "priorityClassName": template.priority_class_name}

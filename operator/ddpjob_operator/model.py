@@ -173,6 +173,9 @@ class PodTemplate(APIModel):
     volume_mounts: list[dict[str, Any]] | None = Field(default=None, description=(
         "Extra volume mounts for the trainer container, as in a Container."),
         json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}})
+    fs_group: int = Field(default=1000, ge=1, le=2147483647, description=(
+        "Group that owns the mounted volumes (pod securityContext.fsGroup). Every container process "
+        "gets it as a supplemental group, so a non-root trainer of any uid can write checkpoints."))
     termination_grace_period_seconds: int = Field(default=60, ge=0, le=3600, description=(
         "Time a worker has after SIGTERM (suspend, scale-down, deletion) to write its final checkpoint."))
 

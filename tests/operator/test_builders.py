@@ -146,6 +146,16 @@ def test_worker_pod_shape():
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "digits-checkpoints"}
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", "/checkpoints"}
     assert "tolerations" not in pod_spec and "resources" not in container
+    assert pod_spec["securityContext"] == {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
+
+
+@pytest.mark.parametrize("template, expected", [
+    ({}, {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}),  # the bundled image's group
+    ({"fsGroup": 2000}, {"fsGroup": 2000, "fsGroupChangePolicy": "OnRootMismatch"}),
+])
+def test_checkpoint_volume_is_writable_by_the_trainer_group(template, expected):
+    pod = builders.worker_pod(JOB, spec(template=template), index=0, generation=0, attempt=0)
+    assert pod["spec"].get("securityContext") == expected
 
 
 @pytest.mark.parametrize("resources, limits", [
