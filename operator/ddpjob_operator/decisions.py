@@ -43,6 +43,12 @@ REASON_OLD_GENERATION = "OldGeneration"
 REASON_CLEANUP = "JobFinished"
 REASON_SCALE_DOWN = "ScaleDown"
 REASON_REPLACE = "Replace"
+REASON_CANNOT_START = "ContainerCannotStart"
+
+# Container waiting reasons that never clear by themselves (a wrong image, a missing secret); a pod
+# stuck in one past Options.cannot_start_seconds fails the job instead of leaving it Pending forever.
+CANNOT_START_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                                  "CreateContainerConfigError", "CreateContainerError"})
 REASON_POD_VANISHED = "PodVanished"
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -69,6 +75,15 @@ class JobView:
 
 
 @dataclass(frozen=True)
+class Waiting:
+    """A container that has not started: kubelet's waiting reason, its message, since when."""
+
+    reason: str
+    message: str | None
+    since: datetime
+
+
+@dataclass(frozen=True)
 class WorkerObservation:
     index: int
     name: str
@@ -85,6 +100,7 @@ class WorkerObservation:
     node: str | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    waiting: Waiting | None = None
 
     @property
     def exited(self) -> bool:
@@ -100,6 +116,7 @@ class StoreObservation:
     phase: str
     ready: bool = False
     terminating_since: datetime | None = None
+    waiting: Waiting | None = None
 
     @property
     def usable(self) -> bool:
@@ -118,6 +135,7 @@ class Options:
     """Operator-wide knobs (from operator settings), not part of any job."""
 
     stuck_terminating_seconds: float = 300.0
+    cannot_start_seconds: float = 300.0  # a pod waiting on CANNOT_START_REASONS this long fails the job
 
 
 # ---------------------------------------------------------------- actions
@@ -359,6 +377,8 @@ def _active(plan: _Plan, spec: model.DDPJobSpec, options: Options) -> None:
     # Success first: a finished rendezvous is closed, nothing may join it any more.
     if _succeeded(plan, spec, _current(plan)):
         return
+    if _cannot_start(plan, spec, options):
+        return
     if _store_lost(plan, spec, _current(plan)):
         return
     if _account_failures(plan, spec, _current(plan)):
@@ -398,6 +418,30 @@ def _succeeded(plan: _Plan, spec: model.DDPJobSpec, current: list[WorkerObservat
     _update_counts(plan, spec, current)
     _set_phase(plan, "Running", "Completing", "some workers have completed; waiting for the rest")
     return True
+
+
+def _cannot_start(plan: _Plan, spec: model.DDPJobSpec, options: Options) -> bool:
+    """A pod that cannot start (bad image, missing secret) fails the job with the field to fix."""
+    waiting = [(f"worker {w.index} (pod {w.name})", "spec.image", w.waiting) for w in _current(plan)]
+    store = plan.observed.store
+    if store is not None:
+        waiting.append(("the rendezvous store pod", "spec.rendezvous.storeImage (default spec.image)",
+                        store.waiting))
+    for who, field, wait in waiting:
+        if wait is None or wait.reason not in CANNOT_START_REASONS:
+            continue
+        gives_up = wait.since + timedelta(seconds=options.cannot_start_seconds)
+        if plan.now < gives_up:
+            plan.wake_at(gives_up)
+            continue
+        detail = short_message(wait.message)
+        _enter_terminal(plan, "Failed", REASON_CANNOT_START,
+                        f"{who} cannot start: {wait.reason}{f' ({detail})' if detail else ''} for "
+                        f"{options.cannot_start_seconds:g}s. Fix: check {field}, spec.imagePullPolicy, "
+                        f"image pull secrets (template.serviceAccountName) and secrets named in spec.env")
+        _cleanup(plan, spec.run_policy.clean_pod_policy)
+        return True
+    return False
 
 
 def _store_lost(plan: _Plan, spec: model.DDPJobSpec, current: list[WorkerObservation]) -> bool:

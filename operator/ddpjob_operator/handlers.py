@@ -45,7 +45,8 @@ class Controller:
     def __init__(self, api: kube.Kube, settings: Settings, metrics: Metrics,
                  clock: Callable[[], datetime] = utcnow):
         self.api, self.settings, self.metrics, self.clock = api, settings, metrics, clock
-        self.options = decisions.Options(stuck_terminating_seconds=settings.stuck_terminating_seconds)
+        self.options = decisions.Options(stuck_terminating_seconds=settings.stuck_terminating_seconds,
+                                         cannot_start_seconds=settings.cannot_start_seconds)
         self.jobs: dict[JobKey, dict[str, Any]] = {}
         self.pods: Mapping[tuple[str, str], Any] = {}  # kopf's index: (namespace, job uid) -> PodSummary
         self.written: dict[str, model.DDPJobStatus] = {}  # job uid -> the status this process last wrote

@@ -40,6 +40,7 @@ class PodSummary:
     node: str | None
     started_at: datetime | None
     finished_at: datetime | None
+    waiting: decisions.Waiting | None = None
 
 
 def _int_label(labels: Mapping[str, str], key: str) -> int:
@@ -73,6 +74,13 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
     # "stuck" before then, so the stuck-terminating timeout counts from there.
     terminating_since = decisions.parse_time(meta.get("deletionTimestamp"))
     exit_code = terminated.get("exitCode")
+    waiting_state = state.get("waiting") or {}
+    waiting = None
+    if waiting_state.get("reason"):
+        # The kubelet gives no time for the waiting state: count from when it took the pod.
+        since = decisions.parse_time(status.get("startTime") or meta.get("creationTimestamp"))
+        if since is not None:
+            waiting = decisions.Waiting(waiting_state["reason"], waiting_state.get("message"), since)
     return PodSummary(
         name=meta.get("name", ""),
         uid=meta.get("uid") or "",
@@ -91,6 +99,7 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
         node=spec.get("nodeName"),
         started_at=decisions.parse_time((state.get("running") or {}).get("startedAt") or terminated.get("startedAt")),
         finished_at=decisions.parse_time(terminated.get("finishedAt")),
+        waiting=waiting,
     )
 
 
@@ -100,7 +109,7 @@ def worker_observation(pod: PodSummary) -> decisions.WorkerObservation:
         ready=pod.ready, exit_code=pod.exit_code, reason=pod.reason, message=pod.message,
         disruption=pod.disruption,
         terminating_since=pod.terminating_since, node=pod.node, started_at=pod.started_at,
-        finished_at=pod.finished_at)
+        finished_at=pod.finished_at, waiting=pod.waiting)
 
 
 def observe(pods: Iterable[PodSummary], now: datetime) -> decisions.Observed:
@@ -108,7 +117,7 @@ def observe(pods: Iterable[PodSummary], now: datetime) -> decisions.Observed:
     for pod in pods:
         if pod.role == builders.ROLE_STORE:
             store = decisions.StoreObservation(phase=pod.phase, ready=pod.ready,
-                                               terminating_since=pod.terminating_since)
+                                               terminating_since=pod.terminating_since, waiting=pod.waiting)
         else:
             workers.append(worker_observation(pod))
     workers.sort(key=lambda w: (w.index, w.generation))

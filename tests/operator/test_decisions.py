@@ -464,3 +464,34 @@ def test_resume_while_suspended_pods_still_terminate_charges_nothing_and_waits()
     assert st.restarts == 0 and st.disruptions == 0 and of(resumed, d.CreateWorker) == []
     done = d.decide(job(spec(), st), seen(store=d.StoreObservation("Pending")))
     assert of(done, d.CreateWorker) == [d.CreateWorker(0, 1, 0), d.CreateWorker(1, 1, 0)]
+
+
+# ---------------------------------------------------------------- pods that cannot start
+
+BAD_IMAGE = d.Waiting("ImagePullBackOff", 'Back-off pulling image "trainer:nope"', T0)
+
+
+@pytest.mark.parametrize("worker_waiting, store_waiting, after, failed_field", [
+    (BAD_IMAGE, None, 299, None),  # still within the timeout: wait (and wake up at its end)
+    (BAD_IMAGE, None, 300, "spec.image"),
+    (None, BAD_IMAGE, 300, "spec.rendezvous.storeImage"),
+    (d.Waiting("CreateContainerConfigError", 'secret "token" not found', T0), None, 300, "spec.image"),
+    (d.Waiting("ContainerCreating", None, T0), None, 3000, None),  # a slow start is not an error
+])
+def test_a_pod_that_cannot_start_fails_the_job_naming_the_field(worker_waiting, store_waiting, after,
+                                                                failed_field):
+    now = T0 + timedelta(seconds=after)
+    store = d.StoreObservation("Pending", waiting=store_waiting)
+    out = d.decide(job(status=running_status()),
+                   seen(w(0, "Pending", waiting=worker_waiting), w(1, "Pending"), store=store, now=now))
+    if failed_field is None:
+        assert out.status.phase != "Failed"
+        if worker_waiting is not None and worker_waiting.reason in d.CANNOT_START_REASONS:
+            assert out.requeue_after == 1
+        return
+    failed = next(c for c in out.status.conditions if c.type == "Failed")
+    assert out.status.phase == "Failed" and failed.reason == d.REASON_CANNOT_START
+    wait = worker_waiting or store_waiting
+    assert wait.reason in failed.message and wait.message in failed.message
+    assert f"Fix: check {failed_field}" in failed.message
+    assert {a.name for a in of(out, d.DeleteWorker)} == {"j-worker-0", "j-worker-1"}  # cleanPodPolicy Running

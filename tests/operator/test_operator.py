@@ -167,6 +167,18 @@ async def test_active_deadline_fails_with_deadline_exceeded(harness, operator):
     assert harness.condition("slow", "Failed")["reason"] == "DeadlineExceeded"
 
 
+async def test_a_worker_that_cannot_pull_its_image_fails_the_job(harness, operator):
+    await harness.apply("typo", image="trainer:does-not-exist")
+    await harness.wait_workers("typo", 2)
+    await harness.set_status("typo-worker-0", {"phase": "Pending", "containerStatuses": [
+        {"name": builders.TRAINER_CONTAINER, "state": {"waiting": {
+            "reason": "ImagePullBackOff", "message": 'Back-off pulling image "trainer:does-not-exist"'}}}]})
+    await harness.wait_phase("typo", "Failed", timeout=8)
+    failed = harness.condition("typo", "Failed")
+    assert failed["reason"] == "ContainerCannotStart" and "spec.image" in failed["message"]
+    assert any(e["reason"] == "ContainerCannotStart" for e in harness.events("typo"))
+
+
 async def test_success_stops_the_rest_and_honours_ttl(harness, operator):
     await started(harness, "done", runPolicy={"successPolicy": "RankZero", "ttlSecondsAfterFinished": 1})
     await harness.exit("done-worker-0", 0)

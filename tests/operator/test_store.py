@@ -35,3 +35,26 @@ def terminated(code: int, message: str | None = None) -> dict:
 def test_worker_observation_carries_the_termination_message(container_status, pod_status, code, message):
     observed = store.worker_observation(store.summarize_pod(worker_pod(container_status, **pod_status)))
     assert (observed.index, observed.exit_code, observed.message) == (1, code, message)
+
+
+@pytest.mark.parametrize("status, expected", [
+    ({"phase": "Pending", "startTime": FINISHED, "containerStatuses": [{"name": builders.TRAINER_CONTAINER,
+      "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope:1"'}}}]},
+     ("ImagePullBackOff", 'Back-off pulling image "nope:1"', FINISHED)),
+    # Not yet on a node: no startTime, so the pod's creation counts.
+    ({"phase": "Pending", "containerStatuses": [{"name": builders.TRAINER_CONTAINER,
+      "state": {"waiting": {"reason": "CreateContainerConfigError"}}}]},
+     ("CreateContainerConfigError", None, "2026-11-21T23:00:00Z")),
+    ({"phase": "Running", "containerStatuses": [{"name": builders.TRAINER_CONTAINER,
+      "state": {"running": {"startedAt": FINISHED}}}]}, None),
+])
+def test_a_waiting_container_is_observed_with_its_reason_and_since_when(status, expected):
+    from ddpjob_operator import decisions
+    pod = {"metadata": {"name": "j-worker-0", "creationTimestamp": "2026-11-21T23:00:00Z",
+                        "labels": {builders.LABEL_ROLE: builders.ROLE_WORKER}}, "spec": {}, "status": status}
+    waiting = store.worker_observation(store.summarize_pod(pod)).waiting
+    if expected is None:
+        assert waiting is None
+    else:
+        reason, message, since = expected
+        assert waiting == decisions.Waiting(reason, message, decisions.parse_time(since))
