@@ -60,7 +60,8 @@ async def test_retryable_failure_replaces_only_that_rank(harness, operator):
     assert rank["restarts"] == 1 and rank["lastExitCode"] == 137 and rank["lastReason"] == "OOMKilled"
     await harness.run("pod-scope-worker-1")
     await harness.wait_phase("pod-scope", "Running")
-    assert any(e["reason"] == "WorkerFailed" and "exit code 137" in e["message"] for e in harness.events("pod-scope"))
+    await eventually(lambda: any(e["reason"] == "WorkerFailed" and "exit code 137" in e["message"]
+                                 for e in harness.events("pod-scope")), what="a WorkerFailed event")
 
 
 async def test_permanent_failure_fails_the_job(harness, operator):
@@ -176,7 +177,9 @@ async def test_a_worker_that_cannot_pull_its_image_fails_the_job(harness, operat
     await harness.wait_phase("typo", "Failed", timeout=8)
     failed = harness.condition("typo", "Failed")
     assert failed["reason"] == "ContainerCannotStart" and "spec.image" in failed["message"]
-    assert any(e["reason"] == "ContainerCannotStart" for e in harness.events("typo"))
+    # Events are posted in the background after the status write.
+    await eventually(lambda: any(e["reason"] == "ContainerCannotStart" for e in harness.events("typo")),
+                     what="a ContainerCannotStart event")
 
 
 async def test_success_stops_the_rest_and_honours_ttl(harness, operator):
