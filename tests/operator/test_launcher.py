@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddpjob_operator import builders, decisions, model
+from ddpjob_operator.local.runner import free_port
 
 pytestmark = pytest.mark.slow  # a torchrun agent per test (a few seconds)
 
@@ -115,11 +116,7 @@ def test_the_real_exit_code_reaches_the_exit_code_rules(tmp_path, retryable, pha
 
 def test_a_rendezvous_that_never_forms_is_reported_as_such_and_retried_in_a_new_generation(tmp_path):
     """2 nodes wanted, 1 comes: torchrun's join timeout is an infrastructure failure, not the user's."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     store = subprocess.Popen(builders.store_command(port, python=sys.executable), env={"PATH": "/usr/bin:/bin"},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
