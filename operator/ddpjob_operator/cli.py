@@ -9,7 +9,7 @@ import argparse
 import sys
 from . import crd, local, permissions, render_cli, validation
 
-EXIT_INVALID = 2
+EXIT_INVALID = validation.EXIT_INVALID
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

@@ -14,8 +14,6 @@ import yaml
 
 from . import builders, validation
 
-EXIT_INVALID = 2
-
 
 def cmd_render(args: argparse.Namespace) -> int:
     try:
@@ -23,7 +21,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     except validation.InvalidJob as exc:
         for error in exc.errors:
             print(f"{args.file}: {error}", file=sys.stderr)
-        return EXIT_INVALID
+        return validation.EXIT_INVALID
     manifests = []
     for job in jobs:
         ref = builders.JobRef.preview(job.metadata.name, args.namespace)

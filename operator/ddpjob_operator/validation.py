@@ -16,6 +16,9 @@ from pydantic import BaseModel, ValidationError
 
 from . import model
 
+# Exit status of every `ddpjob` command that refuses its input (validate, render, run).
+EXIT_INVALID = 2
+
 
 @dataclass(frozen=True)
 class FieldError:

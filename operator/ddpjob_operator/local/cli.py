@@ -89,7 +89,6 @@ def with_replicas(job: model.DDPJob, replicas: int | None) -> model.DDPJob:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..cli import EXIT_INVALID  # the package CLI imports this module to register `run`
 
     try:
         job = with_replicas(load_one_job(args.file), args.replicas)
@@ -99,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except validation.InvalidJob as exc:
         for error in exc.errors:
             print(error, file=sys.stderr)
-        return EXIT_INVALID
+        return validation.EXIT_INVALID
     phase = runner.run()
     if runner.interrupted:
         return EXIT_INTERRUPTED
