@@ -77,6 +77,9 @@ TERMINATION_MESSAGE_LIMIT = 4000
 # The launcher starts its message with this when torchrun could not form the group (join timeout,
 # a closed or unreachable rendezvous): an infrastructure failure, retried in a fresh generation.
 RENDEZVOUS_FAILED_PREFIX = "rendezvous failed"
+# ...and ends it with this when its exit closed the generation's rendezvous for every agent (torch's
+# launch_agent closes it on any exit but a signal): no replacement may join that generation again.
+RENDEZVOUS_CLOSED_MARK = "[rendezvous closed]"
 
 # Started as `python -c LAUNCHER_PROGRAM <torchrun args...>`: torchrun's own entry point, run
 # in-process, so that the container's exit code is the failed trainer's (torchrun itself always exits
@@ -89,11 +92,13 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.run import main
 
-def report(text):
+def report(text, closed=True):
     path = os.environ.get("{TERMINATION_LOG_ENV}", "{TERMINATION_LOG_PATH}")
+    mark = " {RENDEZVOUS_CLOSED_MARK}" if closed else ""
+    data = text.encode("utf-8", "replace")[:{TERMINATION_MESSAGE_LIMIT} - len(mark)] + mark.encode()
     try:
         with open(path, "wb") as log:
-            log.write(text.encode("utf-8", "replace")[:{TERMINATION_MESSAGE_LIMIT}])
+            log.write(data)
     except OSError:
         pass  # no termination log here (not in a container): the log has the same story
 
@@ -117,7 +122,7 @@ except RendezvousError as error:
     print(f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}", file=sys.stderr, flush=True)
     sys.exit(1)
 except SignalException as stopped:
-    report(f"torchrun stopped by {{stopped.sigval.name}}; exit code {{128 + stopped.sigval}}")
+    report(f"torchrun stopped by {{stopped.sigval.name}}; exit code {{128 + stopped.sigval}}", closed=False)
     sys.exit(128 + stopped.sigval)
 except Exception as error:
     report(f"torchrun failed: {{type(error).__name__}}: {{error}}")
@@ -192,7 +197,9 @@ def torchrun_flags(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str,
         ("rdzv-id", rdzv_id),
         ("rdzv-conf", conf),
         ("local-addr", local_addr),
-        ("max-restarts", str(spec.failure_policy.max_restarts)),
+        # One budget: torchrun never restarts a failed trainer in place behind the status's back; every
+        # restart is the operator's, charged once per incident (docs/operator.md, "Failure semantics").
+        ("max-restarts", "0"),
         ("shutdown-timeout", str(shutdown_timeout_seconds(spec))),
     ]
 
