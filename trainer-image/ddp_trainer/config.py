@@ -106,6 +106,23 @@ class DistConfig:
 
 
 @dataclass
+class FaultConfig:
+    """Test-only fault injection: one rank fails on purpose at a step (see `fault.py`)."""
+
+    at_step: int = 0  # 0: off; else fail right after optimizer step N, before its checkpoint
+    exit_code: int = 1  # 1..255; >= 128 means: kill yourself with signal exit_code-128 (139: SIGSEGV)
+    rank: int = 0  # global rank that fails
+    generation: int = 0  # only when DDPJOB_GENERATION equals it; -1: in every generation
+
+    def __post_init__(self) -> None:
+        _require(self.at_step >= 0, "fault.at_step", "must be >= 0", self.at_step)
+        _require(1 <= self.exit_code <= 255, "fault.exit_code", "must be in 1..255", self.exit_code)
+        _require(self.rank >= 0, "fault.rank", "must be >= 0", self.rank)
+        _require(self.generation >= -1, "fault.generation", "must be >= -1 (-1: every generation)",
+                 self.generation)
+
+
+@dataclass
 class TrainConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -117,6 +134,7 @@ class TrainConfig:
     log_every: int = 10
     device: str = "auto"  # auto: cuda:<LOCAL_RANK> when available, else cpu
     record_samples: str | None = None  # debug: each rank appends "epoch index" lines to <path>.rank<r>
+    fault: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "epochs", "must be >= 1", self.epochs)
@@ -159,6 +177,19 @@ def build_parser() -> argparse.ArgumentParser:
     a("--log-every", type=int, default=10)
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
     a("--record-samples", default=None, metavar="PATH", help="debug: log consumed sample indices per rank")
+    f = p.add_argument_group("fault injection (tests only: fail on purpose to exercise restarts)")
+    f.add_argument("--fault-at-step", type=int, default=0, metavar="N",
+                   help="fail right after optimizer step N, before its checkpoint (0: never)")
+    f.add_argument("--fault-exit-code", type=int, default=1, metavar="CODE",
+                   help="exit with CODE; CODE >= 128 kills the process with signal CODE-128 "
+                        "(139: SIGSEGV, 137: SIGKILL)")
+    f.add_argument("--fault-rank", type=int, default=0, metavar="R", help="the global rank that fails (default 0)")
+    g = f.add_mutually_exclusive_group()
+    g.add_argument("--fault-generation", type=int, default=0, metavar="G",
+                   help="fail only while $DDPJOB_GENERATION is G (default 0: once, in the first "
+                        "generation); -1: in every generation")
+    g.add_argument("--fault-every-generation", dest="fault_generation", action="store_const", const=-1,
+                   help="same as --fault-generation -1")
     return p
 
 
@@ -198,4 +229,6 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] | None = 
         dist=DistConfig(backend=args.backend, timeout_s=args.dist_timeout),
         epochs=args.epochs, max_steps=args.max_steps, log_every=args.log_every, device=args.device,
         record_samples=args.record_samples,
+        fault=FaultConfig(at_step=args.fault_at_step, exit_code=args.fault_exit_code, rank=args.fault_rank,
+                          generation=args.fault_generation),
     )

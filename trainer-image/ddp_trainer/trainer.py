@@ -20,6 +20,7 @@ from torch.utils.data import BatchSampler, DataLoader, Subset
 from .checkpoint import CheckpointManager, atomic_write_json
 from .config import TrainConfig
 from .distributed import DistEnv, StopSignal, barrier
+from .fault import due as fault_due, strike as fault_strike
 from .sampler import ResumableDistributedSampler
 from .workloads import load_workload
 
@@ -133,6 +134,8 @@ class Trainer:
         self._window = (start, n + samples, loss_total + loss_sum, steps + 1)
         if p.step % self.cfg.log_every == 0:
             self._log_progress()
+        if fault_due(self.cfg.fault, self.env.rank, p.step):
+            fault_strike(self.cfg.fault, self.env.rank, p.step)
         if self.cfg.checkpoint.every_steps and p.step % self.cfg.checkpoint.every_steps == 0:
             self._save(final=False)
 

@@ -1,0 +1,38 @@
+"""Test-only fault injection: a trainer that fails on purpose, the way a real one would.
+
+`--fault-at-step N --fault-exit-code CODE --fault-rank R` makes global rank R end its process right
+after optimizer step N (before that step's checkpoint): `os._exit(CODE)` for CODE < 128, otherwise
+the default action of signal CODE-128 (139: a real SIGSEGV, as a crash in native code). Only while
+$DDPJOB_GENERATION equals `--fault-generation` (default 0, so a replacement generation trains on);
+`--fault-every-generation` fails in every generation. Nothing is cleaned up, nothing is saved.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+
+from .config import FaultConfig
+
+
+def due(fault: FaultConfig, rank: int, step: int, environ: Mapping[str, str] = os.environ) -> bool:
+    if not fault.at_step or step != fault.at_step or rank != fault.rank:
+        return False
+    return fault.generation == -1 or environ.get("DDPJOB_GENERATION", "0") == str(fault.generation)
+
+
+def strike(fault: FaultConfig, rank: int, step: int) -> None:
+    """End this process now, by exit code or by signal; never returns."""
+    print(f"fault injection: rank {rank} at step {step}: "
+          + (f"killing itself with signal {fault.exit_code - 128}" if fault.exit_code >= 128
+             else f"exiting with code {fault.exit_code}"), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    if fault.exit_code >= 128:
+        signum = fault.exit_code - 128
+        signal.signal(signum, signal.SIG_DFL)  # not the trainer's SIGTERM handler, not faulthandler's
+        os.kill(os.getpid(), signum)
+        time.sleep(5)  # another thread may take the signal; a signal whose default is not to die falls through
+    os._exit(fault.exit_code)
