@@ -9,10 +9,11 @@ with the same text, so `ddpjob validate` and the cluster agree.
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any, ClassVar, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_origin
 
 import celpy
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "elastic.ddp.dev"
@@ -89,6 +90,54 @@ def model_in(annotation: Any) -> type[BaseModel] | None:
         if found is not None:
             return found
     return None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def salvage(model_cls: type[M], raw: Any) -> M | None:
+    """`model_cls` from `raw`, keeping every valid field (for data read back, such as a stored status).
+
+    Unknown keys are ignored; an invalid field is dropped alone (its default applies); in a list of
+    objects only the entries that cannot be built are dropped; nested objects are salvaged the same
+    way. None when `raw` is not a mapping or a required field is missing or invalid.
+    """
+    if not isinstance(raw, Mapping):
+        return None
+    kept: dict[str, Any] = {}
+    for name, field in model_cls.model_fields.items():
+        key = field.alias or name
+        if key not in raw and name not in raw:
+            continue
+        value = raw[key] if key in raw else raw[name]
+        inner = model_in(field.annotation)
+        if inner is not None:
+            if isinstance(value, list) and _is_list(field.annotation):
+                value = [item for item in (salvage(inner, v) for v in value) if item is not None]
+            elif isinstance(value, Mapping):
+                value = salvage(inner, value)
+                if value is None:
+                    continue
+        try:
+            kept[name] = _field_adapter(model_cls, name).validate_python(value)
+        except ValidationError:
+            continue
+    try:
+        return model_cls.model_validate(kept)
+    except ValidationError:
+        return None
+
+
+def _is_list(annotation: Any) -> bool:
+    if get_origin(annotation) is list:
+        return True
+    return any(_is_list(arg) for arg in getattr(annotation, "__args__", ()) or ())
+
+
+@functools.lru_cache(maxsize=None)
+def _field_adapter(model_cls: type[BaseModel], name: str) -> TypeAdapter[Any]:
+    field = model_cls.model_fields[name]  # its type and constraints (ge, pattern...), not its alias
+    return TypeAdapter(Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation)
 
 
 class CelRuleError(ValueError):

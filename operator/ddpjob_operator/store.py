@@ -125,10 +125,15 @@ def observe(pods: Iterable[PodSummary], now: datetime) -> decisions.Observed:
 
 
 def parse_status(raw: Any) -> model.DDPJobStatus:
-    """The stored status; anything unreadable counts as no status (it is rebuilt from the pods)."""
+    """The stored status, keeping every valid field.
+
+    Unknown keys (a newer operator's, anyone else's) are ignored and an invalid field is dropped
+    alone, as is a bad entry of `conditions` or `ranks`: one odd key must never turn a Succeeded job
+    back into a fresh one with a full restart budget. Only what is unreadable is rebuilt from the pods.
+    """
     try:
-        return model.DDPJobStatus.model_validate(raw or {})
-    except ValidationError:
+        return model.salvage(model.DDPJobStatus, raw) or model.DDPJobStatus()
+    except ValidationError:  # salvage keeps only validated values; never expected
         return model.DDPJobStatus()
 
 

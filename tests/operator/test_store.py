@@ -2,7 +2,7 @@
 
 import pytest
 
-from ddpjob_operator import builders, store
+from ddpjob_operator import builders, model, store
 
 FINISHED = "2026-11-22T00:00:00Z"
 
@@ -58,3 +58,79 @@ def test_a_waiting_container_is_observed_with_its_reason_and_since_when(status, 
     else:
         reason, message, since = expected
         assert waiting == decisions.Waiting(reason, message, decisions.parse_time(since))
+
+
+# ---------------------------------------------------------------- parse_status: keep every valid field
+
+SUCCEEDED = {
+    "phase": "Succeeded", "message": "all workers exited 0", "restarts": 2, "disruptions": 1, "generation": 3,
+    "replicas": 0, "startTime": "2026-11-22T00:00:00Z", "completionTime": "2026-11-22T01:00:00Z",
+    "observedGeneration": 4, "selector": "a=b",
+    "conditions": [{"type": "Succeeded", "status": "True", "reason": "AllWorkersSucceeded",
+                    "lastTransitionTime": "2026-11-22T01:00:00Z"}],
+    "ranks": [{"index": 0, "pod": "j-worker-0", "phase": "Succeeded", "restarts": 1},
+              {"index": 1, "pod": "j-worker-1", "phase": "Succeeded", "restarts": 1, "lastExitCode": 137}],
+    "progress": {"step": 100, "epoch": 3, "loss": 0.25, "lastCheckpointStep": 100},
+}
+
+
+def _with(**changes) -> dict:
+    raw = {**SUCCEEDED}
+    for key, value in changes.items():
+        if value is ...:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    return raw
+
+
+@pytest.mark.parametrize("raw, expected", [
+    # Unknown keys (a newer operator's fields, kopf's bookkeeping) are ignored, at every level.
+    (_with(futureField={"x": 1}), {}),
+    (_with(kopf={"progress": {}}), {}),
+    (_with(progress={**SUCCEEDED["progress"], "samplesPerSecond": 9.5}), {}),
+    (_with(conditions=[{**SUCCEEDED["conditions"][0], "severity": "Info"}]), {}),
+    (_with(ranks=[{**r, "gpu": "GPU-0"} for r in SUCCEEDED["ranks"]]), {}),
+    # One invalid field is dropped alone; the rest of the status stays.
+    (_with(message=42), {"message": None}),
+    (_with(phase="Completed"), {"phase": None}),
+    (_with(disruptions="many"), {"disruptions": 0}),
+    (_with(startTime=["not", "a", "time"]), {"start_time": None}),
+    (_with(progress={**SUCCEEDED["progress"], "loss": "nan?"}), {"progress.loss": None, "progress.step": 100}),
+    (_with(progress="broken"), {"progress": None}),
+    # Lists: only the bad entries go.
+    (_with(conditions=[{"type": "Created", "status": "Maybe", "lastTransitionTime": "t"},
+                       SUCCEEDED["conditions"][0], "not-a-mapping"]),
+     {"conditions": [model.Condition.model_validate(SUCCEEDED["conditions"][0])]}),
+    (_with(ranks=[{"pod": "no-index", "phase": "Running"}, SUCCEEDED["ranks"][1]]),
+     {"ranks": [model.RankStatus.model_validate(SUCCEEDED["ranks"][1])]}),
+    (_with(ranks=[{**SUCCEEDED["ranks"][0], "lastExitCode": "x"}, SUCCEEDED["ranks"][1]]),
+     {"ranks": [model.RankStatus.model_validate(SUCCEEDED["ranks"][0]),
+                model.RankStatus.model_validate(SUCCEEDED["ranks"][1])]}),
+    (_with(ranks="oops"), {"ranks": []}),
+])
+def test_parse_status_keeps_every_valid_field(raw, expected):
+    status = store.parse_status(raw)
+    clean = model.DDPJobStatus.model_validate(SUCCEEDED)
+    for key, value in expected.items():
+        if "." in key:
+            outer, inner = key.split(".")
+            assert getattr(getattr(status, outer), inner) == value, key
+        else:
+            assert getattr(status, key) == value, key
+    # Everything not named above is exactly what a clean parse gives.
+    untouched = {k for k in model.DDPJobStatus.model_fields if k not in {e.split(".")[0] for e in expected}}
+    assert {k: getattr(status, k) for k in untouched} == {k: getattr(clean, k) for k in untouched}
+
+
+def test_a_succeeded_status_with_an_unknown_key_stays_succeeded():
+    """Dropping it all would start the finished job again, with a fresh restart budget."""
+    status = store.parse_status({**SUCCEEDED, "addedByANewerOperator": True})
+    assert (status.phase, status.restarts, status.disruptions, status.generation) == ("Succeeded", 2, 1, 3)
+    assert status.completion_time == "2026-11-22T01:00:00Z"
+    assert [c.type for c in status.conditions] == ["Succeeded"]
+
+
+@pytest.mark.parametrize("raw", [None, {}, [], "garbage", 7])
+def test_parse_status_of_nothing_is_an_empty_status(raw):
+    assert store.parse_status(raw) == model.DDPJobStatus()
