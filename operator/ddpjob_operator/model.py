@@ -184,7 +184,8 @@ class Resources(APIModel):
         "Request GPUs: each worker pod gets `gpuCount` GPUs (default: nprocPerNode), the GPU taint "
         "toleration and NCCL. When false, workers train on CPU with Gloo."))
     gpu_count: int | None = Field(default=None, ge=1, le=64, description=(
-        "GPUs per worker pod when gpu is true. Defaults to nprocPerNode."))
+        "GPUs per worker pod when gpu is true. Defaults to nprocPerNode; must not be below it "
+        "(every training process needs its own GPU)."))
     gpu_resource_name: str = Field(default="nvidia.com/gpu", min_length=1, description=(
         "Extended resource name for the GPU device plugin."))
     cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN,
@@ -360,6 +361,11 @@ class DDPJobSpec(APIModel):
             ".replicas"),
         cel("self.env.all(e, self.env.exists_one(f, f.name == e.name))",
             "env names must be unique: remove the duplicate entry", ".env"),
+        cel("!has(self.resources) || !has(self.resources.gpuCount) "
+            "|| self.resources.gpuCount >= self.nprocPerNode",
+            "resources.gpuCount must be >= nprocPerNode (every training process needs its own GPU): "
+            "raise resources.gpuCount, lower nprocPerNode, or remove gpuCount (it defaults to "
+            "nprocPerNode)", ".resources.gpuCount"),
     )
 
     @property
