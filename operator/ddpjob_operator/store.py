@@ -41,6 +41,8 @@ class PodSummary:
     started_at: datetime | None
     finished_at: datetime | None
     waiting: decisions.Waiting | None = None
+    node_range: str | None = None
+    unschedulable: decisions.Waiting | None = None
 
 
 def _int_label(labels: Mapping[str, str], key: str) -> int:
@@ -81,6 +83,12 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
         since = decisions.parse_time(status.get("startTime") or meta.get("creationTimestamp"))
         if since is not None:
             waiting = decisions.Waiting(waiting_state["reason"], waiting_state.get("message"), since)
+    scheduled = conditions.get("PodScheduled", {})
+    unschedulable = None
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        since = decisions.parse_time(scheduled.get("lastTransitionTime") or meta.get("creationTimestamp"))
+        if since is not None:
+            unschedulable = decisions.Waiting("Unschedulable", scheduled.get("message"), since)
     return PodSummary(
         name=meta.get("name", ""),
         uid=meta.get("uid") or "",
@@ -100,6 +108,8 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
         started_at=decisions.parse_time((state.get("running") or {}).get("startedAt") or terminated.get("startedAt")),
         finished_at=decisions.parse_time(terminated.get("finishedAt")),
         waiting=waiting,
+        node_range=labels.get(builders.LABEL_NNODES),
+        unschedulable=unschedulable,
     )
 
 
@@ -109,7 +119,8 @@ def worker_observation(pod: PodSummary) -> decisions.WorkerObservation:
         ready=pod.ready, exit_code=pod.exit_code, reason=pod.reason, message=pod.message,
         disruption=pod.disruption,
         terminating_since=pod.terminating_since, node=pod.node, started_at=pod.started_at,
-        finished_at=pod.finished_at, waiting=pod.waiting)
+        finished_at=pod.finished_at, waiting=pod.waiting, node_range=pod.node_range,
+        unschedulable=pod.unschedulable)
 
 
 def observe(pods: Iterable[PodSummary], now: datetime) -> decisions.Observed:
@@ -117,7 +128,8 @@ def observe(pods: Iterable[PodSummary], now: datetime) -> decisions.Observed:
     for pod in pods:
         if pod.role == builders.ROLE_STORE:
             store = decisions.StoreObservation(phase=pod.phase, ready=pod.ready,
-                                               terminating_since=pod.terminating_since, waiting=pod.waiting)
+                                               terminating_since=pod.terminating_since, waiting=pod.waiting,
+                                               unschedulable=pod.unschedulable)
         else:
             workers.append(worker_observation(pod))
     workers.sort(key=lambda w: (w.index, w.generation))

@@ -32,6 +32,12 @@ def w(index, phase="Running", generation=0, **kw) -> d.WorkerObservation:
 
 
 STORE = d.StoreObservation("Running", ready=True)
+# Most tables look at one pass after an incident has settled; test_incidents.py covers settling.
+SETTLED = d.Options(incident_settle_seconds=0)
+
+
+def decide(job_view, observed, options=SETTLED):
+    return d.decide(job_view, observed, options)
 
 
 def seen(*workers, store=STORE, now=T0) -> d.Observed:
@@ -73,23 +79,25 @@ def test_classify_exit(code, reason, disruption, expected):
 
 @pytest.mark.parametrize("message, expected", [
     ("rendezvous failed: RendezvousTimeoutError: timed out", d.RETRYABLE),
-    ("rendezvous failed: RendezvousClosedError: ", d.RETRYABLE),
+    ("rendezvous failed: RendezvousClosedError: ", d.CONSEQUENCE),  # its peers had closed it: never a cause
     ("rank 0 (local rank 0) exited with code 1: ValueError: bad", d.PERMANENT),
     (None, d.PERMANENT),
 ])
-def test_a_failed_rendezvous_is_retryable_although_torchrun_exits_1(message, expected):
+def test_a_failed_rendezvous_is_not_a_user_error_although_torchrun_exits_1(message, expected):
     assert d.classify_exit(1, "Error", False, model.FailurePolicy(), message) == expected
 
 
-def test_a_failed_rendezvous_moves_to_a_fresh_generation_even_with_pod_scope():
+@pytest.mark.parametrize("message, charged", [
+    ("rendezvous failed: RendezvousClosedError: ", 0),  # its peers had closed it: nobody's failure
+    ("rendezvous failed: RendezvousTimeoutError: timed out", 1),
+])
+def test_a_failed_rendezvous_moves_to_a_fresh_generation_even_with_pod_scope(message, charged):
     """A closed or timed-out rendezvous never reopens: rejoining it would fail forever."""
     st = running_status(ranks=[{"index": 0, "pod": "j-worker-0", "phase": "Running"},
                                {"index": 1, "pod": "j-worker-1", "phase": "Running"}])
-    out = d.decide(job(status=st), seen(
-        w(0), failed(1, 1, message="rendezvous failed: RendezvousClosedError: ")))
-    assert out.status.restarts == 1 and out.status.generation == 1
-    assert any(e.reason == d.REASON_GANG_RESTART and "rendezvous failed" in e.message
-               for e in of(out, d.Event))
+    out = decide(job(status=st), seen(w(0), failed(1, 1, message=message)))
+    assert out.status.restarts == charged and out.status.generation == 1
+    assert any(e.reason == d.REASON_GANG_RESTART and "rendezvous" in e.message for e in of(out, d.Event))
 
 
 def test_oom_is_retryable_by_default():
@@ -122,7 +130,7 @@ def test_long_message_keeps_its_start_and_its_end():
 # ---------------------------------------------------------------- creation
 
 def test_new_job_creates_store_then_every_worker():
-    out = d.decide(job(), seen(store=None))
+    out = decide(job(), seen(store=None))
     assert out.actions[0] == d.CreateStore()
     assert of(out, d.CreateWorker) == [d.CreateWorker(0, 0, 0), d.CreateWorker(1, 0, 0)]
     s = out.status
@@ -134,16 +142,16 @@ def test_new_job_creates_store_then_every_worker():
 
 
 def test_all_running_is_running_and_idempotent():
-    first = d.decide(job(status=running_status()), seen(w(0), w(1)))
+    first = decide(job(status=running_status()), seen(w(0), w(1)))
     assert first.status.phase == "Running" and first.status.world_size == 2 and first.status.ready_replicas == 2
     assert of(first, d.CreateWorker) == [] and of(first, d.DeleteWorker) == []
-    again = d.decide(job(status=first.status), seen(w(0), w(1), now=T0 + timedelta(minutes=5)))
+    again = decide(job(status=first.status), seen(w(0), w(1), now=T0 + timedelta(minutes=5)))
     assert not again.status_changed(first.status) and again.actions == ()
 
 
 def test_condition_keeps_transition_time_when_status_unchanged():
-    first = d.decide(job(status=running_status(phase="Pending")), seen(w(0), w(1)))
-    later = d.decide(job(status=first.status), seen(w(0), w(1), now=T0 + timedelta(hours=1)))
+    first = decide(job(status=running_status(phase="Pending")), seen(w(0), w(1)))
+    later = decide(job(status=first.status), seen(w(0), w(1), now=T0 + timedelta(hours=1)))
     running = next(c for c in later.status.conditions if c.type == "Running")
     assert running.last_transition_time == d.rfc3339(T0)
 
@@ -153,7 +161,7 @@ def test_invalid_spec_fails_without_pods():
         parse_spec({"replicas": 0, "image": "x", "entrypoint": "m"})
     view = d.JobView(name="j", namespace="ns", uid=UID, metadata_generation=1, created_at=T0, spec=None,
                      spec_errors=tuple(caught.value.errors))
-    out = d.decide(view, seen(store=None))
+    out = decide(view, seen(store=None))
     assert out.status.phase == "Failed" and "spec.replicas" in out.status.message
     assert of(out, d.CreateWorker) == [] and of(out, d.CreateStore) == []
     cond = next(c for c in out.status.conditions if c.type == "Failed")
@@ -163,16 +171,16 @@ def test_invalid_spec_fails_without_pods():
 
 def test_invalid_update_of_running_job_is_not_applied():
     view = replace(job(status=running_status()), spec=None, spec_errors=(d.FieldError("spec.replicas", "too big"),))
-    out = d.decide(view, seen(w(0), w(1)))
+    out = decide(view, seen(w(0), w(1)))
     assert out.status.phase == "Running" and not of(out, d.DeleteWorker) and not of(out, d.CreateWorker)
     assert any(c.type == "SpecRejected" for c in out.status.conditions)
     assert of(out, d.Event)[0].reason == "InvalidSpec"
-    again = d.decide(replace(view, status=out.status), seen(w(0), w(1)))
+    again = decide(replace(view, status=out.status), seen(w(0), w(1)))
     assert of(again, d.Event) == []  # warned once
 
 
 def test_deleting_job_does_nothing():
-    assert d.decide(job(deleting=True), seen(store=None)).actions == ()
+    assert decide(job(deleting=True), seen(store=None)).actions == ()
 
 
 # ---------------------------------------------------------------- failures
@@ -187,7 +195,7 @@ MESSAGE = "rank 1 (local rank 1) exited with code 3: ValueError: learning rate m
 ])
 def test_the_termination_message_reaches_condition_event_and_rank(policy, phase, reason):
     s = spec(failurePolicy=policy)
-    out = d.decide(job(s, running_status()), seen(w(0), failed(1, 3, message=MESSAGE)))
+    out = decide(job(s, running_status()), seen(w(0), failed(1, 3, message=MESSAGE)))
     assert out.status.phase == phase
     rank = out.status.ranks[1]
     assert (rank.last_exit_code, rank.last_reason, rank.last_message) == (3, "Error", MESSAGE)
@@ -197,28 +205,28 @@ def test_the_termination_message_reaches_condition_event_and_rank(policy, phase,
 
 def test_retryable_failure_pod_scope_waits_for_backoff_then_replaces_only_that_rank():
     s = spec(minReplicas=1)
-    first = d.decide(job(s, running_status()), seen(w(0), failed(1, 137, "OOMKilled")))
+    first = decide(job(s, running_status()), seen(w(0), failed(1, 137, "OOMKilled")))
     st = first.status
     assert st.phase == "Restarting" and st.restarts == 1 and st.generation == 0
     assert st.ranks[1].restarts == 1 and st.ranks[1].last_exit_code == 137 and st.ranks[1].last_reason == "OOMKilled"
     assert of(first, d.DeleteWorker) == [] and first.requeue_after == 10
     assert any(e.reason == "WorkerFailed" for e in of(first, d.Event))
     # Same observation again: not charged twice.
-    again = d.decide(job(s, st), seen(w(0), failed(1, 137, "OOMKilled"), now=T0 + timedelta(seconds=5)))
+    again = decide(job(s, st), seen(w(0), failed(1, 137, "OOMKilled"), now=T0 + timedelta(seconds=5)))
     assert again.status.restarts == 1 and again.requeue_after == 5
     # Backoff passed: the exited pod is removed at once and replaced in the same pass (same
     # generation, next attempt); the survivor is untouched.
-    later = d.decide(job(s, again.status), seen(w(0), failed(1, 137, "OOMKilled"), now=T0 + timedelta(seconds=10)))
+    later = decide(job(s, again.status), seen(w(0), failed(1, 137, "OOMKilled"), now=T0 + timedelta(seconds=10)))
     assert later.actions[:2] == (d.DeleteWorker("j-worker-1", d.REASON_REPLACE, force=True), d.CreateWorker(1, 0, 1))
     assert later.status.restarts == 1
     # Had the delete not finished yet (pod still listed), nothing is created twice: the name is taken.
-    pending = d.decide(job(s, later.status), seen(w(0), failed(1, 137, "OOMKilled", terminating_since=T0),
+    pending = decide(job(s, later.status), seen(w(0), failed(1, 137, "OOMKilled", terminating_since=T0),
                                                   now=T0 + timedelta(seconds=11)))
     assert of(pending, d.CreateWorker) == [] and pending.status.restarts == 1
     # Once it is gone, a pass that missed the create makes it.
-    replaced = d.decide(job(s, later.status), seen(w(0), now=T0 + timedelta(seconds=11)))
+    replaced = decide(job(s, later.status), seen(w(0), now=T0 + timedelta(seconds=11)))
     assert of(replaced, d.CreateWorker) == [d.CreateWorker(1, 0, 1)] and replaced.status.restarts == 1
-    back = d.decide(job(s, replaced.status), seen(w(0), w(1, attempt=1), now=T0 + timedelta(seconds=30)))
+    back = decide(job(s, replaced.status), seen(w(0), w(1, attempt=1), now=T0 + timedelta(seconds=30)))
     assert back.status.phase == "Running" and back.status.ranks[1].restarts == 1
 
 
@@ -226,13 +234,13 @@ def test_second_failure_of_replacement_is_charged_again():
     s = spec(minReplicas=1)
     status = running_status(restarts=1, ranks=[{"index": 0, "pod": "j-worker-0", "phase": "Running"},
                                                {"index": 1, "pod": "j-worker-1", "phase": "Running", "restarts": 1}])
-    out = d.decide(job(s, status), seen(w(0), failed(1, 143, attempt=1)))
+    out = decide(job(s, status), seen(w(0), failed(1, 143, attempt=1)))
     assert out.status.restarts == 2 and out.status.ranks[1].restarts == 2
     assert out.requeue_after == 20  # exponential: second restart waits initial * factor
 
 
 def test_permanent_failure_fails_job_naming_rank_code_and_reason():
-    out = d.decide(job(status=running_status()), seen(w(0), failed(1, 2, "Error")))
+    out = decide(job(status=running_status()), seen(w(0), failed(1, 2, "Error")))
     st = out.status
     assert st.phase == "Failed" and st.completion_time == d.rfc3339(T0)
     cond = next(c for c in st.conditions if c.type == "Failed")
@@ -247,13 +255,13 @@ def test_permanent_failure_fails_job_naming_rank_code_and_reason():
 
 def test_listed_retryable_code_is_retried():
     s = spec(minReplicas=1, failurePolicy={"retryableExitCodes": [3]})
-    assert d.decide(job(s, running_status()), seen(w(0), failed(1, 3))).status.phase == "Restarting"
+    assert decide(job(s, running_status()), seen(w(0), failed(1, 3))).status.phase == "Restarting"
 
 
 def test_budget_exhaustion_fails_and_never_loops_in_restarting():
     s = spec(minReplicas=1, failurePolicy={"maxRestarts": 1})
     status = running_status(restarts=1, ranks=[{"index": 1, "pod": "j-worker-1", "phase": "Running", "restarts": 1}])
-    out = d.decide(job(s, status), seen(w(0), failed(1, 137, attempt=1)))
+    out = decide(job(s, status), seen(w(0), failed(1, 137, attempt=1)))
     assert out.status.phase == "Failed" and out.status.restarts == 1
     cond = next(c for c in out.status.conditions if c.type == "Failed")
     assert cond.reason == "RestartBudgetExhausted" and "maxRestarts=1" in cond.message and "exit code 137" in cond.message
@@ -261,7 +269,7 @@ def test_budget_exhaustion_fails_and_never_loops_in_restarting():
 
 def test_zero_budget_fails_on_first_retryable_failure():
     s = spec(failurePolicy={"maxRestarts": 0})
-    assert d.decide(job(s, running_status()), seen(w(0), failed(1, 143))).status.phase == "Failed"
+    assert decide(job(s, running_status()), seen(w(0), failed(1, 143))).status.phase == "Failed"
 
 
 @pytest.mark.parametrize("worker", [
@@ -270,27 +278,29 @@ def test_zero_budget_fails_on_first_retryable_failure():
 ])
 def test_disruption_is_recorded_but_not_charged(worker):
     s = spec(minReplicas=1, failurePolicy={"maxRestarts": 0})
-    out = d.decide(job(s, running_status()), seen(w(0), worker))
+    out = decide(job(s, running_status()), seen(w(0), worker))
     st = out.status
     assert st.phase == "Restarting" and st.restarts == 0 and st.disruptions == 1 and st.ranks[1].restarts == 1
     assert any(e.reason == "WorkerDisrupted" for e in of(out, d.Event))
+    # The survivors would fail on their next collective: the gang moves to a fresh generation at once.
+    assert st.generation == 1 and st.incidents[-1].cause == d.DISRUPTION and not st.incidents[-1].charged
+    assert d.DeleteWorker("j-worker-0", d.REASON_OLD_GENERATION) in of(out, d.DeleteWorker)
     if worker.phase == "Failed":  # no backoff for disruptions
-        assert of(out, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_REPLACE, force=True)]
-        assert of(out, d.CreateWorker) == [d.CreateWorker(1, 0, 1)]
+        assert d.DeleteWorker("j-worker-1", d.REASON_REPLACE, force=True) in of(out, d.DeleteWorker)
 
 
 def test_restart_scope_all_moves_gang_to_new_generation_after_backoff():
     s = spec(failurePolicy={"restartScope": "All"})
-    first = d.decide(job(s, running_status()), seen(w(0), failed(1, 143)))
+    first = decide(job(s, running_status()), seen(w(0), failed(1, 143)))
     st = first.status
     assert st.generation == 1 and st.restarts == 1 and st.phase == "Restarting"
     # Survivor of the old generation goes now; the failed pod stays for the backoff; nothing new yet.
     assert of(first, d.DeleteWorker) == [d.DeleteWorker("j-worker-0", d.REASON_OLD_GENERATION)]
     assert of(first, d.CreateWorker) == []
     assert any(e.reason == "GangRestart" for e in of(first, d.Event))
-    early = d.decide(job(s, st), seen(failed(1, 143), now=T0 + timedelta(seconds=5)))
+    early = decide(job(s, st), seen(failed(1, 143), now=T0 + timedelta(seconds=5)))
     assert of(early, d.CreateWorker) == [] and early.requeue_after == 5  # the backoff holds the gang
-    mid = d.decide(job(s, st), seen(failed(1, 143), now=T0 + timedelta(seconds=10)))
+    mid = decide(job(s, st), seen(failed(1, 143), now=T0 + timedelta(seconds=10)))
     assert mid.status.restarts == 1  # old generation: never charged again
     assert of(mid, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_REPLACE, force=True)]
     assert of(mid, d.CreateWorker) == [d.CreateWorker(0, 1, 0), d.CreateWorker(1, 1, 1)]
@@ -298,27 +308,27 @@ def test_restart_scope_all_moves_gang_to_new_generation_after_backoff():
 
 def test_pod_scope_below_min_replicas_moves_to_fresh_generation():
     # min == replicas (static job): survivors cannot continue, so no one waits on a closed rendezvous.
-    out = d.decide(job(spec(), running_status()), seen(w(0), failed(1, 143)))
+    out = decide(job(spec(), running_status()), seen(w(0), failed(1, 143)))
     assert out.status.generation == 1 and out.status.restarts == 1
     assert d.DeleteWorker("j-worker-0", d.REASON_OLD_GENERATION) in of(out, d.DeleteWorker)
 
 
 def test_pod_scope_elastic_survivors_continue_in_same_generation():
     s = spec(replicas=3, minReplicas=2, maxReplicas=3)
-    out = d.decide(job(s, running_status()), seen(w(0), w(1), failed(2, 143)))
+    out = decide(job(s, running_status()), seen(w(0), w(1), failed(2, 143)))
     assert out.status.generation == 0 and not of(out, d.DeleteWorker)
     assert out.status.world_size == 2
 
 
 def test_generation_is_taken_from_pods_when_status_lags():
-    out = d.decide(job(status=running_status(generation=0)), seen(w(0, generation=2), w(1, generation=2)))
+    out = decide(job(status=running_status(generation=0)), seen(w(0, generation=2), w(1, generation=2)))
     assert out.status.generation == 2 and not of(out, d.DeleteWorker)
 
 
 # ---------------------------------------------------------------- rendezvous store
 
 def test_store_loss_moves_job_to_new_generation_without_charging():
-    out = d.decide(job(status=running_status()), seen(w(0), w(1), store=d.StoreObservation("Failed")))
+    out = decide(job(status=running_status()), seen(w(0), w(1), store=d.StoreObservation("Failed")))
     st = out.status
     assert st.generation == 1 and st.restarts == 0 and st.disruptions == 1 and st.phase == "Restarting"
     assert d.DeleteStore("store pod is Failed") in out.actions
@@ -327,13 +337,13 @@ def test_store_loss_moves_job_to_new_generation_without_charging():
 
 
 def test_store_gone_is_recreated_before_new_generation_workers():
-    out = d.decide(job(status=running_status(generation=1)), seen(store=None))
+    out = decide(job(status=running_status(generation=1)), seen(store=None))
     assert out.actions[0] == d.CreateStore()
     assert of(out, d.CreateWorker) == [d.CreateWorker(0, 1, 0), d.CreateWorker(1, 1, 0)]
 
 
 def test_no_workers_while_store_terminating():
-    out = d.decide(job(status=running_status()), seen(store=d.StoreObservation("Running", terminating_since=T0)))
+    out = decide(job(status=running_status()), seen(store=d.StoreObservation("Running", terminating_since=T0)))
     assert of(out, d.CreateWorker) == [] and of(out, d.CreateStore) == []
 
 
@@ -347,12 +357,12 @@ def test_no_workers_while_store_terminating():
     ("AllWorkers", [w(0, "Succeeded"), failed(1, 143)], "Failed"),
 ])
 def test_success_policy(policy, workers, phase):
-    out = d.decide(job(spec(runPolicy={"successPolicy": policy}), running_status()), seen(*workers))
+    out = decide(job(spec(runPolicy={"successPolicy": policy}), running_status()), seen(*workers))
     assert out.status.phase == phase
 
 
 def test_success_stops_the_rest_and_sets_completion_time():
-    out = d.decide(job(spec(runPolicy={"successPolicy": "RankZero", "cleanPodPolicy": "None"}), running_status()),
+    out = decide(job(spec(runPolicy={"successPolicy": "RankZero", "cleanPodPolicy": "None"}), running_status()),
                    seen(w(0, "Succeeded"), w(1)))
     assert out.status.completion_time == d.rfc3339(T0)
     assert of(out, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_CLEANUP)]
@@ -362,22 +372,22 @@ def test_success_stops_the_rest_and_sets_completion_time():
 @pytest.mark.parametrize("policy, deleted", [("None", set()), ("Running", {"j-worker-0"}),
                                              ("All", {"j-worker-0", "j-worker-1"})])
 def test_clean_pod_policy_on_failure(policy, deleted):
-    out = d.decide(job(spec(runPolicy={"cleanPodPolicy": policy}), running_status()), seen(w(0), failed(1, 1)))
+    out = decide(job(spec(runPolicy={"cleanPodPolicy": policy}), running_status()), seen(w(0), failed(1, 1)))
     assert {a.name for a in of(out, d.DeleteWorker)} == deleted
 
 
 def test_ttl_deletes_finished_job():
     s = spec(runPolicy={"ttlSecondsAfterFinished": 60})
     done = running_status(phase="Succeeded", completionTime=d.rfc3339(T0))
-    early = d.decide(job(s, done), seen(store=None, now=T0 + timedelta(seconds=20)))
+    early = decide(job(s, done), seen(store=None, now=T0 + timedelta(seconds=20)))
     assert early.requeue_after == 40 and not of(early, d.DeleteJob)
-    late = d.decide(job(s, done), seen(store=None, now=T0 + timedelta(seconds=60)))
+    late = decide(job(s, done), seen(store=None, now=T0 + timedelta(seconds=60)))
     assert of(late, d.DeleteJob)
 
 
 def test_finished_job_stays_finished():
     done = running_status(phase="Failed", completionTime=d.rfc3339(T0))
-    out = d.decide(job(status=done), seen(store=None))
+    out = decide(job(status=done), seen(store=None))
     assert out.status.phase == "Failed" and not of(out, d.CreateWorker)
 
 
@@ -385,29 +395,34 @@ def test_finished_job_stays_finished():
 
 def test_scale_up_adds_highest_indices():
     s = spec(replicas=4, minReplicas=1, maxReplicas=4)
-    out = d.decide(job(s, running_status(ranks=[{"index": 0, "pod": "a", "phase": "Running"},
+    out = decide(job(s, running_status(ranks=[{"index": 0, "pod": "a", "phase": "Running"},
                                                 {"index": 1, "pod": "b", "phase": "Running"}]), generation=2),
                    seen(w(0), w(1)))
     assert of(out, d.CreateWorker) == [d.CreateWorker(2, 0, 0), d.CreateWorker(3, 0, 0)]
     assert any(e.reason == "Scaled" for e in of(out, d.Event))
 
 
-def test_scale_down_removes_highest_indices_gracefully():
+def test_scale_down_restarts_the_gang_gracefully_at_the_new_size_without_charging():
+    """Departing peers would break the survivors' next collective: a fresh generation, all stopped with
+    SIGTERM (they checkpoint), restarted at the new size."""
     s = spec(replicas=1, minReplicas=1, maxReplicas=3)
-    out = d.decide(job(s, running_status()), seen(w(0), w(1), w(2)))
-    assert of(out, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_SCALE_DOWN),
-                                       d.DeleteWorker("j-worker-2", d.REASON_SCALE_DOWN)]
-    assert out.status.phase == "Running" and out.status.restarts == 0
+    out = decide(job(s, running_status()), seen(w(0), w(1), w(2)))
+    assert of(out, d.DeleteWorker) == [d.DeleteWorker(f"j-worker-{i}", d.REASON_OLD_GENERATION) for i in range(3)]
+    st = out.status
+    assert st.phase == "Restarting" and st.restarts == 0 and st.disruptions == 0 and st.generation == 1
+    assert st.incidents[-1].cause == d.REASON_SCALE_DOWN and not st.incidents[-1].charged
+    gone = decide(job(s, st), seen())
+    assert of(gone, d.CreateWorker) == [d.CreateWorker(0, 1, 0)]
 
 
 def test_suspend_deletes_pods_and_resume_recreates_them():
     s = spec(checkpoint={"claimTemplate": {"size": "1Gi"}}, runPolicy={"suspend": True})
-    out = d.decide(job(s, running_status()), seen(w(0), w(1)))
+    out = decide(job(s, running_status()), seen(w(0), w(1)))
     assert out.status.phase == "Suspended"
     assert {a.name for a in of(out, d.DeleteWorker)} == {"j-worker-0", "j-worker-1"}
     assert of(out, d.DeleteStore) == [d.DeleteStore(d.REASON_SUSPENDED)]
     assert next(c for c in out.status.conditions if c.type == "Suspended").status == "True"
-    resumed = d.decide(job(spec(checkpoint={"claimTemplate": {"size": "1Gi"}}), out.status),
+    resumed = decide(job(spec(checkpoint={"claimTemplate": {"size": "1Gi"}}), out.status),
                        seen(store=None, now=T0 + timedelta(hours=1)))
     assert resumed.status.phase == "Pending" and len(of(resumed, d.CreateWorker)) == 2
     assert resumed.status.start_time == d.rfc3339(T0 + timedelta(hours=1))
@@ -417,9 +432,9 @@ def test_suspend_deletes_pods_and_resume_recreates_them():
 
 def test_active_deadline_fails_with_deadline_exceeded():
     s = spec(runPolicy={"activeDeadlineSeconds": 100})
-    before = d.decide(job(s, running_status()), seen(w(0), w(1), now=T0 + timedelta(seconds=40)))
+    before = decide(job(s, running_status()), seen(w(0), w(1), now=T0 + timedelta(seconds=40)))
     assert before.status.phase == "Running" and before.requeue_after == 60
-    after = d.decide(job(s, running_status()), seen(w(0), w(1), now=T0 + timedelta(seconds=100)))
+    after = decide(job(s, running_status()), seen(w(0), w(1), now=T0 + timedelta(seconds=100)))
     assert after.status.phase == "Failed" and after.status.conditions[-1].reason == "DeadlineExceeded"
     assert {a.name for a in of(after, d.DeleteWorker)} == {"j-worker-0", "j-worker-1"}
 
@@ -429,40 +444,43 @@ def test_stuck_terminating_pod_is_force_deleted_after_timeout_then_replaced():
     opts = d.Options(stuck_terminating_seconds=30)
     status = running_status(ranks=[{"index": 1, "pod": "j-worker-1", "phase": "Running", "restarts": 1}])
     stuck = w(1, "Running", terminating_since=T0)  # its loss was already recorded (restarts 1)
-    early = d.decide(job(s, status), seen(w(0), stuck, now=T0 + timedelta(seconds=10)), opts)
+    early = decide(job(s, status), seen(w(0), stuck, now=T0 + timedelta(seconds=10)), opts)
     assert not of(early, d.DeleteWorker) and early.requeue_after == 20
-    late = d.decide(job(s, status), seen(w(0), stuck, now=T0 + timedelta(seconds=30)), opts)
+    late = decide(job(s, status), seen(w(0), stuck, now=T0 + timedelta(seconds=30)), opts)
     assert of(late, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_STUCK_TERMINATING, force=True)]
-    gone = d.decide(job(s, late.status), seen(w(0), now=T0 + timedelta(seconds=31)), opts)
+    gone = decide(job(s, late.status), seen(w(0), now=T0 + timedelta(seconds=31)), opts)
     assert of(gone, d.CreateWorker) == [d.CreateWorker(1, 0, 1)]
 
 
 def test_transition_events_on_every_phase_change():
-    out = d.decide(job(status=running_status(phase="Pending")), seen(w(0), w(1)))
+    out = decide(job(status=running_status(phase="Pending")), seen(w(0), w(1)))
     transitions = [e for e in of(out, d.Event) if "->" in e.message]
     assert [e.message.split(":")[0] for e in transitions] == ["Pending -> Running"]
 
 
 def test_pod_deleted_behind_our_back_is_a_disruption_and_replaced():
     s = spec(minReplicas=1)
-    status = d.decide(job(s, running_status()), seen(w(0), w(1))).status
-    out = d.decide(job(s, status), seen(w(0)))  # worker 1 force-deleted by someone else
+    status = decide(job(s, running_status()), seen(w(0), w(1))).status
+    out = decide(job(s, status), seen(w(0)))  # worker 1 force-deleted by someone else
     st = out.status
-    assert st.disruptions == 1 and st.restarts == 0 and st.ranks[1].restarts == 1
-    assert st.ranks[1].last_reason == d.REASON_POD_VANISHED
-    assert of(out, d.CreateWorker) == [d.CreateWorker(1, 0, 1)]
-    again = d.decide(job(s, st), seen(w(0)))  # replacement not seen yet: nothing charged twice
-    assert again.status.disruptions == 1 and of(again, d.CreateWorker) == [d.CreateWorker(1, 0, 1)]
+    assert st.disruptions == 1 and st.restarts == 0 and st.generation == 1
+    assert st.incidents[-1].reason == d.REASON_POD_VANISHED and st.incidents[-1].ranks == [1]
+    assert of(out, d.DeleteWorker) == [d.DeleteWorker("j-worker-0", d.REASON_OLD_GENERATION)]
+    again = decide(job(s, st), seen(w(0, terminating_since=T0)))  # nothing charged twice
+    assert again.status.disruptions == 1 and not of(again, d.CreateWorker)
+    done = decide(job(s, again.status), seen())
+    assert done.status.disruptions == 1 and of(done, d.CreateWorker) == [d.CreateWorker(0, 1, 0),
+                                                                         d.CreateWorker(1, 1, 1)]
 
 
 def test_resume_while_suspended_pods_still_terminate_charges_nothing_and_waits():
-    suspended = d.decide(job(spec(runPolicy={"suspend": True}), running_status()), seen(w(0), w(1)))
+    suspended = decide(job(spec(runPolicy={"suspend": True}), running_status()), seen(w(0), w(1)))
     assert suspended.status.generation == 1
     stopping = (w(0, terminating_since=T0), w(1, terminating_since=T0))
-    resumed = d.decide(job(spec(), suspended.status), seen(*stopping, store=None))
+    resumed = decide(job(spec(), suspended.status), seen(*stopping, store=None))
     st = resumed.status
     assert st.restarts == 0 and st.disruptions == 0 and of(resumed, d.CreateWorker) == []
-    done = d.decide(job(spec(), st), seen(store=d.StoreObservation("Pending")))
+    done = decide(job(spec(), st), seen(store=d.StoreObservation("Pending")))
     assert of(done, d.CreateWorker) == [d.CreateWorker(0, 1, 0), d.CreateWorker(1, 1, 0)]
 
 
@@ -482,7 +500,7 @@ def test_a_pod_that_cannot_start_fails_the_job_naming_the_field(worker_waiting, 
                                                                 failed_field):
     now = T0 + timedelta(seconds=after)
     store = d.StoreObservation("Pending", waiting=store_waiting)
-    out = d.decide(job(status=running_status()),
+    out = decide(job(status=running_status()),
                    seen(w(0, "Pending", waiting=worker_waiting), w(1, "Pending"), store=store, now=now))
     if failed_field is None:
         assert out.status.phase != "Failed"

@@ -1,0 +1,120 @@
+"""The pure decision layer: (job, observed workers and store, now) -> new status + actions.
+
+Shared by the operator (pods) and the local runner (processes): no I/O, no kopf, no manifests,
+no clock (`now` comes in). Level-based: the same inputs always give the same decision, and
+re-running a decision after its actions half-happened converges (an incident is charged once: the
+generation it ends is left behind, and same-generation replacements are keyed on each pod's
+`attempt`).
+
+Vocabulary: a *rank* is a replica index i (`<job>-worker-i`); the *generation* is the rendezvous
+generation (rdzv id `<uid>-g<generation>`); an *incident* is one failure or disruption of a
+generation with every exit it causes. The concerns live in their own modules: `accounting`
+(incidents and the budget), `generations` (fresh rendezvous, replacement, scaling, suspend),
+`completion` (success, deadlines, pods that cannot start, refused objects, finished jobs).
+"""
+
+from __future__ import annotations
+
+from .. import builders, model
+from .accounting import (account_incident, backoff_seconds, classify_exit, rendezvous_closed,
+                         rendezvous_failed)
+from .common import (MESSAGE_LIMIT, Plan, parse_time, rfc3339, set_condition, set_phase, short_message)
+from .completion import cannot_start, deadline_passed, finished, invalid_spec, rejected, succeeded
+from .generations import replace_and_create, resized, store_lost, suspend
+from .types import *  # noqa: F403 - the layer's vocabulary is part of its interface
+from .types import (CONDITION_SPEC_REJECTED, PHASE_CONDITIONS, REASON_RESUMED, TERMINAL_PHASES, CreateWorker,
+                    Decision, DeleteStore, DeleteWorker, JobView, Observed, Options)
+
+__all__ = ["decide", "accounting", "classify_exit", "backoff_seconds", "rendezvous_failed", "rendezvous_closed",
+           "parse_time", "rfc3339", "set_condition", "short_message", "MESSAGE_LIMIT"]
+
+
+def accounting(status: model.DDPJobStatus) -> tuple[object, ...]:
+    """The status fields that must be on record before the actions they cause: charged incidents,
+    generations, rank counters, and the start time (a resume's deadline and its one event)."""
+    return (status.restarts, status.disruptions, status.generation, status.start_time,
+            tuple((r.index, r.restarts) for r in status.ranks))
+
+
+def decide(job: JobView, observed: Observed, options: Options = Options()) -> Decision:
+    plan = Plan(job, observed, options)
+    if job.deleting:
+        return Decision(status=job.status)  # ownerReferences garbage-collect the children
+    if job.spec is None:
+        invalid_spec(plan)
+    elif job.status.phase in TERMINAL_PHASES:
+        finished(plan, job.spec)
+    elif job.spec.run_policy.suspend:
+        _prepare(plan)
+        suspend(plan, job.spec)
+    else:
+        _prepare(plan)
+        _active(plan, job.spec)
+    return _finish(plan)
+
+
+def _prepare(plan: Plan) -> None:
+    status = plan.status
+    status.selector = builders.selector_string(builders.worker_selector(plan.job.name))
+    status.observed_generation = plan.job.metadata_generation
+    # The highest generation seen wins: pods may be ahead of a status write that was lost.
+    status.generation = max([status.generation] + [w.generation for w in plan.observed.workers])
+    status.conditions = [c for c in status.conditions if c.type != CONDITION_SPEC_REJECTED]
+
+
+def _active(plan: Plan, spec: model.DDPJobSpec) -> None:
+    status = plan.status
+    if status.phase == "Suspended":
+        plan.event("Normal", REASON_RESUMED, "resumed: recreating workers; training continues from the "
+                                             "last checkpoint")
+        status.start_time = None  # like a Job: the deadline counts from the resume
+    if status.start_time is None:
+        status.start_time = rfc3339(plan.now)  # written before the workers it starts (see accounting)
+    # Success first: a finished rendezvous is closed, nothing may join it any more. Then what ends
+    # the job, then what moves it to a fresh generation, then the incident, then the desired pods.
+    for step in (succeeded, deadline_passed, rejected, cannot_start, account_incident, store_lost, resized):
+        if step(plan, spec):
+            return
+    replace_and_create(plan, spec)
+
+
+def _finish(plan: Plan) -> Decision:
+    """Conditions and the transition event follow from the phase; unchanged ones keep their time."""
+    old, status, now = plan.job.status, plan.status, plan.now
+    generation = plan.job.metadata_generation
+    conditions = list(status.conditions)
+    if any(isinstance(a, CreateWorker) for a in plan.actions) or any(c.type == "Created" for c in conditions):
+        conditions = set_condition(conditions, "Created", "True", "WorkersCreated",
+                                   "worker pods were created", now, generation)
+    if plan.phase_reason:  # the phase was (re)decided in this pass
+        for type_ in PHASE_CONDITIONS:
+            previous = next((c for c in conditions if c.type == type_), None)
+            if type_ == status.phase:
+                conditions = set_condition(conditions, type_, "True", plan.phase_reason, plan.phase_message,
+                                           now, generation)
+            elif previous is not None and previous.status == "True":
+                conditions = set_condition(conditions, type_, "False", previous.reason, previous.message,
+                                           now, generation)
+    status.conditions = conditions
+    if status.phase != old.phase:
+        warning = status.phase in ("Failed", "Restarting")
+        plan.event("Warning" if warning else "Normal", plan.phase_reason,
+                   f"{old.phase or 'New'} -> {status.phase}: {plan.phase_message}")
+    requeue = min(plan.wakeups) if plan.wakeups else None
+    return Decision(status=status, actions=tuple(_dedupe(plan.actions)), requeue_after=requeue)
+
+
+def _dedupe(actions: list) -> list:
+    """Keep the first action per target (two rules may pick the same pod in one pass)."""
+    seen: set[object] = set()
+    out = []
+    for action in actions:
+        key: object = action
+        if isinstance(action, DeleteWorker):
+            key = ("worker", action.name, action.force)
+        elif isinstance(action, DeleteStore):
+            key = ("store", action.force)
+        if key not in seen:
+            seen.add(key)
+            out.append(action)
+    return out

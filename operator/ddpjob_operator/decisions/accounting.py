@@ -1,0 +1,177 @@
+"""Failure accounting: exited and lost workers -> incidents -> at most one charge each.
+
+An *incident* is the first failure or disruption of a generation together with every exit it causes
+(a dead peer makes every survivor's trainer fail on its next collective, and with `--max-restarts=0`
+their agents exit too). It is charged once, by its cause:
+
+- any member disrupted (eviction, preemption, node loss, a deletion the operator did not ask for)
+  -> a disruption: `status.disruptions` + 1, never the budget;
+- else any member failed retryably (a signal, OOMKilled, `retryableExitCodes`, a failed rendezvous)
+  -> `status.restarts` + 1, or the job fails when the budget is spent;
+- else (exit codes 1-127 only) -> the user's error: the job fails at once, nothing charged;
+- a replacement that only met a rendezvous its peers had closed, or that timed out waiting for a
+  peer the scheduler cannot place, caused nothing: nothing is charged.
+
+Peers' exits may reach the operator before the exit that caused them (each pod's status comes from
+its own kubelet), so an incident that would fail the job, or keep the survivors, waits for the rest
+of the generation to exit, at most `Options.incident_settle_seconds` after it began.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from .. import builders, model
+from .common import Plan, describe_failure, fail, record_failure, rfc3339
+from .types import (CONSEQUENCE, DISRUPTION, MISSING, PERMANENT, REASON_BUDGET_EXHAUSTED, REASON_GANG_RESTART,
+                    REASON_PERMANENT_ERROR, REASON_POD_DELETED, REASON_POD_VANISHED, REASON_RENDEZVOUS_CLOSED,
+                    REASON_WORKER_DISRUPTED, REASON_WORKER_FAILED, RETRYABLE, FailureClass, WorkerObservation)
+
+CLOSED_ERROR = "RendezvousClosedError"
+
+
+def rendezvous_failed(message: str | None) -> bool:
+    """The launcher's word that torchrun never formed the group (not the trainer's failure)."""
+    return bool(message) and message.startswith(builders.RENDEZVOUS_FAILED_PREFIX)
+
+
+def rendezvous_closed(message: str | None) -> bool:
+    """The launcher's word that its exit closed the generation's rendezvous for every agent."""
+    return bool(message) and message.rstrip().endswith(builders.RENDEZVOUS_CLOSED_MARK)
+
+
+def classify_exit(exit_code: int | None, reason: str | None, disruption: bool,
+                  policy: model.FailurePolicy, message: str | None = None) -> FailureClass:
+    """Which kind of failure one exit is, by the job's exit-code rules (explicit lists win)."""
+    if disruption:
+        return DISRUPTION
+    if rendezvous_failed(message) and CLOSED_ERROR in (message or ""):
+        return CONSEQUENCE  # it joined a generation its peers had already closed
+    if exit_code is not None and exit_code in policy.permanent_exit_codes:
+        return PERMANENT
+    if exit_code is not None and exit_code in policy.retryable_exit_codes:
+        return RETRYABLE
+    if reason == "OOMKilled" or rendezvous_failed(message):
+        return RETRYABLE
+    if exit_code is None or exit_code >= 128:
+        return RETRYABLE  # killed by a signal, or the pod died without a container exit code
+    return PERMANENT  # 1-127: the user's program said no
+
+
+def backoff_seconds(restarts: int, backoff: model.Backoff) -> float:
+    """Delay before the `restarts`-th charged restart (1-based) is carried out."""
+    if restarts <= 0:
+        return 0.0
+    return float(min(backoff.initial_seconds * backoff.factor ** (restarts - 1), backoff.max_seconds))
+
+
+def _member_class(plan: Plan, spec: model.DDPJobSpec, w: WorkerObservation) -> FailureClass:
+    if w.terminating_since is not None:
+        # The operator never deletes a live worker of the current generation below `replicas`: someone
+        # else did (kubectl delete pod, the taint manager), whatever the exit code it then ended with.
+        return DISRUPTION
+    kind = classify_exit(w.exit_code, w.reason, w.disruption, spec.failure_policy, w.message)
+    if kind == RETRYABLE and rendezvous_failed(w.message) and _capacity_wait(plan):
+        return CONSEQUENCE  # it timed out waiting for a peer the scheduler cannot place: queueing
+    return kind
+
+
+def _capacity_wait(plan: Plan) -> bool:
+    store = plan.observed.store
+    return any(w.unschedulable is not None for w in plan.observed.workers) or \
+        (store is not None and store.unschedulable is not None)
+
+
+def _members(plan: Plan, spec: model.DDPJobSpec,
+             current: list[WorkerObservation]) -> list[tuple[WorkerObservation, FailureClass]]:
+    """The exited or lost workers of the generation not accounted for yet."""
+    members = []
+    for w in current:
+        rank = plan.rank(w.index)
+        rank.restarts = max(rank.restarts, w.attempt)
+        ended = w.phase == "Failed" or (w.phase != "Succeeded" and w.terminating_since is not None)
+        if ended and w.attempt == rank.restarts:
+            members.append((w, _member_class(plan, spec, w)))
+    present = {w.index for w in current}
+    for index in range(spec.replicas):
+        rank = plan.rank(index)
+        if index not in present and rank.phase in ("Pending", "Running"):
+            # Seen alive, now gone, and the operator never deletes such a pod: force-deleted behind its
+            # back (kubectl delete --force, node garbage collection). A disruption.
+            gone = WorkerObservation(index=index, name=rank.pod, generation=plan.status.generation, phase=MISSING,
+                                     attempt=rank.restarts, reason=REASON_POD_VANISHED, disruption=True)
+            members.append((gone, DISRUPTION))
+    return members
+
+
+def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
+    """Charge the generation's open incident once. True when there is nothing more to do in this
+    pass: the job failed, or the incident is still gathering the exits it causes."""
+    status, policy = plan.status, spec.failure_policy
+    current = [w for w in plan.current() if w.index < spec.replicas]
+    members = _members(plan, spec, current)
+    if not members:
+        return False
+    classes = {kind for _, kind in members}
+    cause = next(k for k in (DISRUPTION, RETRYABLE, PERMANENT, CONSEQUENCE) if k in classes)
+    in_incident = {w.name for w, _ in members}
+    survivors = [w for w in current if w.live and w.name not in in_incident]
+    gang = policy.restart_scope == "All"
+    closed = any(rendezvous_closed(w.message) or rendezvous_failed(w.message) for w, _ in members)
+    finished = [w.finished_at for w, _ in members]
+    if survivors and None not in finished and (cause == PERMANENT or (cause == RETRYABLE and not gang and not closed)):
+        # The exit that caused these may still be on its way, and survivors may be about to follow.
+        settles = min(finished) + timedelta(seconds=plan.options.incident_settle_seconds)  # type: ignore[type-var]
+        if plan.now < settles:
+            plan.wake_at(settles)
+            return True
+
+    root = min((w for w, kind in members if kind == cause),
+               key=lambda w: (w.finished_at or plan.now, w.index))
+    began = min((t for t in finished if t is not None), default=plan.now)
+    others = len(members) - 1
+    summary = describe_failure(root) + (f" (and {others} more worker{'s' if others > 1 else ''} of generation "
+                                        f"{status.generation} with it)" if others else "")
+    charged = cause == RETRYABLE
+    budget_spent = charged and status.restarts + 1 > policy.max_restarts
+    reason = {DISRUPTION: root.reason or REASON_POD_DELETED, RETRYABLE: REASON_WORKER_FAILED,
+              PERMANENT: REASON_PERMANENT_ERROR, CONSEQUENCE: REASON_RENDEZVOUS_CLOSED}[cause]
+    plan.record_incident(model.Incident(
+        generation=status.generation, time=rfc3339(began), cause=cause, reason=reason,
+        charged=charged and not budget_spent, message=summary, ranks=sorted({w.index for w, _ in members})))
+    if cause == PERMANENT:
+        fail(plan, spec, REASON_PERMANENT_ERROR,
+             f"{summary}: a permanent error by failurePolicy (exit codes 1-127 unless listed in "
+             f"retryableExitCodes)", root)
+        return True
+    if budget_spent:
+        fail(plan, spec, REASON_BUDGET_EXHAUSTED,
+             f"{summary}; the restart budget failurePolicy.maxRestarts={policy.max_restarts} is spent", root)
+        return True
+
+    for w, _ in members:
+        record_failure(plan, w)
+        plan.rank(w.index).restarts += 1
+    if charged:
+        status.restarts += 1
+        plan.event("Warning", REASON_WORKER_FAILED,
+                   f"{summary}; restarting (restart {status.restarts} of {policy.max_restarts})")
+    elif cause == DISRUPTION:
+        status.disruptions += 1
+        plan.event("Warning", REASON_WORKER_DISRUPTED,
+                   f"{summary}: disrupted ({root.reason or 'deleted'}); replacing it without charging the "
+                   f"restart budget")
+    else:
+        plan.event("Normal", REASON_RENDEZVOUS_CLOSED,
+                   f"{summary}: the generation's rendezvous was closed; starting a fresh one (not charged)")
+
+    if gang or closed or cause != RETRYABLE or len(survivors) < spec.min_nodes:
+        # A closed or failed rendezvous never reopens, a disrupted gang's survivors fail on their next
+        # collective, and below minReplicas no round can form: every worker moves to a fresh generation.
+        status.generation += 1
+        why = ("restartScope All" if gang else "its rendezvous was closed" if closed
+               else "a disruption" if cause == DISRUPTION else "the rendezvous cannot continue"
+               if cause == CONSEQUENCE else f"fewer than minReplicas={spec.min_nodes} workers left")
+        plan.event("Normal", REASON_GANG_RESTART,
+                   f"restarting all workers in rendezvous generation {status.generation} ({why})")
+    return False

@@ -1,0 +1,188 @@
+"""Pure helpers shared by the decision concerns: time, conditions, messages, the per-call plan, and
+the phase/terminal/cleanup steps every concern ends with."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Literal
+
+from .. import builders, model
+from .types import (INCIDENT_HISTORY, MISSING, Action, DeleteJob, DeleteStore, DeleteWorker, Event, JobView,
+                    Observed, Options, REASON_CLEANUP, REASON_STUCK_TERMINATING, WorkerObservation)
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def set_condition(conditions: list[model.Condition], type_: str, status: str, reason: str, message: str,
+                  now: datetime, observed_generation: int | None) -> list[model.Condition]:
+    """Upsert one condition; lastTransitionTime only moves when its status flips."""
+    out, found = [], False
+    for cond in conditions:
+        if cond.type != type_:
+            out.append(cond)
+            continue
+        found = True
+        moved = cond.status != status
+        out.append(model.Condition(type=type_, status=status, reason=reason, message=message,
+                                   last_transition_time=rfc3339(now) if moved else cond.last_transition_time,
+                                   observed_generation=observed_generation))
+    if not found:
+        out.append(model.Condition(type=type_, status=status, reason=reason, message=message,
+                                   last_transition_time=rfc3339(now), observed_generation=observed_generation))
+    return out
+
+
+def condition(status: model.DDPJobStatus, type_: str) -> model.Condition | None:
+    return next((c for c in status.conditions if c.type == type_), None)
+
+
+# Termination messages go into conditions, events and the rank status: one short line.
+MESSAGE_LIMIT = 300
+
+
+def short_message(text: str | None) -> str | None:
+    """One line of at most MESSAGE_LIMIT characters, keeping its start (the launcher's summary) and
+    its end (the last words of a log tail)."""
+    line = " ".join((text or "").split())
+    if len(line) <= MESSAGE_LIMIT:
+        return line or None
+    half = (MESSAGE_LIMIT - 5) // 2
+    return f"{line[:half]} ... {line[-half:]}"
+
+
+def describe_failure(w: WorkerObservation) -> str:
+    code = "unknown exit code" if w.exit_code is None else f"exit code {w.exit_code}"
+    described = f"worker {w.index} (pod {w.name}) failed with {code}, reason {w.reason or 'unknown'}"
+    message = short_message(w.message)
+    return f"{described} ({message})" if message else described
+
+
+class Plan:
+    """Mutable scratch state of one decide() call; frozen into a Decision at the end."""
+
+    def __init__(self, job: JobView, observed: Observed, options: Options):
+        self.job, self.observed, self.now, self.options = job, observed, observed.now, options
+        self.status = job.status.model_copy(deep=True)
+        self.actions: list[Action] = []
+        self.wakeups: list[float] = []
+        self.phase_reason = ""
+        self.phase_message = ""
+
+    def act(self, action: Action) -> None:
+        self.actions.append(action)
+
+    def event(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+        self.actions.append(Event(type_, reason, message))
+
+    def wake_at(self, moment: datetime) -> None:
+        self.wakeups.append(max(0.0, (moment - self.now).total_seconds()))
+
+    def rank(self, index: int) -> model.RankStatus:
+        for entry in self.status.ranks:
+            if entry.index == index:
+                return entry
+        entry = model.RankStatus(index=index, pod=builders.worker_name(self.job.name, index), phase=MISSING)
+        self.status.ranks.append(entry)
+        return entry
+
+    def current(self) -> list[WorkerObservation]:
+        """Workers of the generation in use."""
+        return [w for w in self.observed.workers if w.generation == self.status.generation]
+
+    def record_incident(self, incident: model.Incident) -> None:
+        self.status.incidents = (self.status.incidents + [incident])[-INCIDENT_HISTORY:]
+
+
+def set_phase(plan: Plan, phase: str, reason: str, message: str) -> None:
+    plan.status.phase = phase  # type: ignore[assignment]
+    plan.status.message = message
+    plan.phase_reason, plan.phase_message = reason, message
+
+
+def update_counts(plan: Plan, spec: model.DDPJobSpec, current: list[WorkerObservation]) -> None:
+    status = plan.status
+    live = [w for w in current if w.live]
+    status.replicas = len(live)
+    status.ready_replicas = sum(1 for w in live if w.ready)
+    status.world_size = sum(1 for w in live if w.phase == "Running") * spec.nproc_per_node
+    observed = {w.index: w for w in current}
+    ranks = []
+    for i in sorted(set(range(spec.replicas)) | set(observed)):
+        rank, w = plan.rank(i), observed.get(i)
+        rank.pod = builders.worker_name(plan.job.name, i)
+        rank.phase = MISSING if w is None else ("Terminating" if w.terminating_since else w.phase)
+        rank.ready = bool(w and w.ready)
+        rank.node = w.node if w else None
+        ranks.append(rank)
+    status.ranks = ranks
+
+
+def record_failure(plan: Plan, w: WorkerObservation) -> None:
+    rank = plan.rank(w.index)
+    rank.last_exit_code = w.exit_code
+    rank.last_reason = w.reason
+    rank.last_message = short_message(w.message)
+
+
+def enter_terminal(plan: Plan, phase: str, reason: str, message: str) -> None:
+    plan.status.completion_time = plan.status.completion_time or rfc3339(plan.now)
+    set_phase(plan, phase, reason, message)
+    if plan.job.spec is not None:
+        update_counts(plan, plan.job.spec, plan.current())
+        ttl(plan, plan.job.spec)
+
+
+def fail(plan: Plan, spec: model.DDPJobSpec, reason: str, message: str,
+         worker: WorkerObservation | None = None) -> None:
+    if worker is not None:
+        record_failure(plan, worker)
+    enter_terminal(plan, "Failed", reason, message)
+    cleanup(plan, spec.run_policy.clean_pod_policy)
+
+
+def cleanup(plan: Plan, clean_pod_policy: str) -> None:
+    """Stop pods of a finished job: workers per cleanPodPolicy, the store always."""
+    for w in plan.observed.workers:
+        if w.terminating_since is not None:
+            continue
+        if clean_pod_policy == "All" or (clean_pod_policy == "Running" and not w.exited):
+            plan.act(DeleteWorker(w.name, REASON_CLEANUP))
+    store = plan.observed.store
+    if store is not None and store.terminating_since is None:
+        plan.act(DeleteStore(REASON_CLEANUP))
+
+
+def ttl(plan: Plan, spec: model.DDPJobSpec) -> None:
+    seconds = spec.run_policy.ttl_seconds_after_finished
+    finished = parse_time(plan.status.completion_time)
+    if seconds is None or finished is None:
+        return
+    expires = finished + timedelta(seconds=seconds)
+    if plan.now >= expires:
+        plan.act(DeleteJob(f"ttlSecondsAfterFinished={seconds} passed since completion"))
+    else:
+        plan.wake_at(expires)
+
+
+def force_stuck(plan: Plan) -> None:
+    """Pods stuck Terminating (unreachable node) are force-deleted after the configured timeout."""
+    limit = timedelta(seconds=plan.options.stuck_terminating_seconds)
+    stuck: list[tuple[datetime, Action]] = [
+        (w.terminating_since, DeleteWorker(w.name, REASON_STUCK_TERMINATING, force=True))
+        for w in plan.observed.workers if w.terminating_since is not None]
+    store = plan.observed.store
+    if store is not None and store.terminating_since is not None:
+        stuck.append((store.terminating_since, DeleteStore(REASON_STUCK_TERMINATING, force=True)))
+    for since, action in stuck:
+        if plan.now >= since + limit:
+            plan.act(action)
+        else:
+            plan.wake_at(since + limit)

@@ -1,0 +1,219 @@
+"""The decision layer's vocabulary: its inputs (what was observed), its outputs (actions, the
+decision) and the one spelling of every reason it writes. No logic here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal, Union
+
+from .. import model
+from ..validation import FieldError
+
+# Failure classes of one exited or lost worker.
+PERMANENT = "Permanent"
+RETRYABLE = "Retryable"
+DISRUPTION = "Disruption"
+# An exit that another member of the incident caused (a replacement that met a rendezvous its
+# peers had closed): never the incident's cause.
+CONSEQUENCE = "Consequence"
+FailureClass = Literal["Permanent", "Retryable", "Disruption", "Consequence"]
+
+# Reasons (status conditions, events, RankStatus.last_reason, incidents). One spelling each.
+REASON_INVALID_SPEC = "InvalidSpec"
+REASON_PERMANENT_ERROR = "PermanentError"
+REASON_BUDGET_EXHAUSTED = "RestartBudgetExhausted"
+REASON_DEADLINE = "DeadlineExceeded"
+REASON_STORE_LOST = "RendezvousStoreLost"
+REASON_FAILED_AFTER_COMPLETION = "FailedAfterCompletion"
+REASON_SUCCEEDED = "Succeeded"
+REASON_SCALED = "Scaled"
+REASON_WORKER_FAILED = "WorkerFailed"
+REASON_WORKER_DISRUPTED = "WorkerDisrupted"
+REASON_GANG_RESTART = "GangRestart"
+REASON_STUCK_TERMINATING = "StuckTerminating"
+REASON_SUSPENDED = "Suspended"
+REASON_RESUMED = "Resumed"
+REASON_OLD_GENERATION = "OldGeneration"
+REASON_CLEANUP = "JobFinished"
+REASON_SCALE_DOWN = "ScaleDown"
+REASON_RANGE_CHANGED = "NodeRangeChanged"
+REASON_REPLACE = "Replace"
+REASON_CANNOT_START = "ContainerCannotStart"
+REASON_VOLUME_UNAVAILABLE = "VolumeUnavailable"
+REASON_POD_VANISHED = "PodVanished"
+REASON_POD_DELETED = "PodDeleted"
+REASON_RENDEZVOUS_CLOSED = "RendezvousClosed"
+REASON_UNSCHEDULABLE = "Unschedulable"
+REASON_POD_REJECTED = "PodRejected"
+REASON_NAME_CONFLICT = "NameConflict"
+REASON_QUOTA = "QuotaExceeded"
+
+# Container waiting reasons that never clear by themselves (a wrong image, a missing secret); a pod
+# stuck in one past Options.cannot_start_seconds fails the job instead of leaving it Pending forever.
+CANNOT_START_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                                  "CreateContainerConfigError", "CreateContainerError"})
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+PHASE_CONDITIONS = ("Running", "Restarting", "Suspended", "Succeeded", "Failed")
+CONDITION_SPEC_REJECTED = "SpecRejected"
+CONDITION_UNSCHEDULABLE = "PodsUnschedulable"
+CONDITION_CREATE_BLOCKED = "CreateBlocked"
+# Pod phases of a worker that has stopped on its own.
+EXITED = ("Succeeded", "Failed")
+MISSING = "Missing"
+# status.incidents keeps this many, newest last.
+INCIDENT_HISTORY = 10
+
+# ---------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class JobView:
+    name: str
+    namespace: str
+    uid: str
+    metadata_generation: int
+    created_at: datetime
+    spec: model.DDPJobSpec | None  # None when the stored spec cannot be run: see spec_errors
+    status: model.DDPJobStatus = field(default_factory=model.DDPJobStatus)
+    spec_errors: tuple[FieldError, ...] = ()
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A container that has not started: kubelet's waiting reason, its message, since when."""
+
+    reason: str
+    message: str | None
+    since: datetime
+
+
+@dataclass(frozen=True)
+class WorkerObservation:
+    index: int
+    name: str
+    generation: int
+    phase: str  # Pending, Running, Succeeded, Failed, Unknown
+    attempt: int = 0  # the rank's replacement count when this pod/process was created
+    ready: bool = False
+    exit_code: int | None = None  # 128+N for signal N
+    reason: str | None = None  # OOMKilled, Evicted, Error, ...
+    message: str | None = None  # the termination message: failed rank, exit code, error
+    disruption: bool = False  # eviction, preemption, node loss: not the user's fault
+    # Being stopped; the stuck timeout counts from here: for a pod, the end of its grace period.
+    terminating_since: datetime | None = None
+    node: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    waiting: Waiting | None = None
+    node_range: str | None = None  # the `--nnodes` its agent was started with ("2-4")
+    unschedulable: Waiting | None = None  # the scheduler's PodScheduled=False reason and message
+
+    @property
+    def exited(self) -> bool:
+        return self.phase in EXITED
+
+    @property
+    def live(self) -> bool:
+        return not self.exited and self.terminating_since is None
+
+
+@dataclass(frozen=True)
+class StoreObservation:
+    phase: str
+    ready: bool = False
+    terminating_since: datetime | None = None
+    waiting: Waiting | None = None
+    unschedulable: Waiting | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.phase not in EXITED and self.terminating_since is None
+
+
+@dataclass(frozen=True)
+class CreateRejected:
+    """The API server refused to create one of the job's objects (admission, validation, quota, or
+    a name held by an object that is not the job's)."""
+
+    kind: str  # Pod, Service, PersistentVolumeClaim
+    name: str
+    status: int  # HTTP status
+    reason: str  # the server's reason (Forbidden, Invalid, AlreadyExists, ...)
+    message: str
+    at: datetime
+    not_owned: bool = False  # 409 on a name that belongs to another object
+
+
+@dataclass(frozen=True)
+class Observed:
+    workers: tuple[WorkerObservation, ...]
+    store: StoreObservation | None
+    now: datetime
+    rejected: tuple[CreateRejected, ...] = ()
+
+
+@dataclass(frozen=True)
+class Options:
+    """Operator-wide knobs (from operator settings), not part of any job."""
+
+    stuck_terminating_seconds: float = 300.0
+    cannot_start_seconds: float = 300.0  # a pod waiting on CANNOT_START_REASONS this long fails the job
+    # An incident stays open this long after its first failure for the exits it causes (a peer's
+    # trainer fails on its next collective) to be counted with it, not as incidents of their own.
+    incident_settle_seconds: float = 10.0
+
+
+# ---------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class CreateStore:
+    pass
+
+
+@dataclass(frozen=True)
+class DeleteStore:
+    reason: str
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class CreateWorker:
+    index: int
+    generation: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class DeleteWorker:
+    name: str
+    reason: str
+    force: bool = False  # grace period 0: for pods stuck terminating on an unreachable node
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    reason: str
+
+
+Action = Union[CreateStore, DeleteStore, CreateWorker, DeleteWorker, Event, DeleteJob]
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: model.DDPJobStatus
+    actions: tuple[Action, ...] = ()
+    requeue_after: float | None = None  # seconds until the decision may change without any event
+
+    def status_changed(self, old: model.DDPJobStatus) -> bool:
+        return self.status.wire() != old.wire()

@@ -1,0 +1,254 @@
+"""Incidents: one failure or disruption of a generation, with every exit it causes, charged once.
+
+Each test here is a defect the issue-16 review found (it failed before the decision layer was split
+by concern and accounting became per incident)."""
+
+from datetime import timedelta
+
+import pytest
+
+from ddpjob_operator import builders, decisions as d, model
+
+from .test_decisions import STORE, T0, failed, job, of, running_status, seen, spec, w
+
+OPTIONS = d.Options(incident_settle_seconds=10)
+CLOSED = f"rank 0 (local rank 0) exited with code 1: DistBackendError: Connection closed by peer " \
+         f"{builders.RENDEZVOUS_CLOSED_MARK}"
+
+
+def decide(view, observed):
+    return d.decide(view, observed, OPTIONS)
+
+
+def ranks(n, phase="Running"):
+    return [{"index": i, "pod": f"j-worker-{i}", "phase": phase} for i in range(n)]
+
+
+# ---------------------------------------------------------------- 1. one incident, one charge
+
+@pytest.mark.parametrize("scope", ["Pod", "All"])
+def test_four_workers_exiting_in_one_pass_are_one_charge(scope):
+    s = spec(replicas=4, failurePolicy={"maxRestarts": 3, "restartScope": scope})
+    out = decide(job(s, running_status(ranks=ranks(4))),
+                 seen(failed(0, 137), failed(1, 143), failed(2, 137), failed(3, 143)))
+    st = out.status
+    assert st.phase == "Restarting" and st.restarts == 1 and st.generation == 1
+    assert st.incidents[-1].charged and st.incidents[-1].ranks == [0, 1, 2, 3]
+    assert sum(e.reason == d.REASON_WORKER_FAILED for e in of(out, d.Event)) == 1
+
+
+def test_the_same_incident_over_two_passes_is_one_charge():
+    s = spec(replicas=4, failurePolicy={"maxRestarts": 3})
+    first = decide(job(s, running_status(ranks=ranks(4))), seen(w(0), w(1), failed(2, 137), failed(3, 137)))
+    assert first.status.restarts == 0 and first.requeue_after == 10  # survivors may follow: settling
+    later = T0 + timedelta(seconds=1)
+    second = decide(job(s, first.status), seen(failed(0, 1, message=CLOSED, at=later),
+                                               failed(1, 1, message=CLOSED, at=later), failed(2, 137),
+                                               failed(3, 137), now=later))
+    assert second.status.restarts == 1 and second.status.generation == 1
+    # The old generation's pods exiting after the charge belong to it: nothing more is charged.
+    third = decide(job(s, second.status), seen(failed(0, 1), failed(1, 1), failed(2, 137), failed(3, 137),
+                                               now=later + timedelta(seconds=30)))
+    assert third.status.restarts == 1 and third.status.phase == "Restarting"
+
+
+def test_peers_exits_seen_before_the_kill_that_caused_them_are_not_a_user_error():
+    """Each pod's status comes from its own kubelet: survivors' exit 1 may arrive before the SIGKILL."""
+    s = spec(replicas=3)
+    first = decide(job(s, running_status(ranks=ranks(3))),
+                   seen(failed(0, 1, message=CLOSED), failed(1, 1, message=CLOSED), w(2)))
+    assert first.status.phase == "Running" and not first.status.incidents  # waiting, not failed
+    second = decide(job(s, first.status), seen(failed(0, 1, message=CLOSED), failed(1, 1, message=CLOSED),
+                                               failed(2, 137), now=T0 + timedelta(seconds=2)))
+    assert second.status.phase == "Restarting" and second.status.restarts == 1
+
+
+def test_a_user_error_fails_at_once_with_nothing_charged():
+    s = spec(replicas=2)
+    out = decide(job(s, running_status(ranks=ranks(2))), seen(failed(0, 1), failed(1, 1, message=CLOSED)))
+    assert out.status.phase == "Failed" and out.status.restarts == 0
+    failed_condition = next(c for c in out.status.conditions if c.type == "Failed")
+    assert failed_condition.reason == d.REASON_PERMANENT_ERROR
+
+
+def test_a_lone_user_error_whose_peers_never_exit_fails_after_the_settle_time():
+    s = spec(replicas=2)
+    first = decide(job(s, running_status(ranks=ranks(2))), seen(failed(0, 1), w(1)))
+    assert first.status.phase == "Running" and first.requeue_after == 10
+    out = decide(job(s, first.status), seen(failed(0, 1), w(1), now=T0 + timedelta(seconds=10)))
+    assert out.status.phase == "Failed" and out.status.restarts == 0
+
+
+# ---------------------------------------------------------------- 2. a closed rendezvous is never rejoined
+
+def test_pod_scope_agent_that_closed_the_rendezvous_moves_the_job_to_a_new_generation():
+    s = spec(replicas=3, minReplicas=1)
+    out = decide(job(s, running_status(ranks=ranks(3))), seen(w(0), w(1), failed(2, 139, message=CLOSED)))
+    st = out.status
+    assert st.restarts == 1 and st.generation == 1
+    assert not [a for a in of(out, d.CreateWorker) if a.generation == 0]
+
+
+def test_pod_scope_kill_without_closing_keeps_survivors_after_settling():
+    s = spec(replicas=3, minReplicas=1)
+    view = job(s, running_status(ranks=ranks(3)))
+    waiting = decide(view, seen(w(0), w(1), failed(2, 137)))
+    assert waiting.status.restarts == 0 and not of(waiting, d.CreateWorker)
+    out = decide(view, seen(w(0), w(1), failed(2, 137), now=T0 + timedelta(seconds=10)))
+    assert out.status.restarts == 1 and out.status.generation == 0
+    assert of(out, d.CreateWorker) == [d.CreateWorker(2, 0, 1)]
+
+
+# ---------------------------------------------------------------- 3. one budget; disruptions never charge
+
+def test_survivors_exits_caused_by_an_eviction_are_not_charged():
+    s = spec(replicas=3, failurePolicy={"maxRestarts": 0})
+    out = decide(job(s, running_status(ranks=ranks(3))),
+                 seen(failed(0, 1, message=CLOSED), failed(1, 1, message=CLOSED),
+                      failed(2, 143, "Evicted", disruption=True)))
+    st = out.status
+    assert st.phase == "Restarting" and st.restarts == 0 and st.disruptions == 1 and st.generation == 1
+
+
+def test_exit_143_after_a_graceful_delete_by_someone_else_is_a_disruption():
+    s = spec(replicas=2, failurePolicy={"maxRestarts": 0})
+    deleted = failed(1, 143, terminating_since=T0 + timedelta(seconds=30))
+    out = decide(job(s, running_status(ranks=ranks(2))), seen(w(0), deleted))
+    assert out.status.phase == "Restarting" and out.status.restarts == 0 and out.status.disruptions == 1
+
+
+def test_torchrun_never_restarts_in_place():
+    flags = dict(builders.torchrun_flags(spec(failurePolicy={"maxRestarts": 7}), endpoint="e:1", rdzv_id="r",
+                                         local_addr="a"))
+    assert flags["max-restarts"] == "0"
+
+
+# ---------------------------------------------------------------- 4. every agent of a generation agrees on --nnodes
+
+def test_a_new_node_range_starts_a_new_generation_without_charging():
+    s = spec(replicas=3, minReplicas=2, maxReplicas=4)
+    old_range = (w(0, node_range="2-2"), w(1, node_range="2-2"))
+    out = decide(job(s, running_status(ranks=ranks(2))), seen(*old_range))
+    st = out.status
+    assert st.generation == 1 and st.restarts == 0 and st.incidents[-1].cause == d.REASON_RANGE_CHANGED
+    assert not of(out, d.CreateWorker)  # only once the old generation is gone
+    assert {a.name for a in of(out, d.DeleteWorker)} == {"j-worker-0", "j-worker-1"}
+
+
+def test_scale_up_within_the_range_joins_the_running_generation():
+    s = spec(replicas=3, minReplicas=2, maxReplicas=4)
+    out = decide(job(s, running_status(ranks=ranks(2))), seen(w(0, node_range="2-4"), w(1, node_range="2-4")))
+    assert out.status.generation == 0 and of(out, d.CreateWorker) == [d.CreateWorker(2, 0, 0)]
+    pod = builders.worker_pod(builders.JobRef("j", "ns", "u"), s, index=2, generation=0)
+    assert pod["metadata"]["labels"][builders.LABEL_NNODES] == "2-4"
+    assert "--nnodes=2:4" in pod["spec"]["containers"][0]["command"]
+
+
+# ---------------------------------------------------------------- 5. success while a replacement is pending
+
+def test_success_while_a_replacement_is_still_pending():
+    s = spec(replicas=3)
+    out = decide(job(s, running_status(ranks=ranks(3))),
+                 seen(w(0, "Succeeded"), w(1, "Succeeded"), w(2, "Pending", attempt=1)))
+    assert out.status.phase == "Succeeded"
+    assert d.DeleteWorker("j-worker-2", d.REASON_CLEANUP) in of(out, d.DeleteWorker)
+
+
+def test_a_replacement_that_found_the_rendezvous_closed_does_not_spoil_success():
+    s = spec(replicas=3)
+    late = failed(2, 1, message="rendezvous failed: RendezvousClosedError: closed", attempt=1)
+    out = decide(job(s, running_status(ranks=ranks(3))), seen(w(0, "Succeeded"), w(1, "Succeeded"), late))
+    assert out.status.phase == "Succeeded"
+
+
+# ---------------------------------------------------------------- 6. a resume always gets its start time
+
+def test_a_resume_whose_status_write_was_lost_still_gets_a_start_time():
+    suspended = running_status(phase="Suspended", startTime=None)
+    out = decide(job(spec(runPolicy={"activeDeadlineSeconds": 60}), suspended), seen(w(0), w(1)))
+    assert out.status.start_time == d.rfc3339(T0)
+    assert d.accounting(out.status) != d.accounting(suspended)  # written before any pod is touched
+    again = decide(job(spec(runPolicy={"activeDeadlineSeconds": 60}), out.status),
+                   seen(w(0), w(1), now=T0 + timedelta(seconds=61)))
+    assert again.status.phase == "Failed"
+    assert sum(e.reason == d.REASON_RESUMED for e in of(again, d.Event)) == 0
+
+
+# ---------------------------------------------------------------- 9. pods that cannot be created, placed or started
+
+def unschedulable(message):
+    return d.Waiting("Unschedulable", message, T0)
+
+
+def test_an_unschedulable_worker_is_shown_and_its_peers_rendezvous_timeout_is_not_charged():
+    s = spec(replicas=2)
+    stuck = w(1, "Pending", unschedulable=unschedulable("0/4 nodes are available: 4 Insufficient cpu."))
+    out = decide(job(s, running_status(phase="Pending", ranks=ranks(2))), seen(w(0), stuck))
+    assert "Insufficient cpu" in out.status.message
+    assert any(c.type == d.CONDITION_UNSCHEDULABLE and c.status == "True" for c in out.status.conditions)
+    timed_out = failed(0, 1, message="rendezvous failed: RendezvousTimeoutError: ")
+    out = decide(job(s, out.status), seen(timed_out, stuck))
+    assert out.status.restarts == 0 and out.status.generation == 1
+
+
+def test_a_missing_claim_fails_the_job_naming_the_field_after_the_cannot_start_time():
+    s = spec(replicas=1)
+    missing = w(0, "Pending", unschedulable=unschedulable('persistentvolumeclaim "ckpt" not found'))
+    view = job(s, running_status(phase="Pending", ranks=ranks(1)))
+    assert decide(view, seen(missing)).status.phase == "Pending"
+    out = decide(view, seen(missing, now=T0 + timedelta(seconds=300)))
+    assert out.status.phase == "Failed" and "spec.checkpoint.claimName" in out.status.message
+    assert next(c for c in out.status.conditions if c.type == "Failed").reason == d.REASON_VOLUME_UNAVAILABLE
+
+
+@pytest.mark.parametrize("status_code, reason, message, phase, condition_reason", [
+    (403, "Forbidden", 'pods "j-worker-0" is forbidden: violates PodSecurity "restricted:latest"', "Failed",
+     d.REASON_POD_REJECTED),
+    (422, "Invalid", 'Pod "j-worker-0" is invalid: spec.containers[0].resources', "Failed", d.REASON_POD_REJECTED),
+    (403, "Forbidden", 'pods "j-worker-0" is forbidden: exceeded quota: q, requested: pods=1', "Pending", None),
+    (409, "AlreadyExists", 'services "j-rdzv" already exists', "Failed", d.REASON_NAME_CONFLICT),
+])
+def test_objects_the_api_server_refuses(status_code, reason, message, phase, condition_reason):
+    kind, name = ("Service", "j-rdzv") if status_code == 409 else ("Pod", "j-worker-0")
+    refused = d.CreateRejected(kind, name, status_code, reason, message, T0, not_owned=status_code == 409)
+    view = job(spec(), running_status(phase="Pending", ranks=ranks(2)))
+    out = d.decide(view, d.Observed(workers=(w(1),), store=STORE, now=T0, rejected=(refused,)), OPTIONS)
+    assert out.status.phase == phase
+    if condition_reason:
+        failed_condition = next(c for c in out.status.conditions if c.type == "Failed")
+        assert failed_condition.reason == condition_reason and f"{kind} {name}" in failed_condition.message
+        if status_code != 409:
+            assert message.split(":")[0] in failed_condition.message  # the server's own words
+    else:  # quota: shown, retried after the backoff, never recreated at once
+        assert not of(out, d.CreateWorker) and out.requeue_after == 10
+        assert any(c.type == d.CONDITION_CREATE_BLOCKED for c in out.status.conditions)
+
+
+# ---------------------------------------------------------------- 10. nothing hides a failure
+
+def test_a_store_loss_in_the_same_pass_does_not_hide_a_user_error():
+    s = spec(replicas=2)
+    out = decide(job(s, running_status(ranks=ranks(2))), seen(failed(0, 2), failed(1, 1, message=CLOSED),
+                                                              store=d.StoreObservation("Failed")))
+    assert out.status.phase == "Failed"
+    assert next(c for c in out.status.conditions if c.type == "Failed").reason == d.REASON_PERMANENT_ERROR
+
+
+def test_a_succeeded_job_with_an_unknown_status_key_stays_succeeded():
+    from ddpjob_operator import store
+    stored = running_status(phase="Succeeded", restarts=2).wire() | {"somethingNew": {"a": 1}}
+    status = store.parse_status(stored)
+    assert status.phase == "Succeeded" and status.restarts == 2
+    out = decide(job(spec(), status), seen())
+    assert out.status.phase == "Succeeded" and not of(out, d.CreateWorker)
+
+
+def test_incident_history_is_bounded():
+    s = spec(replicas=1, failurePolicy={"maxRestarts": 100})
+    status = running_status(ranks=ranks(1))
+    for generation in range(d.INCIDENT_HISTORY + 3):
+        out = decide(job(s, status), seen(failed(0, 137, generation=generation, attempt=generation)))
+        status = out.status
+    assert len(status.incidents) == d.INCIDENT_HISTORY and status.restarts == d.INCIDENT_HISTORY + 3
+    assert status.incidents[-1].generation == d.INCIDENT_HISTORY + 2
+    assert isinstance(status.incidents[0], model.Incident)
