@@ -23,6 +23,8 @@ LABEL_GENERATION = f"{LABEL_PREFIX}/generation"
 LABEL_ROLE = f"{LABEL_PREFIX}/role"
 # Replacement count of the rank when this pod was created: makes failure accounting idempotent.
 LABEL_ATTEMPT = f"{LABEL_PREFIX}/attempt"
+# The `--nnodes` range ("min-max") the pod's agent was started with: every agent of a generation agrees.
+LABEL_NNODES = f"{LABEL_PREFIX}/nnodes"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "ddpjob-operator"
 ROLE_WORKER = "worker"
@@ -34,6 +36,10 @@ SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoints"
 # Default scheduler taint on GPU nodes (NVIDIA device plugin / GKE / EKS convention).
 GPU_TOLERATION_EFFECT = "NoSchedule"
+# Taints the node lifecycle controller puts on a node that stops responding. Workers and the store
+# tolerate them only failurePolicy.nodeLossTimeoutSeconds (Kubernetes' default is 300 s), so a pod on a
+# lost node is evicted, and replaced, soon.
+NODE_LOSS_TAINT_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 # ---------------------------------------------------------------- rendezvous store
 
@@ -146,7 +152,9 @@ def store_service_name(job_name: str) -> str:
 
 
 def headless_service_name(job_name: str) -> str:
-    return job_name
+    # Never the bare job name: job `x`'s headless Service would then be job `x-rdzv`'s store Service.
+    # Every generated name ends in a suffix no other kind of name of the same kind ends in.
+    return f"{job_name}-workers"
 
 
 def worker_address(job_name: str, namespace: str, index: int) -> str:
@@ -172,6 +180,11 @@ SHUTDOWN_MARGIN_SECONDS = 5
 # MASTER_PORT given to static jobs for code outside torchrun's workers (torchrun's own default port;
 # the rendezvous store uses spec.rendezvous.port).
 STATIC_MASTER_PORT = 29500
+
+
+def node_range(spec: model.DDPJobSpec) -> str:
+    """The generation's node range as a label value: `--nnodes=min:max` is `min-max` here."""
+    return f"{spec.min_nodes}-{spec.max_nodes}"
 
 
 def shutdown_timeout_seconds(spec: model.DDPJobSpec) -> int:
@@ -302,6 +315,29 @@ def _resources(spec: model.DDPJobSpec) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
 
 
+def _tolerates(tolerations: list[dict[str, Any]], key: str) -> bool:
+    """The list already says how long to stay on a node tainted `key` (an entry for it, or a keyless Exists)."""
+    return any(t.get("key") == key or (not t.get("key") and t.get("operator") == "Exists"
+                                       and t.get("effect") in (None, "", "NoExecute"))
+               for t in tolerations)
+
+
+def with_node_loss_tolerations(spec: model.DDPJobSpec, tolerations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`tolerations` plus a short NoExecute toleration for each node-loss taint it does not cover."""
+    seconds = spec.failure_policy.node_loss_timeout_seconds
+    return list(tolerations) + [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+                                for key in NODE_LOSS_TAINT_KEYS if not _tolerates(tolerations, key)]
+
+
+def worker_tolerations(spec: model.DDPJobSpec) -> list[dict[str, Any]]:
+    """The user's template.tolerations, the GPU toleration, then the node-loss ones the user did not set."""
+    tolerations = list(spec.template.tolerations or [])
+    if spec.resources.gpu:
+        tolerations.append({"key": spec.resources.gpu_resource_name, "operator": "Exists",
+                            "effect": GPU_TOLERATION_EFFECT})
+    return with_node_loss_tolerations(spec, tolerations)
+
+
 def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: int,
                attempt: int = 0) -> dict[str, Any]:
     name = worker_name(job.name, index)
@@ -310,7 +346,7 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
     rdzv_id = rendezvous_id(job.uid, generation)
     labels = {**(template.labels or {}), **job_labels(job), LABEL_ROLE: ROLE_WORKER,
               LABEL_REPLICA_INDEX: str(index), LABEL_GENERATION: str(generation),
-              LABEL_ATTEMPT: str(attempt)}
+              LABEL_ATTEMPT: str(attempt), LABEL_NNODES: node_range(spec)}
     contract = worker_env(spec, job_name=job.name, namespace=job.namespace, index=index,
                           generation=generation, endpoint=endpoint, rdzv_id=rdzv_id,
                           local_addr=POD_IP_REFERENCE, master_addr=worker_address(job.name, job.namespace, 0))
@@ -343,10 +379,7 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
     if resources:
         container["resources"] = resources
 
-    tolerations = list(template.tolerations or [])
-    if spec.resources.gpu:
-        tolerations.append({"key": spec.resources.gpu_resource_name, "operator": "Exists",
-                            "effect": GPU_TOLERATION_EFFECT})
+    tolerations = worker_tolerations(spec)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the operator replaces pods; torchrun restarts processes in-pod
         "hostname": name,
@@ -369,8 +402,18 @@ def store_labels(job: JobRef) -> dict[str, str]:
     return {**job_labels(job), LABEL_ROLE: ROLE_STORE}
 
 
+def store_tolerations(spec: model.DDPJobSpec) -> list[dict[str, Any]]:
+    """rendezvous.storeTemplate.tolerations, else the workers' (GPU one included); node-loss ones added."""
+    own = spec.rendezvous.store_template.tolerations
+    if own is None:
+        return worker_tolerations(spec)
+    return with_node_loss_tolerations(spec, [t.wire() for t in own])
+
+
 def store_pod(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any]:
+    """The rendezvous store: scheduled like the workers (rendezvous.storeTemplate overrides each part)."""
     port = spec.rendezvous.port
+    store = spec.rendezvous.store_template
     container = {
         "name": STORE_CONTAINER,
         "image": spec.rendezvous.store_image or spec.image,
@@ -378,7 +421,7 @@ def store_pod(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any]:
         "command": store_command(port),
         "ports": [{"name": "rendezvous", "containerPort": port}],
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+        "resources": {"requests": {"cpu": store.resources.cpu, "memory": store.resources.memory}},
     }
     pod_spec: dict[str, Any] = {
         # Never, not Always: a restarted store has lost its state, so the operator must see the
@@ -387,8 +430,12 @@ def store_pod(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any]:
         "terminationGracePeriodSeconds": 5,
         "containers": [container],
     }
-    if spec.template.service_account_name:
-        pod_spec["serviceAccountName"] = spec.template.service_account_name
+    node_selector = store.node_selector if store.node_selector is not None else spec.template.node_selector
+    priority = store.priority_class_name if store.priority_class_name is not None \
+        else spec.template.priority_class_name
+    optional = {"nodeSelector": node_selector, "tolerations": store_tolerations(spec),
+                "serviceAccountName": spec.template.service_account_name, "priorityClassName": priority}
+    pod_spec.update({k: v for k, v in optional.items() if v})
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": _metadata(job, store_pod_name(job.name), store_labels(job)), "spec": pod_spec}
 
@@ -402,7 +449,7 @@ def store_service(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any]:
 
 
 def headless_service(job: JobRef) -> dict[str, Any]:
-    """Gives each worker stable DNS `<job>-worker-<i>.<job>.<ns>.svc`, even before it is Ready."""
+    """Gives each worker stable DNS `<job>-worker-<i>.<job>-workers.<ns>.svc`, even before it is Ready."""
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": _metadata(job, headless_service_name(job.name), job_labels(job)),
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,

@@ -24,7 +24,9 @@ PLURAL = "ddpjobs"
 SINGULAR = "ddpjob"
 SHORT_NAMES = ["ddpj"]
 
-# Pod names are `<job>-worker-<i>` and must stay valid DNS-1123 labels (<= 63) for hostnames.
+# Every generated name must stay a DNS-1123 label (<= 63): the longest is worker pod (and hostname)
+# `<job>-worker-<i>` with i <= 1023, so 50 + 12 = 62; Services `<job>-workers` / `<job>-rdzv`, the
+# claim `<job>-checkpoints` and the job-name label value are shorter (test_builders checks them all).
 MAX_JOB_NAME_LENGTH = 50
 DNS_1035_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 DNS_1123_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -206,17 +208,24 @@ class PodTemplate(APIModel):
     labels: dict[str, str] | None = Field(default=None, description="Extra labels for worker pods.")
     annotations: dict[str, str] | None = Field(default=None,
                                                description="Extra annotations for worker pods.")
-    node_selector: dict[str, str] | None = Field(default=None,
-                                                 description="Node selector for worker pods.")
+    node_selector: dict[str, str] | None = Field(default=None, description=(
+        "Node selector for worker pods (and the rendezvous store pod, unless "
+        "rendezvous.storeTemplate.nodeSelector is set)."))
     tolerations: list[dict[str, Any]] | None = Field(default=None, description=(
-        "Tolerations for worker pods (added to the GPU toleration when resources.gpu is true)."),
+        "Tolerations for worker pods (and the rendezvous store pod, unless "
+        "rendezvous.storeTemplate.tolerations is set). The operator adds the GPU toleration when "
+        "resources.gpu is true, and NoExecute tolerations for node.kubernetes.io/not-ready and "
+        "node.kubernetes.io/unreachable (failurePolicy.nodeLossTimeoutSeconds) unless an entry here "
+        "has that key."),
         json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}})
     affinity: dict[str, Any] | None = free_form("Affinity rules for worker pods, as in a Pod.")
     service_account_name: str | None = Field(default=None, pattern=DNS_1123_SUBDOMAIN_PATTERN,
-                                             max_length=253,
-                                             description="Service account the workers run as.")
-    priority_class_name: str | None = Field(default=None, max_length=253,
-                                            description="PriorityClass of the worker pods.")
+                                             max_length=253, description=(
+                                                 "Service account the workers and the rendezvous "
+                                                 "store run as."))
+    priority_class_name: str | None = Field(default=None, max_length=253, description=(
+        "PriorityClass of the worker pods (and the rendezvous store pod, unless "
+        "rendezvous.storeTemplate.priorityClassName is set)."))
     volumes: list[dict[str, Any]] | None = Field(default=None, description=(
         "Extra volumes, as in a Pod; mount them with volumeMounts."),
         json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}})
@@ -228,6 +237,56 @@ class PodTemplate(APIModel):
         "gets it as a supplemental group, so a non-root trainer of any uid can write checkpoints."))
     termination_grace_period_seconds: int = Field(default=60, ge=0, le=3600, description=(
         "Time a worker has after SIGTERM (suspend, scale-down, deletion) to write its final checkpoint."))
+
+
+class Toleration(APIModel):
+    """A toleration, as in a Pod's spec.tolerations."""
+
+    key: str | None = Field(default=None, min_length=1, max_length=316, description=(
+        "Taint key to tolerate. Unset with operator Exists tolerates every taint."))
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description=(
+        "Equal: the taint's value must equal value. Exists: any value (leave value unset)."))
+    value: str | None = Field(default=None, max_length=63, description="Taint value, for operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(default=None, description=(
+        "Taint effect to tolerate: NoSchedule, PreferNoSchedule or NoExecute. Unset matches every effect."))
+    toleration_seconds: int | None = Field(default=None, ge=0, le=86400 * 365, description=(
+        "effect NoExecute only: how long the pod stays on a node after the taint appears before it is "
+        "evicted. Unset: forever."))
+
+    cel_rules = (
+        cel("has(self.key) || self.operator == 'Exists'",
+            "a toleration without key must use operator: Exists (it tolerates every taint): add key or "
+            "set operator: Exists", ".key"),
+        cel("self.operator != 'Exists' || !has(self.value)",
+            "operator Exists takes no value: remove value or use operator: Equal", ".value"),
+        cel("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "tolerationSeconds needs effect: NoExecute: set effect: NoExecute or remove tolerationSeconds",
+            ".tolerationSeconds"),
+    )
+
+
+class StoreResources(APIModel):
+    cpu: str = Field(default="100m", pattern=QUANTITY_PATTERN, description=(
+        "CPU request of the rendezvous store pod, e.g. `100m`."))
+    memory: str = Field(default="256Mi", pattern=QUANTITY_PATTERN, description=(
+        "Memory request of the rendezvous store pod, e.g. `256Mi`."))
+
+
+class StoreTemplate(APIModel):
+    node_selector: dict[str, str] | None = Field(default=None, description=(
+        "Node selector of the rendezvous store pod. Unset: the workers' (template.nodeSelector); `{}`: "
+        "any node."))
+    tolerations: list[Toleration] | None = Field(default=None, max_length=64, description=(
+        "Tolerations of the rendezvous store pod. Unset: the workers' (template.tolerations and, with "
+        "resources.gpu, the GPU toleration), so the store can run on a tainted GPU-only pool. Either "
+        "way the store also gets the workers' node-loss tolerations "
+        "(failurePolicy.nodeLossTimeoutSeconds) for keys not listed here."))
+    priority_class_name: str | None = Field(default=None, max_length=253, description=(
+        "PriorityClass of the rendezvous store pod. Unset: the workers' (template.priorityClassName), "
+        "so the store is not preempted before the workers that depend on it."))
+    resources: StoreResources = Field(default_factory=StoreResources, description=(
+        "CPU and memory requests of the rendezvous store pod (a TCPStore needs little; not the "
+        "workers' resources)."))
 
 
 class Rendezvous(APIModel):
@@ -248,6 +307,9 @@ class Rendezvous(APIModel):
         "Missed heartbeats after which a worker counts as dead in the rendezvous."))
     store_image: str | None = Field(default=None, min_length=1, description=(
         "Image of the rendezvous store pod (must have torch). Defaults to spec.image."))
+    store_template: StoreTemplate = Field(default_factory=StoreTemplate, description=(
+        "Scheduling and resources of the rendezvous store pod. Unset fields take the workers' values "
+        "(service account included), so the store schedules wherever the workers do."))
 
 
 class ClaimTemplate(APIModel):
@@ -298,6 +360,12 @@ class FailurePolicy(APIModel):
         "Exit codes to retry although they are in 1-127 (user errors are permanent by default)."))
     permanent_exit_codes: list[ExitCode] = Field(default_factory=list, max_length=64, description=(
         "Exit codes that fail the job at once although they are 128+ (signals retry by default)."))
+    node_loss_timeout_seconds: int = Field(default=60, ge=5, le=3600, description=(
+        "How long a worker on an unresponsive node (NotReady or unreachable) is kept before Kubernetes "
+        "evicts it and the operator replaces it (a disruption, not charged). Kubernetes' default is "
+        "300. Set as the tolerationSeconds of the workers' and the store's NoExecute tolerations for "
+        "node.kubernetes.io/not-ready and node.kubernetes.io/unreachable; a template.tolerations entry "
+        "for either key (or a keyless Exists one) wins."))
 
     cel_rules = (
         cel("self.retryableExitCodes.all(c, !(c in self.permanentExitCodes))",
@@ -325,12 +393,17 @@ class RunPolicy(APIModel):
 
 class DDPJobSpec(APIModel):
     replicas: int = Field(ge=1, le=1024, description=(
-        "Desired number of worker pods (torchrun nodes). `kubectl scale` changes it within "
-        "minReplicas..maxReplicas."))
+        "Desired number of worker pods (torchrun nodes), at most 1024. `kubectl scale` changes it within "
+        "minReplicas..maxReplicas; the node range minReplicas:maxReplicas defaults to it on both ends."))
     min_replicas: int | None = Field(default=None, ge=1, le=1024, description=(
-        "Fewest workers training may continue with (elastic lower bound). Defaults to replicas."))
+        "Fewest workers training may continue with: the lower end of the node range "
+        "minReplicas:maxReplicas that every agent gets as `--nnodes` (and pods as label "
+        "elastic.ddp.dev/nnodes, `<min>-<max>`). Defaults to replicas; at most 1024. Changing the node "
+        "range starts a new rendezvous generation (all workers restart from the checkpoint)."))
     max_replicas: int | None = Field(default=None, ge=1, le=1024, description=(
-        "Most workers the job may scale to (elastic upper bound). Defaults to replicas."))
+        "Most workers the job may scale to: the upper end of the node range minReplicas:maxReplicas "
+        "(`--nnodes`). Defaults to replicas; at most 1024. Changing the node range starts a new "
+        "rendezvous generation (all workers restart from the checkpoint)."))
     nproc_per_node: int = Field(default=1, ge=1, le=64, description=(
         "Training processes per worker pod, normally its GPU count."))
     image: str = Field(min_length=1, description="Trainer image (must contain torch).")
@@ -426,6 +499,20 @@ class Progress(APIModel):
     last_checkpoint_step: int | None = Field(default=None, description="Step of the newest checkpoint.")
 
 
+class Incident(APIModel):
+    """One failure or disruption of a rendezvous generation, with every exit it caused: charged at most once."""
+
+    generation: int = Field(description="Rendezvous generation it ended or disturbed.")
+    time: str = Field(description="When it began (RFC 3339).")
+    cause: str = Field(description=(
+        "Retryable (charged), Permanent (the job failed), Disruption, Consequence (not charged), or what moved "
+        "the job to a fresh generation without a failure: RendezvousStoreLost, ScaleDown, NodeRangeChanged."))
+    reason: str = Field(default="", description="CamelCase reason (WorkerFailed, Evicted, PodVanished, ...).")
+    charged: bool = Field(default=False, description="Whether it spent one restart of failurePolicy.maxRestarts.")
+    message: str = Field(default="", description="The first failure and how many workers exited with it.")
+    ranks: list[int] = Field(default_factory=list, description="Replica indices that exited or were lost in it.")
+
+
 class DDPJobStatus(APIModel):
     phase: Phase | None = Field(default=None, description="Lifecycle phase.")
     message: str | None = Field(default=None, description="Why the job is in this phase.")
@@ -444,6 +531,9 @@ class DDPJobStatus(APIModel):
     observed_generation: int | None = Field(default=None, description="metadata.generation last reconciled.")
     selector: str | None = Field(default=None, description="Label selector of the worker pods (scale subresource).")
     progress: Progress | None = Field(default=None, description="Training progress reported by the trainer.")
+    incidents: list[Incident] = Field(default_factory=list, description=(
+        "The last 10 restarts, newest last: each failure or disruption (charged or not) and each move to a fresh "
+        "rendezvous generation, with its cause."))
 
 
 class DDPJob(APIModel):
