@@ -22,16 +22,25 @@ def spec(**overrides) -> model.DDPJobSpec:
     return model.DDPJobSpec.model_validate({**base, **overrides})
 
 
+def node_loss(seconds: int) -> list[dict]:
+    return [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+            for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")]
+
+
+NODE_LOSS_60 = node_loss(60)
+
+
 def flags(argv: list[str]) -> dict[str, str]:
     return dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    ({}, {"nnodes": "2:2", "nproc-per-node": "1", "max-restarts": "3", "shutdown-timeout": "55",
+    ({}, {"nnodes": "2:2", "nproc-per-node": "1", "max-restarts": "0", "shutdown-timeout": "55",
           "rdzv-conf": "is_host=false,join_timeout=600,last_call_timeout=15,read_timeout=60,"
                        "keep_alive_interval=5,keep_alive_max_attempt=3"}),
     ({"minReplicas": 1, "maxReplicas": 4, "replicas": 2}, {"nnodes": "1:4"}),
-    ({"nprocPerNode": 8, "failurePolicy": {"maxRestarts": 7}}, {"nproc-per-node": "8", "max-restarts": "7"}),
+    # One budget, the operator's: torchrun never restarts a trainer in place (docs/operator.md).
+    ({"nprocPerNode": 8, "failurePolicy": {"maxRestarts": 7}}, {"nproc-per-node": "8", "max-restarts": "0"}),
     ({"rendezvous": {"joinTimeoutSeconds": 30, "lastCallTimeoutSeconds": 2, "readTimeoutSeconds": 9,
                      "keepAliveIntervalSeconds": 1, "keepAliveMaxAttempts": 2}},
      {"rdzv-conf": "is_host=false,join_timeout=30,last_call_timeout=2,read_timeout=9,"
@@ -75,7 +84,7 @@ def test_rendezvous_id_is_unique_per_job_and_generation():
 def env_for(s: model.DDPJobSpec, **kw) -> dict[str, str]:
     args = {"job_name": "digits", "namespace": "team-a", "index": 1, "generation": 3,
             "endpoint": "digits-rdzv.team-a.svc:29400", "rdzv_id": "u-g3", "local_addr": "10.0.0.7",
-            "master_addr": "digits-worker-0.digits.team-a.svc", **kw}
+            "master_addr": "digits-worker-0.digits-workers.team-a.svc", **kw}
     return builders.worker_env(s, **args)
 
 
@@ -97,9 +106,9 @@ def test_worker_env_matches_the_launch_contract():
 
 
 @pytest.mark.parametrize("replicas, expected", [
-    ({"replicas": 2}, {"MASTER_ADDR": "digits-worker-0.digits.team-a.svc", "MASTER_PORT": "29500"}),
+    ({"replicas": 2}, {"MASTER_ADDR": "digits-worker-0.digits-workers.team-a.svc", "MASTER_PORT": "29500"}),
     ({"replicas": 3, "minReplicas": 3, "maxReplicas": 3},
-     {"MASTER_ADDR": "digits-worker-0.digits.team-a.svc", "MASTER_PORT": "29500"}),
+     {"MASTER_ADDR": "digits-worker-0.digits-workers.team-a.svc", "MASTER_PORT": "29500"}),
     ({"replicas": 2, "minReplicas": 1}, {}),
     ({"replicas": 2, "maxReplicas": 4}, {}),
 ])
@@ -122,12 +131,12 @@ def test_worker_pod_shape():
     assert meta["labels"] == {"team": "a", builders.LABEL_JOB_NAME: "digits", builders.LABEL_JOB_UID: JOB.uid,
                               builders.LABEL_ROLE: "worker", builders.LABEL_REPLICA_INDEX: "1",
                               builders.LABEL_GENERATION: "2", builders.LABEL_ATTEMPT: "3",
-                              builders.LABEL_MANAGED_BY: "ddpjob-operator"}
+                              builders.LABEL_NNODES: "2-2", builders.LABEL_MANAGED_BY: "ddpjob-operator"}
     assert meta["ownerReferences"] == [{"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob",
                                         "name": "digits", "uid": JOB.uid, "controller": True,
                                         "blockOwnerDeletion": True}]
     assert pod_spec["restartPolicy"] == "Never"
-    assert (pod_spec["hostname"], pod_spec["subdomain"]) == ("digits-worker-1", "digits")
+    assert (pod_spec["hostname"], pod_spec["subdomain"]) == ("digits-worker-1", "digits-workers")
     assert pod_spec["terminationGracePeriodSeconds"] == 90
     container = pod_spec["containers"][0]
     assert container["command"][:3] == ["python", "-c", builders.LAUNCHER_PROGRAM]
@@ -140,12 +149,12 @@ def test_worker_pod_shape():
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["OMP_NUM_THREADS"] == "1" and env["DDPJOB_GENERATION"] == "2"
     assert env["PET_LOCAL_ADDR"] == "$(DDPJOB_POD_IP)"
-    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("digits-worker-0.digits.team-a.svc", "29500")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("digits-worker-0.digits-workers.team-a.svc", "29500")
     volumes = {v["name"]: v for v in pod_spec["volumes"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "digits-checkpoints"}
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", "/checkpoints"}
-    assert "tolerations" not in pod_spec and "resources" not in container
+    assert pod_spec["tolerations"] == NODE_LOSS_60 and "resources" not in container
     assert pod_spec["securityContext"] == {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
 
 
@@ -160,8 +169,8 @@ def test_checkpoint_volume_is_writable_by_the_trainer_group(template, expected):
 
 @pytest.mark.parametrize("resources, limits", [
     ({"gpu": True}, {"nvidia.com/gpu": "4"}),
-    ({"gpu": True, "gpuCount": 2, "cpu": "8", "memory": "32Gi"},
-     {"nvidia.com/gpu": "2", "cpu": "8", "memory": "32Gi"}),
+    ({"gpu": True, "gpuCount": 8, "cpu": "8", "memory": "32Gi"},  # more GPUs than processes is allowed
+     {"nvidia.com/gpu": "8", "cpu": "8", "memory": "32Gi"}),
     ({"gpu": True, "gpuResourceName": "amd.com/gpu"}, {"amd.com/gpu": "4"}),
 ])
 def test_gpu_wiring(resources, limits):
@@ -171,7 +180,7 @@ def test_gpu_wiring(resources, limits):
     assert container["resources"]["limits"] == limits == container["resources"]["requests"]
     gpu_name = next(k for k in limits if "gpu" in k)
     assert pod_spec["tolerations"] == [{"key": "spot", "operator": "Exists"},
-                                       {"key": gpu_name, "operator": "Exists", "effect": "NoSchedule"}]
+                                       {"key": gpu_name, "operator": "Exists", "effect": "NoSchedule"}] + NODE_LOSS_60
 
 
 def test_existing_claim_is_used_as_is_and_no_claim_is_created():
@@ -194,7 +203,7 @@ def test_claim_template_becomes_an_owned_pvc():
 def test_services_and_store_pod():
     s = spec(rendezvous={"port": 29500, "storeImage": "store:2"})
     headless = builders.headless_service(JOB)
-    assert headless["metadata"]["name"] == "digits"
+    assert headless["metadata"]["name"] == "digits-workers"
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
     assert headless["spec"]["selector"] == builders.worker_selector("digits")
     svc = builders.store_service(JOB, s)
@@ -207,6 +216,194 @@ def test_services_and_store_pod():
     assert container["command"] == ["python", "-c", builders.STORE_PROGRAM, "29500"]
     assert store["spec"]["restartPolicy"] == "Never"  # a restarted store lost its state: must be seen
     assert builders.store_pod(JOB, spec())["spec"]["containers"][0]["image"] == "trainer:1"
+
+
+# ---------------------------------------------------------------- node range
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"replicas": 2}, "2-2"),  # min and max default to replicas
+    ({"replicas": 2, "minReplicas": 1, "maxReplicas": 4}, "1-4"),
+    ({"replicas": 3, "maxReplicas": 8}, "3-8"),
+    ({"replicas": 1024}, "1024-1024"),
+])
+def test_node_range_is_the_nnodes_flag_as_a_label(overrides, expected):
+    s = spec(**overrides)
+    assert builders.node_range(s) == expected
+    pod = builders.worker_pod(JOB, s, index=0, generation=0)
+    assert pod["metadata"]["labels"][builders.LABEL_NNODES] == expected
+    assert flags(pod["spec"]["containers"][0]["command"])["nnodes"] == expected.replace("-", ":")
+    assert builders.LABEL_NNODES == "elastic.ddp.dev/nnodes"
+    assert builders.LABEL_NNODES not in builders.store_pod(JOB, s)["metadata"]["labels"]
+
+
+# ---------------------------------------------------------------- node loss
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({}, NODE_LOSS_60),
+    ({"failurePolicy": {"nodeLossTimeoutSeconds": 15}}, node_loss(15)),
+    # The user's entry for a key wins; the other key still gets the short default.
+    ({"template": {"tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                                    "effect": "NoExecute", "tolerationSeconds": 600}]}},
+     [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+       "tolerationSeconds": 600}, NODE_LOSS_60[1]]),
+    ({"template": {"tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists"}]}},
+     [{"key": "node.kubernetes.io/unreachable", "operator": "Exists"}, NODE_LOSS_60[0]]),
+    # A keyless Exists toleration tolerates every taint forever: adding ours would cut it to 60 s.
+    ({"template": {"tolerations": [{"operator": "Exists"}]}}, [{"operator": "Exists"}]),
+    ({"template": {"tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]}},
+     [{"operator": "Exists", "effect": "NoSchedule"}] + NODE_LOSS_60),
+])
+def test_workers_and_store_tolerate_node_loss_only_briefly(overrides, expected):
+    s = spec(**overrides)
+    assert builders.worker_pod(JOB, s, index=0, generation=0)["spec"]["tolerations"] == expected
+    assert builders.store_pod(JOB, s)["spec"]["tolerations"] == expected
+
+
+@pytest.mark.parametrize("seconds, ok", [(4, False), (5, True), (60, True), (3600, True), (3601, False)])
+def test_node_loss_timeout_bounds(seconds, ok):
+    if ok:
+        assert spec(failurePolicy={"nodeLossTimeoutSeconds": seconds}).failure_policy.node_loss_timeout_seconds \
+            == seconds
+    else:
+        with pytest.raises(ValueError, match="nodeLossTimeoutSeconds"):
+            spec(failurePolicy={"nodeLossTimeoutSeconds": seconds})
+
+
+# ---------------------------------------------------------------- where the store pod runs
+
+GPU_POOL = {"template": {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "training",
+                         "serviceAccountName": "trainer",
+                         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml",
+                                          "effect": "NoSchedule"}]},
+            "resources": {"gpu": True}}
+GPU_POOL_TOLERATIONS = [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}] + NODE_LOSS_60
+
+
+@pytest.mark.parametrize("store_template, expected", [
+    # Unset: exactly the workers' scheduling, so the store fits a tainted GPU-only pool and has their priority.
+    (None, {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "training", "serviceAccountName": "trainer",
+            "tolerations": GPU_POOL_TOLERATIONS, "requests": {"cpu": "100m", "memory": "256Mi"}}),
+    ({}, {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "training", "serviceAccountName": "trainer",
+          "tolerations": GPU_POOL_TOLERATIONS, "requests": {"cpu": "100m", "memory": "256Mi"}}),
+    # Each field set replaces only its part.
+    ({"nodeSelector": {"pool": "cpu"}, "priorityClassName": "critical",
+      "resources": {"cpu": "250m", "memory": "1Gi"}},
+     {"nodeSelector": {"pool": "cpu"}, "priorityClassName": "critical", "serviceAccountName": "trainer",
+      "tolerations": GPU_POOL_TOLERATIONS, "requests": {"cpu": "250m", "memory": "1Gi"}}),
+    ({"nodeSelector": {}, "tolerations": [{"key": "cpu-pool", "operator": "Exists", "effect": "NoSchedule"}]},
+     {"nodeSelector": None, "priorityClassName": "training", "serviceAccountName": "trainer",
+      "tolerations": [{"key": "cpu-pool", "operator": "Exists", "effect": "NoSchedule"}] + NODE_LOSS_60,
+      "requests": {"cpu": "100m", "memory": "256Mi"}}),
+    # Its own node-loss toleration wins over the default, as the workers' does.
+    ({"tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+                       "tolerationSeconds": 30}]},
+     {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "training", "serviceAccountName": "trainer",
+      "tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+                       "tolerationSeconds": 30}, NODE_LOSS_60[0]],
+      "requests": {"cpu": "100m", "memory": "256Mi"}}),
+])
+def test_store_pod_schedules_like_the_workers_unless_its_template_says_otherwise(store_template, expected):
+    overrides = dict(GPU_POOL)
+    if store_template is not None:
+        overrides["rendezvous"] = {"storeTemplate": store_template}
+    s = spec(**overrides)
+    store_spec = builders.store_pod(JOB, s)["spec"]
+    got = {key: store_spec.get(key) for key in ("nodeSelector", "priorityClassName", "serviceAccountName",
+                                                 "tolerations")}
+    got["requests"] = store_spec["containers"][0]["resources"]["requests"]
+    assert got == expected
+    assert "limits" not in store_spec["containers"][0]["resources"]
+    assert "affinity" not in store_spec  # worker (anti-)affinity is about workers
+    # The store never gets the workers' GPUs, only their placement.
+    assert "nvidia.com/gpu" not in str(store_spec["containers"][0]["resources"])
+    if store_template is None:
+        worker_spec = builders.worker_pod(JOB, s, index=0, generation=0)["spec"]
+        for key in ("nodeSelector", "priorityClassName", "serviceAccountName", "tolerations"):
+            assert store_spec[key] == worker_spec[key], key
+
+
+@pytest.mark.parametrize("toleration, field", [
+    ({"operator": "Equal", "value": "x"}, "key"),
+    ({"key": "k", "operator": "Exists", "value": "x"}, "value"),
+    ({"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}, "tolerationSeconds"),
+    ({"key": "k", "operator": "Sometimes"}, "operator"),
+    ({"key": "k", "tolerations": 1}, "tolerations"),
+])
+def test_store_template_tolerations_are_typed(toleration, field):
+    from ddpjob_operator.validation import InvalidJob, parse_spec
+    with pytest.raises(InvalidJob) as info:
+        parse_spec({"replicas": 1, "image": "i", "entrypoint": "m",
+                    "rendezvous": {"storeTemplate": {"tolerations": [toleration]}}})
+    assert any(e.path.startswith("spec.rendezvous.storeTemplate.tolerations[0]." + field) for e in info.value.errors), \
+        info.value.errors
+
+
+# ---------------------------------------------------------------- names
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def names_of(job_name: str, replicas: int = 12) -> dict[str, set[str]]:
+    """Every name a job creates, by the kind of thing it names (one namespace)."""
+    ref = builders.JobRef(job_name, "team-a", f"uid-{job_name}")
+    s = spec(replicas=replicas, checkpoint={"claimTemplate": {"size": "1Gi"}})
+    names: dict[str, set[str]] = {}
+    for manifest in builders.all_manifests(ref, s):
+        names.setdefault(manifest["kind"], set()).add(manifest["metadata"]["name"])
+        pod_spec = manifest["spec"]
+        if manifest["kind"] == "Pod" and "hostname" in pod_spec:
+            names.setdefault("hostname", set()).add(pod_spec["hostname"])
+            names.setdefault("subdomain", set()).add(pod_spec["subdomain"])
+    # Everything resolvable in the namespace: Services, and workers through the headless Service.
+    names["dns"] = ({f"{n}.team-a.svc" for n in names["Service"]}
+                    | {builders.worker_address(job_name, "team-a", i) for i in range(replicas)})
+    return names
+
+
+ADVERSARIAL = [("x", "x-rdzv"), ("x", "x-workers"), ("a", "a-worker-1"), ("a", "a-worker"),
+               ("x", "x-checkpoints"), ("x-rdzv", "x-rdzv-rdzv"), ("a-worker-1", "a-worker-1-worker-1"),
+               ("x-workers", "x-workers-workers"), ("digits", "digits-worker-0")]
+
+
+@pytest.mark.parametrize("first, second", ADVERSARIAL)
+def test_names_of_two_jobs_never_collide(first, second):
+    one, two = names_of(first), names_of(second)
+    assert set(one) == set(two) == {"Service", "Pod", "PersistentVolumeClaim", "hostname", "subdomain", "dns"}
+    for kind in one:
+        assert not one[kind] & two[kind], f"{kind}: {first} and {second} both create {one[kind] & two[kind]}"
+
+
+def test_names_of_all_adversarial_jobs_are_pairwise_distinct():
+    jobs = sorted({name for pair in ADVERSARIAL for name in pair})
+    seen: dict[tuple[str, str], str] = {}
+    for job in jobs:
+        for kind, names in names_of(job).items():
+            for name in names:
+                assert seen.setdefault((kind, name), job) == job, f"{kind} {name}: {seen[(kind, name)]} and {job}"
+
+
+@pytest.mark.parametrize("job_name", ["a", "x" * model.MAX_JOB_NAME_LENGTH, "a-" * 24 + "zz"])
+def test_every_generated_name_fits_a_dns_label(job_name):
+    assert len(job_name) <= model.MAX_JOB_NAME_LENGTH
+    ref = builders.JobRef(job_name, "team-a", "uid")
+    s = spec(replicas=1024, checkpoint={"claimTemplate": {"size": "1Gi"}})  # the highest index is 1023
+    last = builders.worker_pod(ref, s, index=1023, generation=0)
+    manifests = builders.shared_manifests(ref, s) + [builders.store_pod(ref, s), last]
+    names = [m["metadata"]["name"] for m in manifests]
+    names += [last["spec"]["hostname"], last["spec"]["subdomain"]]
+    names += [v for m in manifests for v in m["metadata"]["labels"].values()]
+    for name in names:
+        assert len(name) <= 63 and DNS_LABEL.match(name.replace(".", "-")), name
+    assert last["metadata"]["name"] == f"{job_name}-worker-1023"
+
+
+def test_job_names_are_capped_at_max_job_name_length():
+    """The schema enforces the bound the test above relies on (the CRD gets it from the model)."""
+    schema_max = model.JobMetadata.model_fields["name"].metadata
+    assert any(getattr(m, "max_length", None) == model.MAX_JOB_NAME_LENGTH for m in schema_max)
 
 
 def test_examples_render_deterministically():

@@ -27,8 +27,22 @@ def _variants(job: model.DDPJob):
                      "priorityClassName": "high", "labels": {"team": "a"}, "annotations": {"a": "b"},
                      "volumes": [{"name": "data", "emptyDir": {}}],
                      "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
-        "resources": {"gpu": True, "gpuCount": 2, "cpu": "8", "memory": "32Gi"},
+        "nprocPerNode": 2, "resources": {"gpu": True, "gpuCount": 2, "cpu": "8", "memory": "32Gi"},
         "rendezvous": {"storeImage": "pytorch/pytorch:latest"},
+    })
+    # The user's own node-loss toleration, a short node-loss timeout and a store template of every field.
+    yield model.DDPJobSpec.model_validate({
+        **wire, "failurePolicy": {**wire["failurePolicy"], "nodeLossTimeoutSeconds": 5},
+        "template": {"tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists",
+                                      "effect": "NoExecute", "tolerationSeconds": 900}],
+                     "priorityClassName": "high"},
+        "rendezvous": {"storeTemplate": {
+            "nodeSelector": {"pool": "cpu"}, "priorityClassName": "critical",
+            "resources": {"cpu": "250m", "memory": "512Mi"},
+            "tolerations": [{"key": "cpu-only", "operator": "Equal", "value": "yes", "effect": "NoSchedule"},
+                            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                             "tolerationSeconds": 30},
+                            {"operator": "Exists", "effect": "PreferNoSchedule"}]}},
     })
 
 
@@ -41,4 +55,4 @@ def test_every_created_object_matches_the_kubernetes_schema(path):
         for manifest in builders.all_manifests(ref, spec):
             kubernetes_validate.validate(manifest, VERSION, strict=True)
             checked += 1
-    assert checked >= 2 * (3 + job.spec.replicas)
+    assert checked >= 3 * (3 + job.spec.replicas)
