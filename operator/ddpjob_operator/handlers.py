@@ -31,6 +31,9 @@ logger = logging.getLogger("ddpjob_operator")
 JobKey = tuple[str, str]  # (namespace, name)
 OWNED_PODS = {builders.LABEL_MANAGED_BY: builders.MANAGED_BY, builders.LABEL_JOB_UID: kopf.PRESENT}
 RETRYABLE_ERRORS = (kube.ApiError, aiohttp.ClientError, asyncio.TimeoutError)
+# Creation failures the operator reports through the job instead of retrying at once: bad request,
+# admission (webhooks, pod security, quota), a name owned by someone else, validation, throttling.
+REFUSED_STATUSES = frozenset({400, 403, 409, 422, 429})
 
 
 def utcnow() -> datetime:
@@ -51,6 +54,8 @@ class Controller:
         self.pods: Mapping[tuple[str, str], Any] = {}  # kopf's index: (namespace, job uid) -> PodSummary
         self.written: dict[str, model.DDPJobStatus] = {}  # job uid -> the status this process last wrote
         self.shared_ready: set[str] = set()  # job uids whose Services / claim exist
+        # Creations the API server refused, per job uid and object name, until one succeeds.
+        self.rejected: dict[str, dict[str, decisions.CreateRejected]] = {}
         self._specs: dict[str, tuple[tuple[str, Any], store.ParsedSpec]] = {}  # uid -> (generation, parsed)
         self._running: dict[JobKey, asyncio.Task[None]] = {}
         self._dirty: set[JobKey] = set()
@@ -96,11 +101,14 @@ class Controller:
             self.written.pop(uid, None)
             self._specs.pop(uid, None)
             self.shared_ready.discard(uid)
+            self.rejected.pop(uid, None)
             self.metrics.job_phase(uid, None)
             self._cancel_timer(key)
             return
         snapshot, previous = _snapshot(body), self.jobs.get(key)
         self.jobs[key] = snapshot
+        if previous is not None and previous["metadata"].get("generation") != snapshot["metadata"].get("generation"):
+            self.rejected.pop(snapshot["metadata"].get("uid", ""), None)  # the user changed the spec: try again
         if previous is None or self._changed_by_others(previous, snapshot):
             self.trigger(key)
 
@@ -175,7 +183,7 @@ class Controller:
         uid = body["metadata"].get("uid", "")
         view = store.job_view(body, self.written.get(uid), self._parsed_spec(uid, body))
         pods = tuple(self.pods.get((key[0], uid), ()))
-        observed = store.observe(pods, self.clock())
+        observed = store.observe(pods, self.clock(), tuple(self.rejected.get(uid, {}).values()))
         decision = decisions.decide(view, observed, self.options)
         # Diff against what the server holds: our last write, or the stored status after a restart.
         stored = self.written[uid].wire() if uid in self.written else dict(body.get("status") or {})
@@ -232,11 +240,11 @@ class Controller:
         creates_store = any(isinstance(a, decisions.CreateStore) for a in actions)
         if workers or creates_store:
             assert spec is not None  # the decision layer only creates for a runnable spec
-            await self._ensure_shared(job, spec)
-            if creates_store:
-                await self.api.create(builders.store_pod(job, spec))  # before workers: they dial it
-            await self._all(self.api.create(builders.worker_pod(
-                job, spec, index=a.index, generation=a.generation, attempt=a.attempt)) for a in workers)
+            # The store before the workers (they dial it); nothing more once a creation was refused.
+            if await self._ensure_shared(job, spec, now) and \
+                    (not creates_store or await self._create(job, builders.store_pod(job, spec), now)):
+                await self._all(self._create(job, builders.worker_pod(
+                    job, spec, index=a.index, generation=a.generation, attempt=a.attempt), now) for a in workers)
         if any(isinstance(a, decisions.DeleteJob) for a in actions):
             await self.api.delete(kube.DDPJOBS, job.namespace, job.name)
         # Events after the pod calls: they are informational and must not queue ahead of them.
@@ -251,11 +259,31 @@ class Controller:
         if errors:
             raise errors[0]
 
-    async def _ensure_shared(self, job: builders.JobRef, spec: model.DDPJobSpec) -> None:
+    async def _ensure_shared(self, job: builders.JobRef, spec: model.DDPJobSpec, now: datetime) -> bool:
         if job.uid in self.shared_ready:
-            return
-        await asyncio.gather(*(self.api.create(m) for m in builders.shared_manifests(job, spec)))
-        self.shared_ready.add(job.uid)
+            return True
+        created = await asyncio.gather(*(self._create(job, m, now) for m in builders.shared_manifests(job, spec)))
+        if all(created):
+            self.shared_ready.add(job.uid)
+        return all(created)
+
+    async def _create(self, job: builders.JobRef, manifest: dict[str, Any], now: datetime) -> bool:
+        """Create one object; False when the API server refused it for a reason retrying now cannot fix
+        (admission, validation, quota, a name owned by another object): the decision layer gets it."""
+        name = manifest["metadata"]["name"]
+        refused = self.rejected.get(job.uid, {})
+        try:
+            await self.api.create(manifest)
+        except kube.ApiError as exc:
+            if exc.status not in REFUSED_STATUSES or (exc.status == 409 and not isinstance(exc, kube.NotOwned)):
+                raise
+            refused[name] = decisions.CreateRejected(manifest["kind"], name, exc.status, exc.reason, exc.message,
+                                                     now, not_owned=isinstance(exc, kube.NotOwned))
+            self.rejected[job.uid] = refused
+            self.trigger((job.namespace, job.name))  # decide on it now, not at the next event
+            return False
+        refused.pop(name, None)
+        return True
 
     def _post_event(self, job: builders.JobRef, event: decisions.Event, now: datetime) -> None:
         """Events are best effort and must not slow the reconcile down."""

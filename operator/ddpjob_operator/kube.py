@@ -73,6 +73,10 @@ class ApiError(Exception):
         super().__init__(f"HTTP {status} {reason}: {message}")
 
 
+class NotOwned(ApiError):
+    """A create met an object of the same name that belongs to something else."""
+
+
 @dataclass(frozen=True)
 class Kind:
     """Where a resource lives in the URL space."""
@@ -153,15 +157,30 @@ class Kube:
             return response.status, payload
 
     async def create(self, manifest: dict[str, Any], kind: Kind | None = None) -> dict[str, Any] | None:
-        """Create; None when it already exists (the earlier attempt succeeded: that is done)."""
+        """Create; None when it already exists and is this owner's (an earlier attempt succeeded: done).
+
+        A 409 on a name held by an object with another controller (or none) raises NotOwned: another
+        job's Service, a user's claim. Deterministic names make that an error the user must see."""
         kind = kind or KINDS[(manifest["apiVersion"], manifest["kind"])]
+        meta = manifest["metadata"]
         try:
-            _, created = await self._call("POST", kind.path(manifest["metadata"]["namespace"]), body=manifest)
+            _, created = await self._call("POST", kind.path(meta["namespace"]), body=manifest)
             return created
         except ApiError as exc:
-            if exc.status == 409:
-                return None
-            raise
+            if exc.status != 409:
+                raise
+        owners = {ref.get("uid") for ref in meta.get("ownerReferences") or ()}
+        if owners:
+            _, existing = await self._call("GET", kind.path(meta["namespace"], meta["name"]))
+            existing_meta = (existing or {}).get("metadata") or {}
+            held_by = {ref.get("uid") for ref in existing_meta.get("ownerReferences") or ()}
+            if existing_meta.get("deletionTimestamp") and not owners & held_by:
+                # A previous job's object of the same name, still being garbage-collected: try again later.
+                raise ApiError(409, "Conflict", f"{manifest['kind']} {meta['name']} is still being deleted")
+            if not owners & held_by:
+                raise NotOwned(409, "AlreadyExists", f"{manifest['kind']} {meta['name']} already exists and is "
+                                                     f"not owned by {manifest['metadata']['ownerReferences'][0]['name']}")
+        return None
 
     async def delete(self, kind: Kind, namespace: str, name: str, *, grace_seconds: int | None = None,
                      uid: str | None = None) -> bool:

@@ -43,13 +43,13 @@ PERMISSIONS: tuple[Permission, ...] = (
     # Owner references with blockOwnerDeletion require update on the owner's finalizers.
     Permission(model.GROUP, f"{model.PLURAL}/finalizers", ("update",)),
     # kopf indexes and watches the operator's pods; workers and the store are created and deleted.
-    Permission("", "pods", ("list", "watch", "create", "delete")),
-    # Creates are idempotent (409 means it exists), so nothing is read back with get.
-    Permission("", "services", ("create",)),
+    # A create that meets an existing name reads it back (get) to check that the job owns it.
+    Permission("", "pods", ("list", "watch", "get", "create", "delete")),
+    Permission("", "services", ("get", "create")),
     # kopf posts handler problems as Events; the operator posts lifecycle Events.
     Permission("", "events", ("create",)),
     # Only for checkpoint.claimTemplate: the operator creates `<job>-checkpoints`.
-    Permission("", "persistentvolumeclaims", ("create",)),
+    Permission("", "persistentvolumeclaims", ("get", "create")),
 )
 
 

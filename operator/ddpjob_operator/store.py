@@ -123,7 +123,8 @@ def worker_observation(pod: PodSummary) -> decisions.WorkerObservation:
         unschedulable=pod.unschedulable)
 
 
-def observe(pods: Iterable[PodSummary], now: datetime) -> decisions.Observed:
+def observe(pods: Iterable[PodSummary], now: datetime,
+            rejected: tuple[decisions.CreateRejected, ...] = ()) -> decisions.Observed:
     workers, store = [], None
     for pod in pods:
         if pod.role == builders.ROLE_STORE:
@@ -133,7 +134,7 @@ def observe(pods: Iterable[PodSummary], now: datetime) -> decisions.Observed:
         else:
             workers.append(worker_observation(pod))
     workers.sort(key=lambda w: (w.index, w.generation))
-    return decisions.Observed(workers=tuple(workers), store=store, now=now)
+    return decisions.Observed(workers=tuple(workers), store=store, now=now, rejected=rejected)
 
 
 def parse_status(raw: Any) -> model.DDPJobStatus:

@@ -113,9 +113,9 @@ def test_the_real_exit_code_reaches_the_exit_code_rules(tmp_path, retryable, pha
     condition = next(c for c in decided.status.conditions if c.type == phase)
     assert condition.reason == reason
     assert decided.status.ranks[0].last_exit_code == 3
-    assert decided.status.ranks[0].last_message == "rank 0 (local rank 0) exited with code 3"
+    assert decided.status.ranks[0].last_message == "rank 0 (local rank 0) exited with code 3" + CLOSED
     told = [condition.message] + [a.message for a in decided.actions if isinstance(a, decisions.Event)]
-    assert any("exit code 3, reason Error (rank 0 (local rank 0) exited with code 3)" in m for m in told), told
+    assert any("exit code 3, reason Error (rank 0 (local rank 0) exited with code 3" in m for m in told), told
 
 
 def test_a_rendezvous_that_never_forms_is_reported_as_such_and_retried_in_a_new_generation(tmp_path):

@@ -95,10 +95,14 @@ async def test_budget_exhaustion_fails_the_job(harness, operator):
 async def test_eviction_is_a_disruption_not_charged(harness, operator):
     await started(harness, "evicted", minReplicas=1, failurePolicy={"maxRestarts": 0, **FAST_BACKOFF})
     await harness.evict("evicted-worker-0")
-    await eventually(lambda: harness.pods("evicted").get("evicted-worker-0", {}).get("status", {})
-                     .get("phase") == "Pending", what="the replacement of the evicted worker 0")
+    # The survivor would fail on its next collective: it is stopped gracefully, and the gang restarts
+    # in a fresh generation once it is gone.
+    await eventually(lambda: harness.status("evicted").get("generation") == 1, what="generation 1")
+    await harness.finish_terminating("evicted")
+    await harness.wait_workers("evicted", 2, generation="1")
     status = harness.status("evicted")
     assert status["restarts"] == 0 and status["disruptions"] == 1 and status["phase"] != "Failed"
+    assert status["incidents"][-1]["cause"] == "Disruption" and not status["incidents"][-1]["charged"]
     assert harness.pods("evicted", builders.ROLE_STORE)  # worker 0 does not take the store with it
 
 
@@ -130,17 +134,21 @@ async def test_scale_up_and_down_within_bounds_and_rejected_outside(harness, ope
     await started(harness, "elastic", minReplicas=1, maxReplicas=4)
     code, _ = await harness.scale("elastic", 4)
     assert code == 200
-    await harness.wait_workers("elastic", 4)
+    await harness.wait_workers("elastic", 4, generation="0")  # scale up joins the running rendezvous
     code, _ = await harness.scale("elastic", 1)
     assert code == 200
-    await eventually(lambda: {n for n, p in harness.pods("elastic").items()
-                              if not p["metadata"].get("deletionTimestamp")} == {"elastic-worker-0"},
-                     what="workers 1-3 to be terminating")
+    # Scale down: every worker stops gracefully (checkpoint) and one restarts in a fresh generation.
+    await eventually(lambda: harness.status("elastic").get("generation") == 1, what="generation 1")
+    await harness.settle("elastic", lambda: {n: p["metadata"]["labels"][builders.LABEL_GENERATION]
+                                             for n, p in harness.pods("elastic").items()} == {"elastic-worker-0": "1"},
+                         what="one worker, in generation 1")
     for bad in (0, 5):
         code, body = await harness.scale("elastic", bad)
         assert code == 422 and "replicas" in body["message"]
     assert harness.job("elastic")["spec"]["replicas"] == 1
-    assert harness.status("elastic")["restarts"] == 0
+    status = harness.status("elastic")
+    assert status["restarts"] == 0 and status["disruptions"] == 0
+    assert status["incidents"][-1]["cause"] == "ScaleDown"
 
 
 async def test_suspend_deletes_pods_keeps_claim_and_resume_recreates(harness, operator):
@@ -201,9 +209,10 @@ async def test_stuck_terminating_pod_is_force_deleted_and_replaced(harness, oper
     code, _ = await harness.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/unreachable-worker-1",
                                     {"gracePeriodSeconds": 1}, "application/json")
     assert code == 200
-    old_uid = harness.pods("unreachable")["unreachable-worker-1"]["metadata"]["uid"]
-    await eventually(lambda: harness.pods("unreachable").get("unreachable-worker-1", {}).get("metadata", {})
-                     .get("uid", old_uid) != old_uid, timeout=8, what="a force-deleted, replaced worker 1")
+    await eventually(lambda: "unreachable-worker-1" not in harness.pods("unreachable"), timeout=8,
+                     what="the stuck worker 1 to be force-deleted")
+    await harness.finish_terminating("unreachable")  # the survivor, stopped for the fresh generation
+    await harness.wait_workers("unreachable", 2, generation="1")
     assert harness.status("unreachable")["disruptions"] == 1 and harness.status("unreachable")["restarts"] == 0
 
 
@@ -248,11 +257,24 @@ async def test_operator_restart_mid_job_duplicates_nothing_and_loses_nothing(har
 
 async def test_force_deleted_worker_is_replaced_as_a_disruption(harness, operator):
     await started(harness, "forced", minReplicas=1, failurePolicy={"maxRestarts": 0})
-    old_uid = harness.pods("forced")["forced-worker-0"]["metadata"]["uid"]
     code, _ = await harness.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/forced-worker-0",
                                     {"gracePeriodSeconds": 0}, "application/json")
     assert code == 200
-    await eventually(lambda: harness.pods("forced").get("forced-worker-0", {}).get("metadata", {})
-                     .get("uid", old_uid) != old_uid, what="a new worker 0")
+    await harness.settle("forced", lambda: len(harness.pods("forced")) == 2 and all(
+        p["metadata"]["labels"][builders.LABEL_GENERATION] == "1" for p in harness.pods("forced").values()),
+        what="both workers in generation 1")
     status = harness.status("forced")
     assert status["disruptions"] == 1 and status["restarts"] == 0 and status["phase"] != "Failed"
+
+
+async def test_a_name_held_by_another_object_fails_the_job_naming_it(harness, operator):
+    """Job `x`'s names must never be taken for ours: a 409 on an object we do not own is the user's to fix."""
+    code, body = await harness.request("POST", f"/api/v1/namespaces/{NAMESPACE}/services", {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "taken-rdzv"},
+        "spec": {"ports": [{"port": 1}]}}, "application/json")
+    assert code < 300, body
+    await harness.apply("taken")
+    status = await harness.wait_phase("taken", "Failed")
+    failed = harness.condition("taken", "Failed")
+    assert failed["reason"] == "NameConflict" and "Service taken-rdzv" in failed["message"]
+    assert status["restarts"] == 0 and not harness.pods("taken")
