@@ -49,7 +49,8 @@ class Controller:
                  clock: Callable[[], datetime] = utcnow):
         self.api, self.settings, self.metrics, self.clock = api, settings, metrics, clock
         self.options = decisions.Options(stuck_terminating_seconds=settings.stuck_terminating_seconds,
-                                         cannot_start_seconds=settings.cannot_start_seconds)
+                                         cannot_start_seconds=settings.cannot_start_seconds,
+                                         incident_settle_seconds=settings.incident_settle_seconds)
         self.jobs: dict[JobKey, dict[str, Any]] = {}
         self.pods: Mapping[tuple[str, str], Any] = {}  # kopf's index: (namespace, job uid) -> PodSummary
         self.written: dict[str, model.DDPJobStatus] = {}  # job uid -> the status this process last wrote

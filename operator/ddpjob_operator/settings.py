@@ -32,6 +32,7 @@ class Settings:
     resync_seconds: float = 30.0  # every job is reconciled at least this often
     stuck_terminating_seconds: float = 300.0  # then a Terminating pod is force-deleted
     cannot_start_seconds: float = 300.0  # then a pod stuck on a bad image or missing secret fails its job
+    incident_settle_seconds: float = 10.0  # an incident gathers the exits it causes this long at most
     request_timeout_seconds: float = 30.0  # one Kubernetes API call
     retry_seconds: float = 2.0  # after a failed reconcile (API error), try again this soon
     coalesce_seconds: float = 0.01  # a job triggered during its reconcile runs again this much later
@@ -90,6 +91,7 @@ PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "RESYNC_SECONDS": ("resync_seconds", _seconds),
     "STUCK_TERMINATING_SECONDS": ("stuck_terminating_seconds", _seconds),
     "CANNOT_START_SECONDS": ("cannot_start_seconds", _seconds),
+    "INCIDENT_SETTLE_SECONDS": ("incident_settle_seconds", _seconds),
     "REQUEST_TIMEOUT_SECONDS": ("request_timeout_seconds", _seconds),
     "RETRY_SECONDS": ("retry_seconds", _seconds),
     "COALESCE_SECONDS": ("coalesce_seconds", _seconds),

@@ -20,7 +20,7 @@ from .emulator import DDPJOBS, PODS, Cluster
 
 NAMESPACE = "team-a"
 FAST = Settings(health_port=0, metrics_port=0, resync_seconds=0.5, stuck_terminating_seconds=2.0,
-                cannot_start_seconds=1.0, retry_seconds=0.2, request_timeout_seconds=10)
+                cannot_start_seconds=1.0, incident_settle_seconds=1.0, retry_seconds=0.2, request_timeout_seconds=10)
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition",

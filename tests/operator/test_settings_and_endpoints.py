@@ -26,10 +26,11 @@ def test_defaults_watch_all_namespaces():
 def test_values_are_parsed():
     s = settings.from_env({"DDPJOB_OPERATOR_WATCH_NAMESPACES": "team-a, team-b", "DDPJOB_OPERATOR_LOG_LEVEL": "debug",
                            "DDPJOB_OPERATOR_METRICS_PORT": "0", "DDPJOB_OPERATOR_STUCK_TERMINATING_SECONDS": "90",
-                           "DDPJOB_OPERATOR_CANNOT_START_SECONDS": "120"})
+                           "DDPJOB_OPERATOR_CANNOT_START_SECONDS": "120",
+                           "DDPJOB_OPERATOR_INCIDENT_SETTLE_SECONDS": "4"})
     assert s.watch_namespaces == ("team-a", "team-b") and not s.clusterwide
     assert s.log_level == "DEBUG" and s.metrics_port == 0 and s.stuck_terminating_seconds == 90
-    assert s.cannot_start_seconds == 120
+    assert s.cannot_start_seconds == 120 and s.incident_settle_seconds == 4
 
 
 @pytest.mark.parametrize("name, value, words", [
