@@ -50,6 +50,8 @@ KIND_CONFIG ?= hack/kind/$(if $(KIND_GPU),gpu,cpu).yaml
 HELM_RELEASE ?= ddpjob-operator
 HELM_NAMESPACE ?= ddpjob-system
 E2E_ARGS ?=
+# The fault-injection command of the e2e fault tests (interface in hack/kind/faults.sh).
+DDPJOB_E2E_FAULTS ?= $(CURDIR)/hack/kind/faults.sh
 
 .PHONY: images kind-up kind-load helm-install e2e kind-down chart-files
 
@@ -77,7 +79,7 @@ helm-install:
 
 e2e: venv
 	KUBECONFIG=$(KIND_KUBECONFIG) DDPJOB_E2E_OPERATOR_NAMESPACE=$(HELM_NAMESPACE) DDPJOB_E2E_TRAINER_IMAGE=$(TRAINER_IMAGE) \
-		$(BIN)/python -m pytest tests/e2e -m e2e -v $(E2E_ARGS)
+		DDPJOB_E2E_FAULTS=$(DDPJOB_E2E_FAULTS) $(BIN)/python -m pytest tests/e2e -m e2e -v $(E2E_ARGS)
 
 kind-down:
 	kind delete cluster --name $(KIND_CLUSTER) --kubeconfig $(KIND_KUBECONFIG)

@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
 from ddpjob_operator import model
-from ddpjob_operator.builders import LABEL_JOB_NAME, LABEL_ROLE, ROLE_WORKER
+from ddpjob_operator.builders import LABEL_JOB_NAME, LABEL_ROLE, ROLE_STORE, ROLE_WORKER, store_pod_name
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -23,6 +25,11 @@ EXAMPLES = ROOT / "examples"
 OPERATOR_NAMESPACE = os.environ.get("DDPJOB_E2E_OPERATOR_NAMESPACE", "ddpjob-system")
 # The trainer image `make kind-load` loaded (the examples name the default one).
 TRAINER_IMAGE = os.environ.get("DDPJOB_E2E_TRAINER_IMAGE")
+# The fault-injection command (`make e2e` passes hack/kind/faults.sh): `kill NAMESPACE/POD [--signal N]`,
+# `node-down NODE`, `node-up NODE`. Tests that inject faults skip with the reason when it is unset.
+FAULTS = os.environ.get("DDPJOB_E2E_FAULTS", "").strip()
+OPERATOR_SELECTOR = "app.kubernetes.io/name=ddpjob-operator"
+RESOURCE = f"{model.PLURAL}.{model.GROUP}"
 
 T = TypeVar("T")
 
@@ -64,13 +71,16 @@ def apply(manifest: dict[str, Any], namespace: str) -> None:
     kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(manifest))
 
 
-def wait_for(check: Callable[[], T], what: str, timeout: float, interval: float = 3.0) -> T:
-    """Poll `check` until it returns something truthy; fail naming `what` after `timeout` s."""
+def wait_for(check: Callable[[], T], what: str, timeout: float, interval: float = 3.0,
+             explain: Callable[[], str] | None = None) -> T:
+    """Poll `check` until it returns something truthy; fail naming `what` (and `explain()`, what was
+    seen instead) after `timeout` s. The pause between polls is the only sleep the e2e tests use."""
     deadline = time.monotonic() + timeout
     last: T = check()
     while not last:
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            seen = f"; {explain()}" if explain else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{seen}")
         time.sleep(interval)
         last = check()
     return last
@@ -147,3 +157,191 @@ def gpu_nodes() -> dict[str, int]:
     counts = {n["metadata"]["name"]: int(n["status"].get("allocatable", {}).get("nvidia.com/gpu", "0"))
               for n in nodes}
     return {name: count for name, count in counts.items() if count > 0}
+
+
+# ---------------------------------------------------------------- raw API calls
+
+
+def raw_get(path: str, check: bool = True) -> subprocess.CompletedProcess:
+    """GET an API path (`/api/v1/...`), as the API server answers it."""
+    return kubectl("get", "--raw", path, check=check)
+
+
+def raw_post(path: str, body: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess:
+    """POST a JSON body to an API path (a subresource such as pods/NAME/eviction)."""
+    return kubectl("create", "--raw", path, "-f", "-", stdin=json.dumps(body), check=check)
+
+
+def pod_log(namespace: str, pod: str, container: str | None = None, timeout: int = 15) -> str | None:
+    """GET /api/v1/namespaces/NS/pods/POD/log: the container's whole log; None while it has none, or
+    when its kubelet does not answer within `timeout` s (a lost node)."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{pod}/log"
+    if container:
+        path += f"?container={container}"
+    try:
+        result = kubectl("get", "--raw", path, f"--request-timeout={timeout}s", check=False, timeout=timeout + 15)
+    except subprocess.TimeoutExpired:
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
+def evict(namespace: str, pod: str) -> None:
+    """The Eviction API (policy/v1): what `kubectl drain` and the descheduler use."""
+    raw_post(f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction",
+             {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}})
+
+
+def scale(namespace: str, name: str, replicas: int, check: bool = True) -> subprocess.CompletedProcess:
+    """PATCH the job's scale subresource, as `kubectl scale` and autoscalers do."""
+    return kubectl("patch", RESOURCE, name, "-n", namespace, "--subresource=scale", "--type=merge",
+                   "-p", json.dumps({"spec": {"replicas": replicas}}), check=check)
+
+
+def set_suspend(namespace: str, name: str, suspend: bool) -> None:
+    kubectl("patch", RESOURCE, name, "-n", namespace, "--type=merge",
+            "-p", json.dumps({"spec": {"runPolicy": {"suspend": suspend}}}))
+
+
+def delete_pod(namespace: str, pod: str, *, grace: int | None = None) -> None:
+    """DELETE a pod without waiting for it to go; grace None is the pod's own grace period."""
+    args = ["delete", "pod", pod, "-n", namespace, "--wait=false"]
+    if grace is not None:
+        args.append(f"--grace-period={grace}")
+        if grace == 0:
+            args.append("--force")
+    kubectl(*args)
+
+
+# ---------------------------------------------------------------- reading a job and its pods
+
+
+def job_pods(namespace: str, job_name: str, role: str = ROLE_WORKER) -> list[dict[str, Any]]:
+    """Every pod of the job with that role, terminating ones included."""
+    return get_json("pods", "-n", namespace, "-l", f"{LABEL_JOB_NAME}={job_name},{LABEL_ROLE}={role}")["items"]
+
+
+def store_pod(namespace: str, job_name: str) -> dict[str, Any] | None:
+    pods = [p for p in job_pods(namespace, job_name, ROLE_STORE)
+            if p["metadata"]["name"] == store_pod_name(job_name)]
+    return pods[0] if pods else None
+
+
+def condition_of(job_object: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for item in job_object.get("status", {}).get("conditions", []):
+        if item["type"] == type_:
+            return item
+    return None
+
+
+def terminal(job_object: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(phase, reason, message) of a finished job: the reason of its Succeeded/Failed condition."""
+    status = job_object.get("status", {})
+    phase = status.get("phase")
+    if phase not in ("Succeeded", "Failed"):
+        return None
+    cond = condition_of(job_object, phase) or {}
+    return phase, cond.get("reason", ""), cond.get("message") or status.get("message") or ""
+
+
+def parse_time(text: str) -> float:
+    """RFC 3339 (`2026-01-02T03:04:05Z`) -> seconds since the epoch."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+# ---------------------------------------------------------------- nodes and the operator
+
+
+def cpu_millis(quantity: str | int | float | None) -> int:
+    """A CPU quantity (`2`, `500m`, `1.5`) in millicores."""
+    if quantity is None:
+        return 0
+    text = str(quantity)
+    if text.endswith("m"):
+        return int(float(text[:-1]))
+    return int(round(float(text) * 1000))
+
+
+def nodes() -> list[dict[str, Any]]:
+    return get_json("nodes")["items"]
+
+
+def node_ready(node: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
+
+
+def schedulable_nodes() -> list[dict[str, Any]]:
+    """Ready nodes an ordinary pod (no tolerations) can land on: not cordoned, no NoSchedule/NoExecute taint."""
+    return [n for n in nodes()
+            if node_ready(n) and not n["spec"].get("unschedulable")
+            and not any(t.get("effect") in ("NoSchedule", "NoExecute") for t in n["spec"].get("taints", []))]
+
+
+def requested_cpu_millis(node_name: str) -> int:
+    """CPU the scheduler counts as taken on a node: requests of its pods that have not finished."""
+    pods = get_json("pods", "--all-namespaces", "--field-selector", f"spec.nodeName={node_name}")["items"]
+    total = 0
+    for pod in pods:
+        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        containers = sum(cpu_millis(c.get("resources", {}).get("requests", {}).get("cpu"))
+                         for c in pod["spec"].get("containers", []))
+        inits = max((cpu_millis(c.get("resources", {}).get("requests", {}).get("cpu"))
+                     for c in pod["spec"].get("initContainers", [])), default=0)
+        overhead = cpu_millis(pod["spec"].get("overhead", {}).get("cpu"))
+        total += max(containers, inits) + overhead
+    return total
+
+
+def operator_pods() -> list[dict[str, Any]]:
+    """The operator's live pods, from `make helm-install`'s Deployment."""
+    pods = get_json("pods", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_SELECTOR)["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def operator_setting(name: str, default: str) -> str:
+    """A DDPJOB_OPERATOR_* value as the operator Deployment sets it (literal env values only)."""
+    deployments = get_json("deployments", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_SELECTOR)["items"]
+    for deployment in deployments:
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            for env in container.get("env", []):
+                if env["name"] == name and "value" in env:
+                    return env["value"]
+    return default
+
+
+# ---------------------------------------------------------------- fault injection
+
+
+def why_no_faults() -> str | None:
+    if not FAULTS:
+        return ("DDPJOB_E2E_FAULTS unset: this test injects a fault through the fault command "
+                "(`$DDPJOB_E2E_FAULTS kill NAMESPACE/POD [--signal N] | node-down NODE | node-up NODE`; "
+                "`make e2e` passes hack/kind/faults.sh for kind)")
+    return None
+
+
+def _fault_argv(args: tuple[str, ...]) -> list[str]:
+    return [*shlex.split(FAULTS), *args]
+
+
+def fault(*args: str, timeout: float = 180, check: bool = True) -> str:
+    """Run the fault command to completion; its failure fails the test with its words (check=False:
+    best effort, for undoing a fault while a test is already failing)."""
+    argv = _fault_argv(args)
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"fault command {' '.join(argv)} exited {result.returncode}: "
+                             f"{(result.stderr or result.stdout).strip()}")
+    return result.stdout
+
+
+def faults_at_once(*commands: tuple[str, ...], timeout: float = 180) -> None:
+    """Start several fault commands together (the same instant, as far as processes go), then wait for all."""
+    started = [(c, subprocess.Popen(_fault_argv(c), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+               for c in commands]
+    problems = []
+    for command, process in started:
+        out, err = process.communicate(timeout=timeout)
+        if process.returncode != 0:
+            problems.append(f"{' '.join(command)} exited {process.returncode}: {(err or out).strip()}")
+    assert not problems, "fault commands failed: " + "; ".join(problems)

@@ -45,3 +45,11 @@ def namespace(kube) -> str:
     cluster.kubectl("label", "namespace", name, "app.kubernetes.io/part-of=ddpjob-e2e")
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def faults(kube) -> None:
+    """The fault command (DDPJOB_E2E_FAULTS) is set; skips with the reason when it is not."""
+    reason = cluster.why_no_faults()
+    if reason:
+        pytest.skip(reason)

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# The e2e fault contract (tests/e2e, DDPJOB_E2E_FAULTS) implemented for a kind cluster, whose nodes
+# are docker containers named after the Kubernetes node:
+#
+#   faults.sh kill NAMESPACE/POD [--signal N]   a container crash: signal N (default 9) to the main
+#                                              process of the pod's first container
+#   faults.sh node-down NODE                   the node stops answering: every process on it dies
+#                                              (kubelet, containerd, containers), no more status,
+#                                              deletions of its pods hang
+#   faults.sh node-up NODE                     the node boots again; its kubelet re-registers
+#
+# Uses kubectl (KUBECONFIG) and docker; `make e2e` passes this script as DDPJOB_E2E_FAULTS.
+#
+# kill: the pod's node and container id come from the API (spec.nodeName,
+# status.containerStatuses[0].containerID); the host pid of the container's init comes from crictl
+# inside the node. The main process is PID 1 of the container's pid namespace: SIGKILL (and
+# SIGSTOP) always reach it, any other signal only when the process installed a handler for it
+# (the kernel protects a namespace's init from default-action signals).
+#
+# node-down is `docker kill` of the node container, not `docker pause`. A paused node freezes its
+# processes but keeps them: its kernel still ACKs TCP for the frozen containers, and on unpause the
+# old trainers wake up and talk to peers that moved on. Killing the node container is a power cut:
+# all its processes die at once, its address stops answering, the kubelet stops posting status, and
+# a pod deletion waits forever for a kubelet that never confirms -- what "node lost" means to the
+# operator. node-up is `docker start`: kind's entrypoint boots systemd, containerd and the kubelet
+# again; pods the control plane deleted meanwhile are cleaned up by the kubelet, the node's
+# filesystem (local-path volumes included) is kept. The node's restart policy is set to "no" while
+# it is down (docker would otherwise restart it on its own) and restored by node-up.
+set -euo pipefail
+
+KUBECTL=${KUBECTL:-kubectl}
+DOCKER=${DOCKER:-docker}
+STATE_DIR=${DDPJOB_FAULTS_STATE_DIR:-${TMPDIR:-/tmp}/ddpjob-faults}
+
+usage() {
+  cat >&2 <<'EOF'
+usage: faults.sh kill NAMESPACE/POD [--signal N]
+       faults.sh node-down NODE
+       faults.sh node-up NODE
+EOF
+  exit 2
+}
+
+die() {
+  echo "faults.sh: $*" >&2
+  exit 1
+}
+
+kind_node() {
+  local node=$1 role
+  role=$("$DOCKER" inspect --format '{{ index .Config.Labels "io.x-k8s.kind.role" }}' "$node" 2>/dev/null) \
+    || die "no docker container named $node: is $node a node of a kind cluster?"
+  [ -n "$role" ] || die "docker container $node is not a kind node (no io.x-k8s.kind.role label)"
+  echo "$role"
+}
+
+kill_pod() {
+  local target=$1 signal=$2 namespace pod node cid pid
+  [[ $target == */* ]] || usage
+  namespace=${target%%/*}
+  pod=${target#*/}
+  [ -n "$namespace" ] && [ -n "$pod" ] || usage
+  [[ $signal =~ ^[0-9]+$ ]] && [ "$signal" -ge 1 ] && [ "$signal" -le 64 ] \
+    || die "--signal takes a signal number 1-64, got '$signal'"
+
+  node=$("$KUBECTL" get pod -n "$namespace" "$pod" -o jsonpath='{.spec.nodeName}') \
+    || die "cannot read pod $namespace/$pod"
+  [ -n "$node" ] || die "pod $namespace/$pod is not scheduled on a node"
+  cid=$("$KUBECTL" get pod -n "$namespace" "$pod" -o jsonpath='{.status.containerStatuses[0].containerID}')
+  cid=${cid#*://}
+  [ -n "$cid" ] || die "pod $namespace/$pod has no started container"
+  kind_node "$node" >/dev/null
+
+  pid=$("$DOCKER" exec "$node" crictl inspect --output go-template --template '{{.info.pid}}' "$cid" 2>/dev/null \
+        || "$DOCKER" exec "$node" crictl inspect "$cid" | grep -m1 '"pid":' | tr -dc '0-9') \
+    || die "crictl on $node cannot inspect container $cid of $namespace/$pod"
+  pid=$(echo "$pid" | tr -dc '0-9')
+  [ -n "$pid" ] && [ "$pid" != 0 ] || die "container $cid of $namespace/$pod is not running (no pid)"
+
+  "$DOCKER" exec "$node" sh -c 'kill -"$1" "$2"' kill "$signal" "$pid" \
+    || die "kill -$signal $pid (container $cid of $namespace/$pod) failed on $node"
+  echo "sent signal $signal to pid $pid (pod $namespace/$pod, container ${cid:0:13}) on $node"
+}
+
+node_down() {
+  local node=$1 role policy
+  role=$(kind_node "$node")
+  [ "$role" != control-plane ] \
+    || die "$node is a control-plane node: taking it down takes the API server with it, refusing"
+  [ "$("$DOCKER" inspect --format '{{.State.Running}}' "$node")" = true ] || die "node $node is already down"
+  mkdir -p "$STATE_DIR"
+  policy=$("$DOCKER" inspect --format '{{.HostConfig.RestartPolicy.Name}}:{{.HostConfig.RestartPolicy.MaximumRetryCount}}' "$node")
+  echo "$policy" > "$STATE_DIR/$node.restart-policy"
+  "$DOCKER" update --restart=no "$node" >/dev/null || die "cannot clear the restart policy of $node"
+  "$DOCKER" kill --signal KILL "$node" >/dev/null || die "docker kill $node failed"
+  for _ in $(seq 1 30); do
+    [ "$("$DOCKER" inspect --format '{{.State.Running}}' "$node")" = false ] && {
+      echo "node $node is down (every process on it killed)"
+      return 0
+    }
+    sleep 1
+  done
+  die "node $node still running 30s after docker kill"
+}
+
+node_up() {
+  local node=$1 saved name count
+  kind_node "$node" >/dev/null
+  if [ "$("$DOCKER" inspect --format '{{.State.Running}}' "$node")" != true ]; then
+    "$DOCKER" start "$node" >/dev/null || die "docker start $node failed"
+  fi
+  saved="$STATE_DIR/$node.restart-policy"
+  if [ -f "$saved" ]; then
+    IFS=: read -r name count < "$saved"
+    case $name in
+      on-failure) "$DOCKER" update --restart="on-failure:$count" "$node" >/dev/null ;;
+      always|unless-stopped|no) "$DOCKER" update --restart="$name" "$node" >/dev/null ;;
+      *) ;;
+    esac || die "cannot restore the restart policy $name of $node"
+    rm -f "$saved"
+  fi
+  echo "node $node is up (its kubelet re-registers within a minute)"
+}
+
+[ $# -ge 1 ] || usage
+command=$1
+shift
+case $command in
+  kill)
+    [ $# -ge 1 ] || usage
+    target=$1
+    shift
+    signal=9
+    while [ $# -gt 0 ]; do
+      case $1 in
+        --signal) [ $# -ge 2 ] || usage; signal=$2; shift 2 ;;
+        --signal=*) signal=${1#--signal=}; shift ;;
+        *) usage ;;
+      esac
+    done
+    kill_pod "$target" "$signal"
+    ;;
+  node-down) [ $# -eq 1 ] || usage; node_down "$1" ;;
+  node-up) [ $# -eq 1 ] || usage; node_up "$1" ;;
+  -h|--help|help) usage ;;
+  *) usage ;;
+esac

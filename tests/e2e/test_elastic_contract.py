@@ -1,0 +1,131 @@
+"""Membership changes, against the failure-semantics contract (docs/operator.md, "What users can rely
+on"): `kubectl scale` through the scale subresource (elastic and static jobs), suspend and resume,
+and training that finishes while a replacement is still Pending. None of them is a restart or a
+disruption; the table says which ones start a new generation."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpjob_operator.builders import LABEL_GENERATION, LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LABEL_ROLE, ROLE_WORKER
+
+from . import cluster
+from .scenario import INTERVAL, Training, digits_job
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+
+def test_elastic_scale_up_joins_in_place_and_scale_down_restarts_gracefully(namespace, operator):
+    t = Training(namespace, digits_job("scale-elastic", replicas=2, min_replicas=1, max_replicas=3,
+                                       max_steps=12000)).start()
+    before_up = t.wait_training()
+    g0 = t.generation
+    earlier = len(t.resumes(g0))
+
+    # Up within the node range 1:3: the new worker joins the running rendezvous (a torchrun membership
+    # change), same generation.
+    cluster.scale(namespace, t.name, 3)
+    t.wait(lambda: t.world() == 3 and t.status.get("worldSize") == 3 and len(t.resumes(g0)) > earlier,
+           "training at world size 3 after the scale-up", timeout=600)
+    assert t.generation == g0, f"a scale-up within the node range must not start a new generation: {t.describe()}"
+    up = t.assert_resumed(g0, world=3, not_before=before_up, skip=earlier)
+
+    # Down: every worker stops gracefully (SIGTERM, checkpoint) and a new generation runs at the new size.
+    t.wait(lambda: t.latest_step(g0) >= up.step + 3 * INTERVAL, "training to go on at world size 3", timeout=600)
+    before_down = t.latest_step(g0)
+    cluster.scale(namespace, t.name, 1)
+    t.wait_running_world(g0 + 1, 1)
+
+    t.wait_terminal()
+    t.assert_outcome(phase="Succeeded", reason="Succeeded", restarts=0, disruptions=0, generation=g0 + 1)
+    t.assert_resumed(g0 + 1, world=1, not_before=before_down)
+
+
+def test_scaling_a_static_job_changes_its_node_range_in_a_new_generation(namespace, operator):
+    # No minReplicas/maxReplicas: both follow replicas, so 2 -> 3 changes the node range 2:2 -> 3:3.
+    t = Training(namespace, digits_job("scale-static", replicas=2, min_replicas=None, max_replicas=None,
+                                       max_steps=8000)).start()
+    before = t.wait_training()
+    g0 = t.generation
+
+    cluster.scale(namespace, t.name, 3)
+
+    t.wait_running_world(g0 + 1, 3)
+    t.wait_terminal()
+    t.assert_outcome(phase="Succeeded", reason="Succeeded", restarts=0, disruptions=0, generation=g0 + 1)
+    t.assert_resumed(g0 + 1, world=3, not_before=before)
+
+
+def test_suspend_then_resume_continues_from_the_checkpoint(namespace, operator):
+    t = Training(namespace, digits_job("suspend")).start()
+    before = t.wait_training()
+    g0 = t.generation
+
+    cluster.set_suspend(namespace, t.name, True)
+    t.wait(lambda: t.status.get("phase") == "Suspended" and not t.pods and cluster.store_pod(namespace, t.name) is None,
+           "phase Suspended with every worker and the store gone", timeout=300)
+    claims = [c["metadata"]["name"] for c in cluster.get_json("persistentvolumeclaims", "-n", namespace)["items"]]
+    assert f"{t.name}-checkpoints" in claims, f"suspend must keep the checkpoint claim: {claims}"
+    assert t.generation == g0 + 1, f"suspend starts a new generation: {t.describe()}"
+
+    cluster.set_suspend(namespace, t.name, False)
+
+    t.wait_running_world(g0 + 1, 2)
+    t.wait_terminal()
+    t.assert_outcome(phase="Succeeded", reason="Succeeded", restarts=0, disruptions=0, generation=g0 + 1)
+    t.assert_resumed(g0 + 1, world=2, not_before=before)
+
+
+def _blocker(namespace: str, job_name: str, index: int, old_generation: int, node: dict, image: str) -> dict:
+    """A tiny pod pinned to `node` whose required anti-affinity (symmetric: it also repels incoming
+    pods) keeps every later generation's worker `index` of the job off that node."""
+    hostname = node["metadata"].get("labels", {}).get("kubernetes.io/hostname", node["metadata"]["name"])
+    match = [{"key": LABEL_JOB_NAME, "operator": "In", "values": [job_name]},
+             {"key": LABEL_ROLE, "operator": "In", "values": [ROLE_WORKER]},
+             {"key": LABEL_REPLICA_INDEX, "operator": "In", "values": [str(index)]},
+             {"key": LABEL_GENERATION, "operator": "NotIn", "values": [str(old_generation)]}]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"block-{node['metadata']['name']}"[:63].rstrip("-."), "namespace": namespace},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": hostname}, "terminationGracePeriodSeconds": 0,
+                 "restartPolicy": "Never",
+                 "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                     {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchExpressions": match}}]}},
+                 "containers": [{"name": "hold", "image": image, "imagePullPolicy": "IfNotPresent",
+                                 "command": ["python", "-c", "import time; time.sleep(86400)"],
+                                 "resources": {"requests": {"cpu": "1m", "memory": "8Mi"}}}]},
+    }
+
+
+def test_training_finishes_while_a_replacement_is_still_pending(faults, namespace, operator):
+    t = Training(namespace, digits_job("finish-pending", replicas=3, min_replicas=1, max_replicas=3)).start()
+    before = t.wait_training()
+    g0 = t.generation
+
+    # Worker 2 of any later generation can be scheduled nowhere; workers 0 and 1 anywhere.
+    blockers = [_blocker(namespace, t.name, 2, g0, node, t.manifest["spec"]["image"])
+                for node in cluster.schedulable_nodes()]
+    for blocker in blockers:
+        cluster.apply(blocker, namespace)
+
+    def blockers_running() -> bool:
+        phases = {p["metadata"]["name"]: p["status"].get("phase") for p in cluster.get_json("pods", "-n", namespace)["items"]}
+        return all(phases.get(b["metadata"]["name"]) == "Running" for b in blockers)
+
+    try:
+        cluster.wait_for(blockers_running, "a blocker pod running on every schedulable node", timeout=180)
+    except AssertionError as e:
+        pytest.skip(f"cannot keep worker 2's replacement Pending on this cluster: {e}")
+
+    cluster.fault("kill", f"{namespace}/{t.pod(2)['metadata']['name']}")
+
+    t.wait(lambda: any(r.generation == g0 + 1 and r.index == 2 for r in t.records.values()),
+           "the replacement of worker 2", timeout=600)
+    t.wait_running_world(g0 + 1, 2)
+    t.wait_terminal()
+
+    t.assert_outcome(phase="Succeeded", reason="Succeeded", restarts=1, disruptions=0, generation=g0 + 1)
+    t.assert_resumed(g0 + 1, world=2, not_before=before)
+    replacement = [r for r in t.records.values() if r.generation == g0 + 1 and r.index == 2]
+    assert replacement and not any(r.ever_scheduled for r in replacement), (
+        f"worker 2's replacement was scheduled after all: {[(r.name, r.states[-3:]) for r in replacement]}")
