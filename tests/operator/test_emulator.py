@@ -338,6 +338,27 @@ async def test_crd_structural_defaults_and_pruning(harness):
     assert code == 422 and body["reason"] == "Invalid" and "replicas" in body["message"]
 
 
+async def test_the_operator_tests_jobs_carry_the_crd_defaults(harness):
+    """What Harness.apply creates is stored as a real server would store it, defaults included,
+    so the operator under test reads the same spec it would read in a cluster."""
+    await harness.apply("defaults")
+    spec = harness.job("defaults")["spec"]
+    properties = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert {k for k, v in properties.items() if "default" in v} <= set(spec)
+    assert spec["failurePolicy"]["backoff"] == {"initialSeconds": 5, "maxSeconds": 300, "factor": 2.0}
+    assert spec["rendezvous"]["backend"] == "c10d" and spec["runPolicy"]["suspend"] is False
+
+
+async def test_patch_formats(harness):
+    await create(harness, JOBS, job_manifest("fmt"))
+    code, job = await harness.request("PATCH", f"{JOBS}/fmt", [{"op": "replace", "path": "/spec/replicas", "value": 3}],
+                                      "application/json-patch+json")
+    assert code == 200 and job["spec"]["replicas"] == 3
+    code, body = await harness.request("PATCH", f"{JOBS}/fmt", {"spec": {"replicas": 1}},
+                                       "application/strategic-merge-patch+json")
+    assert code == 415 and body["reason"] == "UnsupportedMediaType"
+
+
 async def test_crd_defaults_are_the_recorded_servers(harness):
     """The spec the real server stored for the applied manifest, default by default. The CRD has
     grown since the recording: every extra field must be one the current schema defaults."""
