@@ -81,7 +81,7 @@ def test_permanent_error_fails_the_job_with_the_reason(tmp_path, runs):
     # The launcher passes the trainer's own exit code on (torchrun alone would say 1), with its message.
     assert "job perm: Failed" in out
     assert ("PermanentError: worker 0 (pod perm-worker-0) failed with exit code 2, reason Error "
-            "(rank 0 (local rank 0) exited with code 2)") in out
+            "(rank 0 (local rank 0) exited with code 2 [rendezvous closed])") in out
     assert "bad learning rate" in (job_dir(tmp_path, "perm") / "logs" / "perm-worker-0.log").read_text()
 
 
@@ -94,7 +94,7 @@ def test_retryable_failures_exhaust_the_restart_budget(tmp_path, runs):
     assert code == 1, out
     assert "[budget-worker-0] ---- budget-worker-0:" in out, "--logs prints worker lines with their pod"
     assert ("WorkerFailed: worker 0 (pod budget-worker-0) failed with exit code 1, reason Error "
-            "(rank 0 (local rank 0) exited with code 1); retrying") in out
+            "(rank 0 (local rank 0) exited with code 1 [rendezvous closed]); restarting (restart 1 of 1)") in out
     assert "RestartBudgetExhausted" in out and "failurePolicy.maxRestarts=1 is spent" in out
     assert "restarts charged to the budget: 1" in out
     log = (job_dir(tmp_path, "budget") / "logs" / "budget-worker-0.log").read_text()
@@ -138,7 +138,7 @@ def test_lost_store_moves_the_job_to_a_new_generation_without_charging_the_budge
     os.kill(store[0], signal.SIGKILL)
     code, out = run.wait(timeout=240)
     assert code == 0, out
-    assert "RendezvousStoreLost: rendezvous store lost (Failed); moving all workers to rendezvous generation 1" in out
+    assert "RendezvousStoreLost: rendezvous store lost (Failed); moving every worker to rendezvous generation 1" in out
     assert "restarts charged to the budget: 0, disruptions: 1" in out
     # The old generation was deleted gracefully: its trainers saved on SIGTERM and training went on from there.
     logs = "".join(p.read_text() for p in (job_dir(tmp_path, "store") / "logs").glob("store-worker-*.log"))

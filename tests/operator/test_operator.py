@@ -199,7 +199,8 @@ async def test_success_stops_the_rest_and_honours_ttl(harness, operator):
     await eventually(lambda: harness.pods("done").get("done-worker-1", {"metadata": {"deletionTimestamp": "gone"}})
                      ["metadata"].get("deletionTimestamp"), what="worker 1 to be stopped")
     await eventually(lambda: harness.job("done") is None, timeout=5, what="TTL deletion")
-    await eventually(lambda: not harness.pods("done"), what="garbage collection")
+    await harness.settle("done", lambda: not harness.pods("done") and not harness.pods("done", builders.ROLE_STORE),
+                         what="garbage collection (running pods are deleted gracefully)")
 
 
 async def test_stuck_terminating_pod_is_force_deleted_and_replaced(harness, operator):
@@ -219,8 +220,8 @@ async def test_stuck_terminating_pod_is_force_deleted_and_replaced(harness, oper
 async def test_deleting_the_job_removes_everything_and_nothing_comes_back(harness, operator):
     await started(harness, "doomed")
     await harness.delete_job("doomed")
-    await eventually(lambda: not harness.pods("doomed") and not harness.pods("doomed", builders.ROLE_STORE),
-                     what="garbage collection")
+    await harness.settle("doomed", lambda: not harness.pods("doomed") and not harness.pods("doomed", builders.ROLE_STORE),
+                         what="garbage collection (running pods are deleted gracefully)")
     await asyncio.sleep(1.2)  # two resync periods: the operator must not recreate anything
     assert not harness.pods("doomed") and not harness.pods("doomed", builders.ROLE_STORE)
 
