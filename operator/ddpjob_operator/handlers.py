@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import time
 from datetime import datetime, timezone
@@ -183,8 +184,9 @@ class Controller:
             return
         uid = body["metadata"].get("uid", "")
         view = store.job_view(body, self.written.get(uid), self._parsed_spec(uid, body))
-        pods = tuple(self.pods.get((key[0], uid), ()))
-        observed = store.observe(pods, self.clock(), tuple(self.rejected.get(uid, {}).values()))
+        now = self.clock()
+        pods = await self._with_mount_failures(key[0], tuple(self.pods.get((key[0], uid), ())), now)
+        observed = store.observe(pods, now, tuple(self.rejected.get(uid, {}).values()))
         decision = decisions.decide(view, observed, self.options)
         # Diff against what the server holds: our last write, or the stored status after a restart.
         stored = self.written[uid].wire() if uid in self.written else dict(body.get("status") or {})
@@ -204,6 +206,22 @@ class Controller:
         self.metrics.job_phase(uid, decision.status.phase)
         if decision.requeue_after is not None:
             self.requeue(key, decision.requeue_after)
+
+    async def _with_mount_failures(self, namespace: str, pods: tuple[store.PodSummary, ...],
+                                   now: datetime) -> tuple[store.PodSummary, ...]:
+        """A volume that cannot be mounted leaves its pod in ContainerCreating with no message: only the
+        kubelet's FailedMount Event says why. Read it for pods waiting past the cannot-start timeout."""
+        out = []
+        for pod in pods:
+            wait = pod.waiting
+            if wait is not None and wait.reason == "ContainerCreating" and \
+                    (now - wait.since).total_seconds() >= self.settings.cannot_start_seconds:
+                message = await self.api.latest_event_message(namespace, pod.uid, decisions.REASON_FAILED_MOUNT)
+                if message:
+                    pod = dataclasses.replace(pod, waiting=decisions.Waiting(decisions.REASON_FAILED_MOUNT, message,
+                                                                             wait.since))
+            out.append(pod)
+        return tuple(out)
 
     async def _write_status(self, view: decisions.JobView, status: model.DDPJobStatus, patch: dict[str, Any]) -> bool:
         if not await self.api.patch_status(view.namespace, view.name, patch):

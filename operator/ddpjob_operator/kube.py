@@ -202,6 +202,14 @@ class Kube:
                 return False
             raise
 
+    async def latest_event_message(self, namespace: str, involved_uid: str, reason: str) -> str | None:
+        """The newest message of the Events with this reason about one object, if any."""
+        _, listed = await self._call("GET", EVENTS.path(namespace), params={
+            "fieldSelector": f"involvedObject.uid={involved_uid},reason={reason}"})
+        items = (listed or {}).get("items") or []
+        items.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        return items[-1].get("message") if items else None
+
     async def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
         """Merge-patch the DDPJob status subresource; False when the job is gone.
 

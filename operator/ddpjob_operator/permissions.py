@@ -46,8 +46,9 @@ PERMISSIONS: tuple[Permission, ...] = (
     # A create that meets an existing name reads it back (get) to check that the job owns it.
     Permission("", "pods", ("list", "watch", "get", "create", "delete")),
     Permission("", "services", ("get", "create")),
-    # kopf posts handler problems as Events; the operator posts lifecycle Events.
-    Permission("", "events", ("create",)),
+    # kopf posts handler problems as Events; the operator posts lifecycle Events, and lists a pod's
+    # FailedMount Events when it has waited in ContainerCreating past the cannot-start timeout.
+    Permission("", "events", ("list", "create")),
     # Only for checkpoint.claimTemplate: the operator creates `<job>-checkpoints`.
     Permission("", "persistentvolumeclaims", ("get", "create")),
 )

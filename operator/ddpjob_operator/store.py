@@ -71,6 +71,8 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
     last_terminated = (container_status.get("lastState") or {}).get("terminated") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or ()}
     disruption_condition = conditions.get("DisruptionTarget", {}).get("status") == "True"
+    # The control plane's word on why (EvictionByEvictionAPI, PreemptionByScheduler, DeletionByTaintManager, ...).
+    disruption_reason = conditions["DisruptionTarget"].get("reason") if disruption_condition else None
     pod_reason = status.get("reason")
     # deletionTimestamp is when the grace period ends: a pod checkpointing on SIGTERM is not
     # "stuck" before then, so the stuck-terminating timeout counts from there.
@@ -99,7 +101,7 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
         phase=status.get("phase") or "Pending",
         ready=conditions.get("Ready", {}).get("status") == "True",
         exit_code=int(exit_code) if exit_code is not None else None,
-        reason=pod_reason or terminated.get("reason"),
+        reason=disruption_reason or pod_reason or terminated.get("reason"),
         # The launcher's termination message (or the log tail); else the pod's own (an eviction's).
         message=terminated.get("message") or last_terminated.get("message") or status.get("message"),
         disruption=disruption_condition or pod_reason in DISRUPTION_REASONS,

@@ -225,6 +225,9 @@ def labels_match(labels: dict[str, str] | None, requirements: list[tuple[str, st
 # The fields a real server lets a field selector use (a few per kind; any other is a 400).
 SELECTABLE_FIELDS = {"metadata.name", "metadata.namespace"}
 SELECTABLE_POD_FIELDS = {"spec.nodeName", "status.phase", "spec.restartPolicy", "spec.schedulerName"}
+SELECTABLE_EVENT_FIELDS = {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
+                           "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.fieldPath",
+                           "reason", "reportingComponent", "source", "type"}
 
 
 def parse_field_selector(text: str | None, resource: Any) -> list[tuple[str, bool, str]]:
@@ -235,7 +238,8 @@ def parse_field_selector(text: str | None, resource: Any) -> list[tuple[str, boo
         if not match:
             raise bad_request(f"invalid selector: {text!r}; can't understand {part!r}")
         path, op, value = match.groups()
-        if path not in SELECTABLE_FIELDS and not (resource == PODS and path in SELECTABLE_POD_FIELDS):
+        if path not in SELECTABLE_FIELDS and not (resource == PODS and path in SELECTABLE_POD_FIELDS) \
+                and not (getattr(resource, "plural", None) == "events" and path in SELECTABLE_EVENT_FIELDS):
             raise bad_request(f'field label not supported: {path}')
         requirements.append((path, op != "!=", value))
     return requirements

@@ -252,3 +252,27 @@ def test_incident_history_is_bounded():
     assert len(status.incidents) == d.INCIDENT_HISTORY and status.restarts == d.INCIDENT_HISTORY + 3
     assert status.incidents[-1].generation == d.INCIDENT_HISTORY + 2
     assert isinstance(status.incidents[0], model.Incident)
+
+
+def test_a_volume_that_cannot_be_mounted_fails_the_job_naming_the_fields():
+    s = spec(replicas=1)
+    mount = d.Waiting(d.REASON_FAILED_MOUNT, 'MountVolume.SetUp failed for volume "data" : configmap "cfg" not found',
+                      T0)
+    view = job(s, running_status(phase="Pending", ranks=ranks(1)))
+    assert decide(view, seen(w(0, "Pending", waiting=mount))).status.phase == "Pending"
+    out = decide(view, seen(w(0, "Pending", waiting=mount), now=T0 + timedelta(seconds=300)))
+    failed_condition = next(c for c in out.status.conditions if c.type == "Failed")
+    assert failed_condition.reason == d.REASON_VOLUME_UNAVAILABLE
+    assert "template.volumes" in failed_condition.message and 'configmap "cfg" not found' in failed_condition.message
+
+
+def test_a_pod_the_taint_manager_deleted_is_force_deleted_at_once():
+    """Its node stopped answering: no kubelet will confirm the deletion, so nothing is gained by waiting."""
+    s = spec(replicas=2)
+    lost = w(1, terminating_since=T0 + timedelta(seconds=60), reason="DeletionByTaintManager", disruption=True)
+    out = decide(job(s, running_status(ranks=ranks(2))), seen(w(0), lost))
+    assert d.DeleteWorker("j-worker-1", d.REASON_STUCK_TERMINATING, force=True) in of(out, d.DeleteWorker)
+    assert out.status.disruptions == 1 and out.status.restarts == 0
+    evicted = w(1, terminating_since=T0 + timedelta(seconds=60), reason="EvictionByEvictionAPI", disruption=True)
+    out = decide(job(s, running_status(ranks=ranks(2))), seen(w(0), evicted))
+    assert not [a for a in of(out, d.DeleteWorker) if a.force]  # a live kubelet finishes an eviction

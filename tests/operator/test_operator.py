@@ -279,3 +279,23 @@ async def test_a_name_held_by_another_object_fails_the_job_naming_it(harness, op
     failed = harness.condition("taken", "Failed")
     assert failed["reason"] == "NameConflict" and "Service taken-rdzv" in failed["message"]
     assert status["restarts"] == 0 and not harness.pods("taken")
+
+
+async def test_a_volume_that_cannot_be_mounted_fails_the_job_with_the_kubelets_words(harness, operator):
+    """FailedMount leaves the pod in ContainerCreating with no message: the operator reads the Event."""
+    await harness.apply("mountless", replicas=1)
+    pod = (await harness.wait_workers("mountless", 1))["mountless-worker-0"]
+    await harness.set_status("mountless-worker-0", {"phase": "Pending", "startTime": "2026-01-01T00:00:00Z",
+                                                    "containerStatuses": [{"name": builders.TRAINER_CONTAINER,
+                                                                           "state": {"waiting": {
+                                                                               "reason": "ContainerCreating"}}}]})
+    code, body = await harness.request("POST", f"/api/v1/namespaces/{NAMESPACE}/events", {
+        "apiVersion": "v1", "kind": "Event", "metadata": {"name": "mountless-worker-0.1"}, "type": "Warning",
+        "reason": "FailedMount", "message": 'MountVolume.SetUp failed for volume "data" : configmap "cfg" not found',
+        "involvedObject": {"kind": "Pod", "namespace": NAMESPACE, "name": "mountless-worker-0",
+                           "uid": pod["metadata"]["uid"]}}, "application/json")
+    assert code < 300, body
+    await harness.wait_phase("mountless", "Failed")
+    failed = harness.condition("mountless", "Failed")
+    assert failed["reason"] == "VolumeUnavailable" and 'configmap "cfg" not found' in failed["message"]
+    assert "template.volumes" in failed["message"]

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Literal
 
 from .. import builders, model
-from .types import (INCIDENT_HISTORY, MISSING, Action, DeleteJob, DeleteStore, DeleteWorker, Event, JobView,
+from .types import (INCIDENT_HISTORY, MISSING, NODE_LOST_REASONS, Action, DeleteJob, DeleteStore, DeleteWorker, Event, JobView,
                     Observed, Options, REASON_CLEANUP, REASON_STUCK_TERMINATING, WorkerObservation)
 
 
@@ -176,7 +176,8 @@ def force_stuck(plan: Plan) -> None:
     """Pods stuck Terminating (unreachable node) are force-deleted after the configured timeout."""
     limit = timedelta(seconds=plan.options.stuck_terminating_seconds)
     stuck: list[tuple[datetime, Action]] = [
-        (w.terminating_since, DeleteWorker(w.name, REASON_STUCK_TERMINATING, force=True))
+        (plan.now - limit if w.reason in NODE_LOST_REASONS else w.terminating_since,
+         DeleteWorker(w.name, REASON_STUCK_TERMINATING, force=True))
         for w in plan.observed.workers if w.terminating_since is not None]
     store = plan.observed.store
     if store is not None and store.terminating_since is not None:

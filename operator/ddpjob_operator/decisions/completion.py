@@ -9,7 +9,7 @@ from .. import model
 from .accounting import rendezvous_failed
 from .common import (Plan, cleanup, condition, describe_failure, enter_terminal, fail, force_stuck, parse_time,
                      record_failure, set_condition, set_phase, short_message, ttl, update_counts)
-from .types import (CANNOT_START_REASONS, CONDITION_CREATE_BLOCKED, CONDITION_SPEC_REJECTED, REASON_CANNOT_START,
+from .types import (CANNOT_START_REASONS, REASON_FAILED_MOUNT, CONDITION_CREATE_BLOCKED, CONDITION_SPEC_REJECTED, REASON_CANNOT_START,
                     REASON_DEADLINE, REASON_FAILED_AFTER_COMPLETION, REASON_INVALID_SPEC, REASON_NAME_CONFLICT,
                     REASON_POD_REJECTED, REASON_QUOTA, REASON_SUCCEEDED, REASON_VOLUME_UNAVAILABLE, TERMINAL_PHASES,
                     Waiting, WorkerObservation)
@@ -115,6 +115,9 @@ def cannot_start(plan: Plan, spec: model.DDPJobSpec) -> bool:
             assert unschedulable is not None
             wait, field, reason = unschedulable, "spec.checkpoint.claimName (or template.volumes)", \
                 REASON_VOLUME_UNAVAILABLE
+        elif wait is not None and wait.reason == REASON_FAILED_MOUNT:
+            field, reason = "template.volumes (and the config maps, secrets or claims they name) or " \
+                            "spec.checkpoint", REASON_VOLUME_UNAVAILABLE
         elif wait is not None and wait.reason in CANNOT_START_REASONS:
             reason = REASON_CANNOT_START
             field = (f"{field}, spec.imagePullPolicy, image pull secrets (template.serviceAccountName) and "

@@ -54,6 +54,13 @@ REASON_QUOTA = "QuotaExceeded"
 CANNOT_START_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
                                   "CreateContainerConfigError", "CreateContainerError"})
 
+# The taint manager deletes a pod only from a node that stopped answering: no kubelet will ever
+# confirm that deletion, so waiting for the stuck-terminating timeout only delays the replacement.
+NODE_LOST_REASONS = frozenset({"DeletionByTaintManager"})
+# The kubelet's event when a volume cannot be mounted (a missing config map, secret or claim): the pod
+# waits in ContainerCreating with no message of its own.
+REASON_FAILED_MOUNT = "FailedMount"
+
 TERMINAL_PHASES = ("Succeeded", "Failed")
 PHASE_CONDITIONS = ("Running", "Restarting", "Suspended", "Succeeded", "Failed")
 CONDITION_SPEC_REJECTED = "SpecRejected"
