@@ -182,9 +182,18 @@ SHUTDOWN_MARGIN_SECONDS = 5
 STATIC_MASTER_PORT = 29500
 
 
+def nnodes(spec: model.DDPJobSpec) -> str:
+    """`--nnodes` of a generation: minReplicas up to the replicas the operator starts in it. With the
+    maximum at the generation's size, a round completes the moment its last worker joins, never
+    waiting out lastCallTimeoutSeconds for workers that will not come; a round that cannot reach it
+    (a worker the scheduler cannot place) still starts with at least minReplicas after the last call,
+    and the late worker joins later. Any other size is a new generation."""
+    return f"{spec.min_nodes}:{spec.replicas}"
+
+
 def node_range(spec: model.DDPJobSpec) -> str:
-    """The generation's node range as a label value: `--nnodes=min:max` is `min-max` here."""
-    return f"{spec.min_nodes}-{spec.max_nodes}"
+    """`nnodes` as a label value (`min-max`): every agent of a generation agrees on it."""
+    return nnodes(spec).replace(":", "-")
 
 
 def shutdown_timeout_seconds(spec: model.DDPJobSpec) -> int:
@@ -203,7 +212,7 @@ def torchrun_flags(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str,
             f"keep_alive_interval={rdzv.keep_alive_interval_seconds},"
             f"keep_alive_max_attempt={rdzv.keep_alive_max_attempts}")
     return [
-        ("nnodes", f"{spec.min_nodes}:{spec.max_nodes}"),
+        ("nnodes", nnodes(spec)),
         ("nproc-per-node", str(spec.nproc_per_node)),
         ("rdzv-backend", rdzv.backend),
         ("rdzv-endpoint", endpoint),

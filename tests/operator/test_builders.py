@@ -38,7 +38,8 @@ def flags(argv: list[str]) -> dict[str, str]:
     ({}, {"nnodes": "2:2", "nproc-per-node": "1", "max-restarts": "0", "shutdown-timeout": "55",
           "rdzv-conf": "is_host=false,join_timeout=600,last_call_timeout=15,read_timeout=60,"
                        "keep_alive_interval=5,keep_alive_max_attempt=3"}),
-    ({"minReplicas": 1, "maxReplicas": 4, "replicas": 2}, {"nnodes": "1:4"}),
+    # The generation's maximum is its size: a round completes when its last worker joins.
+    ({"minReplicas": 1, "maxReplicas": 4, "replicas": 2}, {"nnodes": "1:2"}),
     # One budget, the operator's: torchrun never restarts a trainer in place (docs/operator.md).
     ({"nprocPerNode": 8, "failurePolicy": {"maxRestarts": 7}}, {"nproc-per-node": "8", "max-restarts": "0"}),
     ({"rendezvous": {"joinTimeoutSeconds": 30, "lastCallTimeoutSeconds": 2, "readTimeoutSeconds": 9,
@@ -222,9 +223,9 @@ def test_services_and_store_pod():
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    ({"replicas": 2}, "2-2"),  # min and max default to replicas
-    ({"replicas": 2, "minReplicas": 1, "maxReplicas": 4}, "1-4"),
-    ({"replicas": 3, "maxReplicas": 8}, "3-8"),
+    ({"replicas": 2}, "2-2"),  # minReplicas defaults to replicas
+    ({"replicas": 2, "minReplicas": 1, "maxReplicas": 4}, "1-2"),  # up to the generation's size
+    ({"replicas": 3, "maxReplicas": 8}, "3-3"),
     ({"replicas": 1024}, "1024-1024"),
 ])
 def test_node_range_is_the_nnodes_flag_as_a_label(overrides, expected):

@@ -135,13 +135,19 @@ def test_a_new_node_range_starts_a_new_generation_without_charging():
     assert {a.name for a in of(out, d.DeleteWorker)} == {"j-worker-0", "j-worker-1"}
 
 
-def test_scale_up_within_the_range_joins_the_running_generation():
+def test_every_agent_of_a_generation_agrees_on_nnodes_and_its_maximum_is_the_generation_size():
+    """A round completes when the generation's last worker joins, not after lastCallTimeoutSeconds."""
     s = spec(replicas=3, minReplicas=2, maxReplicas=4)
-    out = decide(job(s, running_status(ranks=ranks(2))), seen(w(0, node_range="2-4"), w(1, node_range="2-4")))
-    assert out.status.generation == 0 and of(out, d.CreateWorker) == [d.CreateWorker(2, 0, 0)]
-    pod = builders.worker_pod(builders.JobRef("j", "ns", "u"), s, index=2, generation=0)
-    assert pod["metadata"]["labels"][builders.LABEL_NNODES] == "2-4"
-    assert "--nnodes=2:4" in pod["spec"]["containers"][0]["command"]
+    out = decide(job(s, running_status()), seen())
+    assert of(out, d.CreateWorker) == [d.CreateWorker(i, 0, 0) for i in range(3)]
+    for i in range(3):
+        pod = builders.worker_pod(builders.JobRef("j", "ns", "u"), s, index=i, generation=0)
+        assert pod["metadata"]["labels"][builders.LABEL_NNODES] == "2-3"
+        assert "--nnodes=2:3" in pod["spec"]["containers"][0]["command"]
+    # kubectl scale to 4: a new size is a new generation (graceful, not charged).
+    grown = spec(replicas=4, minReplicas=2, maxReplicas=4)
+    out = decide(job(grown, running_status(ranks=ranks(3))), seen(*(w(i, node_range="2-3") for i in range(3))))
+    assert out.status.generation == 1 and out.status.restarts == 0
 
 
 # ---------------------------------------------------------------- 5. success while a replacement is pending

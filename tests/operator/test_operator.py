@@ -130,25 +130,31 @@ async def test_store_loss_moves_to_a_fresh_rendezvous_without_charging(harness, 
     assert harness.status("store-lost")["restarts"] == 0 and harness.status("store-lost")["disruptions"] == 1
 
 
+def generation_of(harness, job: str, generation: str) -> list[str]:
+    return [n for n, p in harness.pods(job).items() if p["metadata"]["labels"][builders.LABEL_GENERATION] == generation]
+
+
 async def test_scale_up_and_down_within_bounds_and_rejected_outside(harness, operator):
     await started(harness, "elastic", minReplicas=1, maxReplicas=4)
     code, _ = await harness.scale("elastic", 4)
     assert code == 200
-    await harness.wait_workers("elastic", 4, generation="0")  # scale up joins the running rendezvous
+    # A new size is a new generation (every agent of one agrees on --nnodes=min:replicas): the old
+    # workers stop gracefully (they checkpoint) and four start, nothing charged.
+    await eventually(lambda: harness.status("elastic").get("generation") == 1, what="generation 1")
+    await harness.settle("elastic", lambda: len(generation_of(harness, "elastic", "1")) == 4, what="4 workers, generation 1")
     code, _ = await harness.scale("elastic", 1)
     assert code == 200
-    # Scale down: every worker stops gracefully (checkpoint) and one restarts in a fresh generation.
-    await eventually(lambda: harness.status("elastic").get("generation") == 1, what="generation 1")
+    await eventually(lambda: harness.status("elastic").get("generation") == 2, what="generation 2")
     await harness.settle("elastic", lambda: {n: p["metadata"]["labels"][builders.LABEL_GENERATION]
-                                             for n, p in harness.pods("elastic").items()} == {"elastic-worker-0": "1"},
-                         what="one worker, in generation 1")
+                                             for n, p in harness.pods("elastic").items()} == {"elastic-worker-0": "2"},
+                         what="one worker, in generation 2")
     for bad in (0, 5):
         code, body = await harness.scale("elastic", bad)
         assert code == 422 and "replicas" in body["message"]
     assert harness.job("elastic")["spec"]["replicas"] == 1
     status = harness.status("elastic")
     assert status["restarts"] == 0 and status["disruptions"] == 0
-    assert status["incidents"][-1]["cause"] == "ScaleDown"
+    assert [i["cause"] for i in status["incidents"]] == ["NodeRangeChanged", "ScaleDown"]
 
 
 async def test_suspend_deletes_pods_keeps_claim_and_resume_recreates(harness, operator):

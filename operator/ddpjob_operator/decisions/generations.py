@@ -51,16 +51,17 @@ def store_lost(plan: Plan, spec: model.DDPJobSpec) -> bool:
 
 
 def resized(plan: Plan, spec: model.DDPJobSpec) -> bool:
-    """Every agent of a generation must agree on `--nnodes`, and a shrinking gang loses its departing
-    peers mid-collective: a new node range or a scale down starts a fresh generation at the new size."""
+    """Every agent of a generation must agree on `--nnodes` (minReplicas:replicas), and a shrinking gang
+    loses its departing peers mid-collective: any new size starts a fresh generation, the old workers
+    stopping gracefully (they checkpoint)."""
     live = [w for w in plan.current() if w.live]
     wanted = builders.node_range(spec)
-    if any(w.node_range not in (None, wanted) for w in live):
-        _new_generation(plan, spec, REASON_RANGE_CHANGED,
-                        f"the node range changed to {wanted.replace('-', ':')} (minReplicas:maxReplicas)")
-        return True
     if any(w.index >= spec.replicas for w in live):
         _new_generation(plan, spec, REASON_SCALE_DOWN, f"scaling down to {spec.replicas} workers")
+        return True
+    if any(w.node_range not in (None, wanted) for w in live):
+        _new_generation(plan, spec, REASON_RANGE_CHANGED,
+                        f"the node range changed to {builders.nnodes(spec)} (minReplicas:replicas)")
         return True
     return False
 
