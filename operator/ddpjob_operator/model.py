@@ -394,16 +394,15 @@ class RunPolicy(APIModel):
 class DDPJobSpec(APIModel):
     replicas: int = Field(ge=1, le=1024, description=(
         "Desired number of worker pods (torchrun nodes), at most 1024. `kubectl scale` changes it within "
-        "minReplicas..maxReplicas; the node range minReplicas:maxReplicas defaults to it on both ends."))
+        "minReplicas..maxReplicas; a new value starts a new rendezvous generation (all workers stop "
+        "gracefully and restart from the checkpoint, nothing charged)."))
     min_replicas: int | None = Field(default=None, ge=1, le=1024, description=(
-        "Fewest workers training may continue with: the lower end of the node range "
-        "minReplicas:maxReplicas that every agent gets as `--nnodes` (and pods as label "
-        "elastic.ddp.dev/nnodes, `<min>-<max>`). Defaults to replicas; at most 1024. Changing the node "
-        "range starts a new rendezvous generation (all workers restart from the checkpoint)."))
+        "Fewest workers a rendezvous round may start with: every agent gets `--nnodes=minReplicas:replicas` "
+        "(pods carry it as label elastic.ddp.dev/nnodes, `<min>-<max>`), so a round completes when all "
+        "replicas have joined, or with at least minReplicas after rendezvous.lastCallTimeoutSeconds. "
+        "Defaults to replicas."))
     max_replicas: int | None = Field(default=None, ge=1, le=1024, description=(
-        "Most workers the job may scale to: the upper end of the node range minReplicas:maxReplicas "
-        "(`--nnodes`). Defaults to replicas; at most 1024. Changing the node range starts a new "
-        "rendezvous generation (all workers restart from the checkpoint)."))
+        "Most workers the job may scale to (`kubectl scale`). Defaults to replicas; at most 1024."))
     nproc_per_node: int = Field(default=1, ge=1, le=64, description=(
         "Training processes per worker pod, normally its GPU count."))
     image: str = Field(min_length=1, description="Trainer image (must contain torch).")
@@ -529,6 +528,9 @@ class DDPJobStatus(APIModel):
     start_time: str | None = Field(default=None, description="When the first worker was created.")
     completion_time: str | None = Field(default=None, description="When the job reached Succeeded or Failed.")
     observed_generation: int | None = Field(default=None, description="metadata.generation last reconciled.")
+    last_reconcile_time: str | None = Field(default=None, description=(
+        "When an operator last reconciled the job, refreshed about once a minute while it runs (not once it "
+        "finished): older than a few minutes means no operator is acting and the rest of the status may be stale."))
     selector: str | None = Field(default=None, description="Label selector of the worker pods (scale subresource).")
     progress: Progress | None = Field(default=None, description="Training progress reported by the trainer.")
     incidents: list[Incident] = Field(default_factory=list, description=(
