@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ddp_trainer.config import parse_config
-from ddp_trainer.distributed import DistEnv, init_process_group, select_device
+from ddp_trainer.runtime import Job, JobEnv, StopRequest, init_process_group, select_device
 from ddp_trainer.trainer import Trainer
 from ddp_trainer.workloads import load_workload
 
@@ -36,9 +36,17 @@ def trainer_args(a: argparse.Namespace, steps: int, extra: list[str]) -> list[st
             "1000000", "--device", a.device, "--precision", a.precision, *extra]
 
 
-def run_trainer(cfg_args: list[str], env: DistEnv, device: torch.device) -> tuple[list[float], Trainer]:
+def make_job(cfg, env: JobEnv, device: torch.device) -> Job:
+    """A Job on the already initialised process group (as `Job.start()` makes one in __main__)."""
+    c = cfg.checkpoint
+    return Job(env, device, StopRequest(), checkpoint_dir=c.dir or "", keep=c.keep, every_steps=c.every_steps,
+               async_save=c.async_save)
+
+
+def run_trainer(cfg_args: list[str], env: JobEnv, device: torch.device) -> tuple[list[float], Trainer]:
     """The Trainer's own loop; a timestamp at every _train_step entry (a wrapper costs ~1 us)."""
-    trainer = Trainer(parse_config(cfg_args, env={}), env, device)
+    cfg = parse_config(cfg_args, env={})
+    trainer = Trainer(cfg, make_job(cfg, env, device))
     stamps: list[float] = []
     inner = trainer._train_step
 
@@ -54,7 +62,7 @@ def run_trainer(cfg_args: list[str], env: DistEnv, device: torch.device) -> tupl
     return stamps, trainer
 
 
-def run_baseline(cfg_args: list[str], env: DistEnv, device: torch.device) -> list[float]:
+def run_baseline(cfg_args: list[str], env: JobEnv, device: torch.device) -> list[float]:
     """What a user would write by hand: DistributedSampler, DataLoader, DDP, AdamW."""
     cfg = parse_config(cfg_args, env={})
     workload = load_workload("synthetic")
@@ -105,9 +113,9 @@ def main() -> None:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     a = p.parse_args()
 
-    env = DistEnv.from_env()
+    env = JobEnv.from_env()
     device = select_device(a.device, env)
-    init_process_group(parse_config([], env={}).dist, env, device)
+    init_process_group(env, device)
     results: dict[str, list] = {}
     if a.mode == "step":
         results = {"baseline": [], "trainer": []}
@@ -151,7 +159,7 @@ _original_save = None
 
 def _time_saves(sink: list[float] | None) -> None:
     """Time every CheckpointManager.save call (the stall the training loop sees) into `sink`."""
-    from ddp_trainer.checkpoint import CheckpointManager
+    from ddp_trainer.runtime.checkpoint import CheckpointManager
 
     global _original_save
     if _original_save is None:

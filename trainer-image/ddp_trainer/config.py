@@ -106,6 +106,24 @@ class DistConfig:
 
 
 @dataclass
+class ModelConfig:
+    """How the model is wrapped: DDP options (torch.nn.parallel.DistributedDataParallel), SyncBatchNorm, compile."""
+
+    find_unused_parameters: bool = False  # needed when some parameters get no gradient in a step
+    static_graph: bool = False  # the set of used parameters never changes: lets DDP skip work
+    gradient_as_bucket_view: bool = False  # gradients alias the all-reduce buckets: less memory, one copy fewer
+    bucket_cap_mb: float = 25.0  # DDP's gradient bucket size
+    sync_batchnorm: bool = False  # BatchNorm statistics over all ranks (torch.nn.SyncBatchNorm)
+    compile: bool = False  # torch.compile the DDP model (opt-in: compile time is paid at every start)
+
+    def __post_init__(self) -> None:
+        _require(self.bucket_cap_mb > 0, "model.bucket_cap_mb", "must be > 0", self.bucket_cap_mb)
+        _require(not (self.find_unused_parameters and self.static_graph), "model.static_graph",
+                 "cannot be combined with find_unused_parameters (static_graph already handles unused ones)",
+                 self.static_graph)
+
+
+@dataclass
 class FaultConfig:
     """Test-only fault injection: one rank fails on purpose at a step (see `fault.py`)."""
 
@@ -129,6 +147,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
     epochs: int = 1
     max_steps: int = 0  # stop (as completed) after this many optimizer steps in total; 0: no cap
     log_every: int = 10
@@ -172,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--checkpoint-every", type=int, default=None, help="default: $DDPJOB_CHECKPOINT_INTERVAL_STEPS or 0")
     a("--checkpoint-keep", type=int, default=None, help="default: $DDPJOB_CHECKPOINT_KEEP or 2")
     a("--async-checkpoint", action="store_true", help="write checkpoints from a background thread")
+    m = p.add_argument_group("model wrapping (DistributedDataParallel options, SyncBatchNorm, torch.compile)")
+    m.add_argument("--ddp-find-unused-parameters", action="store_true")
+    m.add_argument("--ddp-static-graph", action="store_true")
+    m.add_argument("--ddp-gradient-as-bucket-view", action="store_true")
+    m.add_argument("--ddp-bucket-cap-mb", type=float, default=25.0)
+    m.add_argument("--sync-batchnorm", action="store_true", help="convert BatchNorm layers to SyncBatchNorm")
+    m.add_argument("--compile", action="store_true", help="torch.compile the DDP-wrapped model")
     a("--backend", default="auto", choices=["auto", "nccl", "gloo"])
     a("--dist-timeout", type=float, default=1800.0, help="collective timeout in seconds")
     a("--log-every", type=int, default=10)
@@ -227,6 +253,11 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] | None = 
         checkpoint=CheckpointConfig(dir=args.checkpoint_dir or env.get("DDPJOB_CHECKPOINT_DIR") or None,
                                     every_steps=every, keep=keep, async_save=args.async_checkpoint),
         dist=DistConfig(backend=args.backend, timeout_s=args.dist_timeout),
+        model=ModelConfig(find_unused_parameters=args.ddp_find_unused_parameters,
+                          static_graph=args.ddp_static_graph,
+                          gradient_as_bucket_view=args.ddp_gradient_as_bucket_view,
+                          bucket_cap_mb=args.ddp_bucket_cap_mb, sync_batchnorm=args.sync_batchnorm,
+                          compile=args.compile),
         epochs=args.epochs, max_steps=args.max_steps, log_every=args.log_every, device=args.device,
         record_samples=args.record_samples,
         fault=FaultConfig(at_step=args.fault_at_step, exit_code=args.fault_exit_code, rank=args.fault_rank,

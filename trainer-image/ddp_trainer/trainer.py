@@ -1,4 +1,4 @@
-"""The training loop: DDP, resumable sharding, checkpoints, cooperative stop, evaluation, reporting."""
+"""The training loop on the runtime library: DDP, resumable sharding, checkpoints, stop, evaluation, reporting."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import contextlib
 import logging
 import math
 import random
-import signal
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -17,16 +17,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DataLoader, Subset
 
-from .checkpoint import CheckpointManager, atomic_write_json
-from .config import TrainConfig
-from .distributed import DistEnv, StopSignal, barrier
+from .config import ConfigError, TrainConfig
 from .fault import due as fault_due, strike as fault_strike
-from .sampler import ResumableDistributedSampler
-from .workloads import load_workload
+from .runtime import Job, ResumableDistributedSampler, atomic_write_json, check_resume, move_to, worker_init_fn
+from .workloads import Workload, load_workload
 
 log = logging.getLogger(__name__)
 
-MicroBatch = tuple[list[int], tuple[torch.Tensor, torch.Tensor]]  # (sample indices, (inputs, targets))
+MicroBatch = tuple[list[int], Any]  # (sample indices, collated batch)
 
 
 @dataclass
@@ -37,30 +35,54 @@ class Progress:
     total_samples: int = 0
 
 
+def lr_factor(schedule: str, warmup_fraction: float, frac: float) -> float:
+    """LR multiplier at training progress `frac` in [0, 1]: linear warmup, then cosine/linear/constant."""
+    frac = min(max(frac, 0.0), 1.0)
+    if frac < warmup_fraction:
+        return frac / warmup_fraction
+    rest = (frac - warmup_fraction) / (1.0 - warmup_fraction)
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * rest))
+    if schedule == "linear":
+        return 1.0 - rest
+    return 1.0
+
+
+def default_train_step(model: torch.nn.Module, batch: Any, loss_fn) -> torch.Tensor:
+    """(input, target) -> loss_fn(model(input), target); a dict (Hugging Face style) -> model(**batch).loss."""
+    if isinstance(batch, Mapping):
+        out = model(**batch)
+        return out["loss"] if isinstance(out, Mapping) else out.loss
+    x, y = batch
+    return loss_fn(model(x), y)
+
+
 class Trainer:
-    def __init__(self, cfg: TrainConfig, env: DistEnv, device: torch.device) -> None:
-        self.cfg, self.env, self.device = cfg, env, device
-        self.stop = StopSignal(device)  # first, so a SIGTERM during setup is not lost
-        workload = load_workload(cfg.workload.name)
-        self.loss_fn = workload.loss_fn
-        self.train_set, self.eval_set = workload.build_datasets(cfg)
+    def __init__(self, cfg: TrainConfig, job: Job, workload: Workload | None = None) -> None:
+        self.cfg, self.job, self.env, self.device = cfg, job, job.env, job.device
+        self.workload = workload or load_workload(cfg.workload.name)
+        self.train_set, self.eval_set = self.workload.build_datasets(cfg)
         torch.manual_seed(cfg.data.seed)  # identical init everywhere (DDP broadcasts rank 0's anyway)
-        model = workload.build_model(cfg).to(device)
-        self.optimizer = workload.build_optimizer(model, cfg)
+        model = self.workload.build_model(cfg)
+        if cfg.model.sync_batchnorm:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = model.to(self.device)
+        self.optimizer = self.workload.build_optimizer(model, cfg)
+        self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]  # the schedule scales these
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.optim.precision == "fp16")
         self.progress = Progress()
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: self._lr_factor())
-        self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.optim.precision == "fp16")
-        self.sampler = ResumableDistributedSampler(len(self.train_set), env.rank, env.world_size,
+        self.sampler = ResumableDistributedSampler(len(self.train_set), self.env.rank, self.env.world_size,
                                                    seed=cfg.data.seed, shuffle=cfg.data.shuffle,
                                                    drop_last=cfg.data.drop_last)
-        self.checkpoints = None
-        if cfg.checkpoint.dir:
-            self.checkpoints = CheckpointManager(cfg.checkpoint.dir, cfg.checkpoint.keep, is_writer=env.is_main,
-                                                 async_save=cfg.checkpoint.async_save)
-            self._resume(model)
-        self.model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        self._records = open(f"{cfg.record_samples}.rank{env.rank}", "a") if cfg.record_samples else None
-        self._window = (time.perf_counter(), 0, 0.0, 0)  # (start, samples, loss sum, steps) since last log
+        self._resume(model)
+        m = cfg.model
+        self.model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                         find_unused_parameters=m.find_unused_parameters, static_graph=m.static_graph,
+                         gradient_as_bucket_view=m.gradient_as_bucket_view, bucket_cap_mb=m.bucket_cap_mb)
+        self.forward = torch.compile(self.model) if m.compile else self.model
+        self._records = open(f"{cfg.record_samples}.rank{self.env.rank}", "a") if cfg.record_samples else None
+        self._window = (time.perf_counter(), 0, torch.zeros((), device=self.device), 0)  # start, samples, loss, steps
+        self._eval: tuple[int, dict[str, float | None]] | None = None  # (step, metrics) of the last evaluation
 
     # ---- loop -------------------------------------------------------------------------------
 
@@ -69,10 +91,10 @@ class Trainer:
         while not self._finished():
             for micro_batches in self._step_batches():
                 self._train_step(micro_batches)
-                if self.stop.agreed():
+                if self.job.should_stop():
                     log.warning("stop requested at step %d: writing a final checkpoint", self.progress.step)
                     self._save(final=True)
-                    return 128 + (self.stop.signum or signal.SIGTERM)
+                    return self.job.stop.exit_code
                 if self._finished():
                     break
             else:
@@ -94,8 +116,10 @@ class Trainer:
         """Micro-batches of each remaining optimizer step of the current epoch."""
         self.sampler.set_epoch(self.progress.epoch, self.progress.epoch_samples)
         index_batches = list(BatchSampler(self.sampler, self.cfg.data.batch_size, drop_last=False))
-        loader = DataLoader(self.train_set, batch_sampler=index_batches, num_workers=self.cfg.data.num_workers,
-                            pin_memory=self.device.type == "cuda")
+        workers = self.cfg.data.num_workers
+        loader = DataLoader(self.train_set, batch_sampler=index_batches, num_workers=workers,
+                            collate_fn=self.workload.collate_fn, pin_memory=self.device.type == "cuda",
+                            worker_init_fn=worker_init_fn() if workers else None)  # workers outlive SIGTERM
         group: list[MicroBatch] = []
         for indices, batch in zip(index_batches, loader):  # the loader yields in batch_sampler order
             group.append((indices, batch))
@@ -106,14 +130,16 @@ class Trainer:
             yield group
 
     def _train_step(self, micro_batches: list[MicroBatch]) -> None:
+        samples = self.env.world_size * sum(len(idx) for idx, _ in micro_batches)  # equal on every rank
+        self._set_lr(samples)
         last = len(micro_batches) - 1
         loss_sum = torch.zeros((), device=self.device)
-        for i, (_, (x, y)) in enumerate(micro_batches):
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        for i, (_, batch) in enumerate(micro_batches):
+            batch = move_to(batch, self.device)
             # Gradients are all-reduced only on the final micro-step; earlier ones accumulate locally.
             with self.model.no_sync() if i < last else contextlib.nullcontext():
                 with self._autocast():
-                    loss = self.loss_fn(self.model(x), y) / len(micro_batches)
+                    loss = self._loss(batch) / len(micro_batches)
                 self.scaler.scale(loss).backward()
             loss_sum += loss.detach()
         if self.cfg.optim.grad_clip > 0:
@@ -123,10 +149,8 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
 
-        samples = self.env.world_size * sum(len(idx) for idx, _ in micro_batches)  # equal on every rank
         p = self.progress
         p.step, p.epoch_samples, p.total_samples = p.step + 1, p.epoch_samples + samples, p.total_samples + samples
-        self.scheduler.step()  # after the progress update: the factor looks at the next step
         if self._records:
             self._records.writelines(f"{p.epoch} {i}\n" for idx, _ in micro_batches for i in idx)
             self._records.flush()
@@ -136,8 +160,13 @@ class Trainer:
             self._log_progress()
         if fault_due(self.cfg.fault, self.env.rank, p.step):
             fault_strike(self.cfg.fault, self.env.rank, p.step)
-        if self.cfg.checkpoint.every_steps and p.step % self.cfg.checkpoint.every_steps == 0:
+        if self.job.should_save(p.step):
             self._save(final=False)
+
+    def _loss(self, batch: Any) -> torch.Tensor:
+        if self.workload.train_step is not None:
+            return self.workload.train_step(self.forward, batch, self.cfg)
+        return default_train_step(self.forward, batch, self.workload.loss_fn)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         precision = self.cfg.optim.precision
@@ -145,49 +174,59 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
-    def _lr_factor(self) -> float:
-        """LR multiplier as a function of the fraction of planned samples consumed after the next step.
+    def _set_lr(self, step_samples: int) -> None:
+        """Set the LR of the step about to run from the progress at its middle (never 0 at either end).
 
-        Progress is counted in samples, not steps, so the schedule stays continuous when a resumed
-        job runs at a different world size (and therefore a different number of steps per epoch).
-        """
-        o = self.cfg.optim
-        global_batch = self.cfg.data.batch_size * self.env.world_size * o.grad_accum
-        planned = self.cfg.epochs * len(self.train_set)
+        Progress is the larger of two fractions, each independent of the world size: samples over
+        the planned epochs, and (with --max-steps) steps over max_steps. Training ends exactly when
+        one reaches 1, and neither jumps when a resumed job runs at another world size."""
+        o, p = self.cfg.optim, self.progress
+        frac = (p.total_samples + step_samples / 2) / (self.cfg.epochs * len(self.train_set))
         if self.cfg.max_steps:
-            planned = min(planned, self.cfg.max_steps * global_batch)
-        frac = min(1.0, (self.progress.total_samples + global_batch) / planned)
-        if frac < o.warmup_fraction:
-            return frac / o.warmup_fraction
-        rest = (frac - o.warmup_fraction) / (1.0 - o.warmup_fraction)
-        if o.schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * rest))
-        if o.schedule == "linear":
-            return 1.0 - rest
-        return 1.0
+            frac = max(frac, (p.step + 0.5) / self.cfg.max_steps)
+        factor = lr_factor(o.schedule, o.warmup_fraction, frac)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base * factor
 
     # ---- evaluation and reporting -----------------------------------------------------------
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
-        """Loss and accuracy over the whole eval set: each rank scores a disjoint slice, then sums are reduced."""
+        """Loss and accuracy over the whole eval set: each rank scores a disjoint slice, then sums are reduced.
+        Evaluating twice at the same step (end of the last epoch, then the end of training) reuses the result."""
+        if self._eval is not None and self._eval[0] == self.progress.step:
+            return self._eval[1]
         model = self.model.module  # no DDP forward: no gradient sync and ranks may run unequal batch counts
         model.eval()
         shard = Subset(self.eval_set, range(self.env.rank, len(self.eval_set), self.env.world_size))
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss sum, count, correct, scored
-        for x, y in DataLoader(shard, batch_size=self.cfg.data.eval_batch_size):
-            x, y = x.to(self.device), y.to(self.device)
+        for batch in DataLoader(shard, batch_size=self.cfg.data.eval_batch_size, collate_fn=self.workload.collate_fn):
+            batch = move_to(batch, self.device)
             with self._autocast():
-                out = model(x)
-            sums[0] += self.loss_fn(out.float(), y).double() * len(y)
-            sums[1] += len(y)
-            if out.dim() == 2 and y.dim() == 1:  # classification: accuracy is meaningful
-                sums[2] += (out.argmax(dim=1) == y).sum()
-                sums[3] += len(y)
+                r = self._eval_step(model, batch)
+            sums += torch.tensor([float(r["loss"]), float(r["count"]), float(r.get("correct", 0)),
+                                  float(r.get("scored", 0))], dtype=torch.float64, device=self.device)
         model.train()
         dist.all_reduce(sums)
         loss, count, correct, scored = sums.tolist()
-        return {"loss": loss / max(count, 1), "accuracy": correct / scored if scored else None}
+        metrics = {"loss": loss / max(count, 1), "accuracy": correct / scored if scored else None}
+        self._eval = (self.progress.step, metrics)
+        return metrics
+
+    def _eval_step(self, model: torch.nn.Module, batch: Any) -> dict[str, Any]:
+        if self.workload.eval_step is not None:
+            return self.workload.eval_step(model, batch, self.cfg)
+        if isinstance(batch, Mapping):
+            out = model(**batch)
+            loss = out["loss"] if isinstance(out, Mapping) else out.loss
+            n = next(len(v) for v in batch.values() if isinstance(v, torch.Tensor))
+            return {"loss": loss.float() * n, "count": n}
+        x, y = batch
+        out = model(x)
+        r = {"loss": self.workload.loss_fn(out.float(), y).double() * len(y), "count": len(y)}
+        if out.dim() == 2 and y.dim() == 1:  # classification: accuracy is meaningful
+            r.update(correct=(out.argmax(dim=1) == y).sum(), scored=len(y))
+        return r
 
     def _log_eval(self) -> None:
         m = self.evaluate()
@@ -196,57 +235,71 @@ class Trainer:
                      self.progress.step, m["loss"], f"{m['accuracy']:.4f}" if m["accuracy"] is not None else "n/a")
 
     def _log_progress(self) -> None:
+        """Every rank (a collective): the window's training loss averaged over steps and ranks."""
         start, samples, loss_total, steps = self._window
+        loss = self.job.mean(loss_total / max(steps, 1))  # one small all_reduce per log interval
         now = time.perf_counter()
-        self._window = (now, 0, 0.0, 0)
+        self._window = (now, 0, torch.zeros((), device=self.device), 0)
         if not self.env.is_main:
             return
-        loss = float(loss_total) / max(steps, 1)  # rank 0's loss, averaged over the log window
         rate = samples / max(now - start, 1e-9)
         p = self.progress
-        print(f"step={p.step} epoch={p.epoch} loss={loss:.4f} samples_per_s={rate:.1f}", flush=True)
-        last = self.checkpoints.last_committed_step if self.checkpoints else None
-        self._write_json("progress.json", {"step": p.step, "epoch": p.epoch, "loss": loss,
-                                           "samples_per_second": rate, "world_size": self.env.world_size,
-                                           "last_checkpoint_step": last, "time": time.time()})
+        lr = self.optimizer.param_groups[0]["lr"]
+        print(f"step={p.step} epoch={p.epoch} loss={loss:.4f} samples_per_s={rate:.1f} lr={lr:.6g}", flush=True)
+        self.job.report(step=p.step, total_steps=self._total_steps(), loss=loss, epoch=p.epoch,
+                        samples_per_second=rate)
+
+    def _total_steps(self) -> int:
+        """Planned optimizer steps at the current world size (an estimate again after a resize)."""
+        d, w, accum = self.cfg.data, self.env.world_size, self.cfg.optim.grad_accum
+
+        def steps(samples: int) -> int:  # optimizer steps over `samples` global samples of one epoch
+            per_rank = samples // w if d.drop_last else -(-samples // w)
+            return -(-(-(-per_rank // d.batch_size)) // accum)
+
+        p = self.progress
+        total = p.step + steps(len(self.train_set) - p.epoch_samples) + \
+            (self.cfg.epochs - p.epoch - 1) * steps(len(self.train_set))
+        return min(total, self.cfg.max_steps) if self.cfg.max_steps else total
 
     def _write_json(self, name: str, obj: dict[str, Any]) -> None:
-        if self.env.is_main and self.cfg.checkpoint.dir:
-            atomic_write_json(Path(self.cfg.checkpoint.dir) / name, obj)
+        if self.env.is_main and self.job.checkpoint_dir:
+            atomic_write_json(Path(self.job.checkpoint_dir) / name, obj)
 
     # ---- checkpoints ------------------------------------------------------------------------
 
+    def _data_signature(self) -> dict[str, Any]:
+        """What the saved sample position depends on: resuming under other values would repeat and skip."""
+        d = self.cfg.data
+        return {"seed": d.seed, "shuffle": d.shuffle, "dataset_length": len(self.train_set)}
+
     def _save(self, final: bool) -> None:
-        if self.checkpoints is None:
+        if self.job.checkpoints is None:
             return
         rng = [None] * self.env.world_size
         dist.all_gather_object(rng, _rng_state())  # every rank's RNG, so an equal-size resume is exact
+        state = None
         if self.env.is_main:
-            if final:
-                self.checkpoints.wait()  # a pending async write of this very step needs no rewrite
-        if self.env.is_main and self.checkpoints.last_committed_step != self.progress.step:
             state = {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                     "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                     "progress": asdict(self.progress), "world_size": self.env.world_size, "rng": rng}
-            self.checkpoints.save(self.progress.step, state, blocking=final)
-        if final:
-            # Nobody exits before the commit: torchrun tears down a node's other workers as soon
-            # as one of them exits, and global rank 0 may live on that node.
-            barrier(self.device)
+                     "scaler": self.scaler.state_dict(), "progress": asdict(self.progress),
+                     "world_size": self.env.world_size, "rng": rng, "data": self._data_signature()}
+        self.job.save(self.progress.step, state or {}, final=final)
 
     def _resume(self, model: torch.nn.Module) -> None:
         """All ranks load the checkpoint rank 0 found to be the newest intact one."""
-        found = self.checkpoints.load_latest() if self.env.is_main else None
-        chosen = [found[0] if found else None]
-        dist.broadcast_object_list(chosen, src=0)
-        step = chosen[0]
-        if step is None:
-            log.info("no checkpoint found: starting from scratch")
+        state = self.job.resume(announce=False)
+        if state is None:
+            if self.job.checkpoints is not None and self.env.is_main:
+                log.info("no checkpoint found: starting from scratch")
             return
-        state = found[1] if found else self.checkpoints.load(step)
+        if "data" in state:
+            try:
+                check_resume(state["data"], self._data_signature(), what=f"checkpoint of step "
+                                                                          f"{state['progress']['step']}")
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer.load_state_dict(state["optimizer"])  # its saved LRs are replaced before the next step
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
         if state["world_size"] == self.env.world_size:
@@ -255,15 +308,14 @@ class Trainer:
             torch.manual_seed(self.cfg.data.seed + 1_000_003 * self.progress.step + self.env.rank)
         if self.env.is_main:
             log.info("resumed from checkpoint step=%d epoch=%d epoch_samples=%d (saved at world_size=%d, now %d)",
-                     step, self.progress.epoch, self.progress.epoch_samples, state["world_size"], self.env.world_size)
+                     self.progress.step, self.progress.epoch, self.progress.epoch_samples, state["world_size"],
+                     self.env.world_size)
 
     def close(self, clean: bool) -> None:
-        """Every exit path: finish the pending checkpoint write, drain collectives, close files."""
+        """Every exit path: the job (pending checkpoint, progress, stop handler), the sample records."""
         try:
-            if self.checkpoints is not None:
-                self.checkpoints.wait()
+            self.job.close(clean)
         finally:
-            self.stop.close(drain=clean)
             if self._records:
                 self._records.close()
 

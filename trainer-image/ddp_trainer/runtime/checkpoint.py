@@ -4,13 +4,17 @@ Layout under <dir>/checkpoints/:
     step-00000120.pt          torch.save of the state dict
     step-00000120.committed   JSON {"step", "bytes", "sha256", "time"}; written last, it is the commit
 
-A write goes to a hidden temp name, is fsynced, atomically renamed, then the commit marker is
-written the same way. A checkpoint without a marker, or whose bytes do not match the marker, is
-never loaded: a SIGKILL mid-write or a truncated file falls back to the previous checkpoint.
+A write goes to a hidden temp name unique to this process (a uuid, never a PID: PIDs repeat across
+pods on a shared volume), is fsynced, atomically renamed, then the commit marker is written the same
+way. A checkpoint without a marker, or whose bytes do not match the marker, is never loaded: a
+SIGKILL mid-write or a truncated file falls back to the previous checkpoint. Pruning keeps the newest
+`keep` checkpoints that are known good (a corrupt one never counts), and removes orphan `.pt` files
+and temp files nobody has touched for `stale_temp_seconds`.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -19,23 +23,40 @@ import os
 import re
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 
 log = logging.getLogger(__name__)
-_NAME = re.compile(r"^step-(\d{8,})\.committed$")
+_MARKER = re.compile(r"^step-(\d{8,})\.committed$")
+_DATA = re.compile(r"^step-(\d{8,})\.pt$")
+_TEMP = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$|^\.step-.+\.tmp\d*$")  # ours, and the PID-named ones of 0.1
+STALE_TEMP_SECONDS = 300.0
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+class CheckpointDirError(RuntimeError):
+    """The checkpoint directory cannot be used; the message names the path and the fix."""
+
+
+def _temp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
+
+
+def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
+    """Write `path` so that readers see the old content or the new one, never a mix."""
+    tmp = _temp_name(Path(path))
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write leaves no stray temp file
+        raise
+    _fsync_dir(Path(path).parent)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -48,6 +69,27 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)  # makes the rename itself durable
     finally:
         os.close(fd)
+
+
+def check_writable(directory: str | os.PathLike) -> Path:
+    """Create `directory` if needed and prove that this process can write, fsync and rename in it.
+
+    Raises CheckpointDirError naming the path, the user and the fix. Call it at start-up, so a
+    misconfigured volume fails the job in seconds instead of at the first save, after training."""
+    path = Path(directory)
+    who = f"uid {os.getuid()} gid {os.getgid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path / f".write-probe-{uuid.uuid4().hex}", b"probe")
+        for probe in path.glob(".write-probe-*"):
+            probe.unlink(missing_ok=True)
+    except OSError as e:
+        hint = ("give the pod fsGroup matching the trainer's group (DDPJob spec.template.fsGroup, default "
+                "1000) or mount the volume read-write" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+                else "point DDPJOB_CHECKPOINT_DIR / --checkpoint-dir at a writable directory")
+        raise CheckpointDirError(f"checkpoint directory {path} is not writable by {who} "
+                                 f"({e.strerror or e}): {hint}") from e
+    return path
 
 
 def cpu_snapshot(obj: Any, pool: dict[tuple, torch.Tensor] | None = None, key: tuple = ()) -> Any:
@@ -72,23 +114,35 @@ def cpu_snapshot(obj: Any, pool: dict[tuple, torch.Tensor] | None = None, key: t
 
 
 class CheckpointManager:
+    """`save(step, state)` on rank 0 (others return at once), `load_latest()` anywhere.
+
+    `keep` >= 2 good checkpoints are kept, so a crash while writing the newest still leaves one."""
+
     def __init__(self, directory: str | os.PathLike, keep: int = 2, *, is_writer: bool = True,
-                 async_save: bool = False) -> None:
+                 async_save: bool = False, stale_temp_seconds: float = STALE_TEMP_SECONDS) -> None:
         if keep < 2:
             raise ValueError(f"keep must be >= 2, got {keep}")
-        self.dir = Path(directory) / "checkpoints"
+        self.root = Path(directory)
+        self.dir = self.root / "checkpoints"
         self.keep, self.is_writer, self.async_save = keep, is_writer, async_save
+        self.stale_temp_seconds = stale_temp_seconds
         self.last_committed_step: int | None = None
+        self.corrupt: set[int] = set()  # steps found unreadable: never loaded, never counted as kept
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._pool: dict[tuple, torch.Tensor] = {}  # snapshot buffers, reused once the last write is done
         if is_writer:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            for stale in self.dir.glob(".step-*.tmp*"):  # left by a writer killed mid-save
-                stale.unlink(missing_ok=True)
+            check_writable(self.root)
+            check_writable(self.dir)
+            self.clean_stale_temp_files()
 
     def path(self, step: int) -> Path:
         return self.dir / f"step-{step:08d}.pt"
+
+    def marker(self, step: int) -> Path:
+        return self.dir / f"step-{step:08d}.committed"
+
+    # ---- writing ------------------------------------------------------------------------------
 
     def save(self, step: int, state: dict[str, Any], *, blocking: bool = False) -> None:
         """Rank 0 only. Async mode returns after a CPU snapshot; the write runs on a thread."""
@@ -124,41 +178,78 @@ class CheckpointManager:
         buf = io.BytesIO()
         torch.save(state, buf)
         data = buf.getbuffer()
+        self.marker(step).unlink(missing_ok=True)  # rewriting a step (e.g. over a corrupt one): uncommit first
         atomic_write_bytes(self.path(step), data)
         marker = {"step": step, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "time": time.time()}
-        atomic_write_json(self.dir / f"step-{step:08d}.committed", marker)
+        atomic_write_json(self.marker(step), marker)
+        self.corrupt.discard(step)
         self.last_committed_step = step
         self._prune()
 
     def _prune(self) -> None:
-        for step in self.committed_steps()[self.keep:]:
-            # Marker first: a crash in between leaves an orphan file, never a marker without data.
-            (self.dir / f"step-{step:08d}.committed").unlink(missing_ok=True)
-            self.path(step).unlink(missing_ok=True)
+        good = [s for s in self.committed_steps() if s not in self.corrupt]
+        keep = set(good[: self.keep])
+        for step in self.committed_steps():
+            if step not in keep:
+                # Marker first: a crash in between leaves an orphan file, never a marker without data.
+                self.marker(step).unlink(missing_ok=True)
+                self.path(step).unlink(missing_ok=True)
+                self.corrupt.discard(step)
+        for p in self.dir.iterdir():  # data files without a marker: torn writes of a killed writer
+            m = _DATA.match(p.name)
+            if m and int(m.group(1)) not in keep:
+                p.unlink(missing_ok=True)
+        self.clean_stale_temp_files()
+
+    def clean_stale_temp_files(self) -> list[Path]:
+        """Remove temp files (of any writer, also of an earlier pod) untouched for stale_temp_seconds.
+
+        A temp file being written has a fresh mtime, so a live writer elsewhere is never disturbed."""
+        removed = []
+        now = time.time()
+        for d in (self.root, self.dir):
+            if not d.is_dir():
+                continue
+            for p in d.iterdir():
+                try:
+                    if _TEMP.match(p.name) and now - p.stat().st_mtime >= self.stale_temp_seconds:
+                        p.unlink()
+                        removed.append(p)
+                except FileNotFoundError:
+                    continue
+        return removed
+
+    # ---- reading ------------------------------------------------------------------------------
 
     def committed_steps(self) -> list[int]:
         """Steps with a commit marker, newest first."""
         if not self.dir.is_dir():
             return []
-        steps = [int(m.group(1)) for p in self.dir.iterdir() if (m := _NAME.match(p.name))]
+        steps = [int(m.group(1)) for p in self.dir.iterdir() if (m := _MARKER.match(p.name))]
         return sorted(steps, reverse=True)
 
     def load(self, step: int) -> dict[str, Any]:
         """Load one committed checkpoint, verifying size and checksum against its marker."""
-        marker = json.loads((self.dir / f"step-{step:08d}.committed").read_text())
+        marker = json.loads(self.marker(step).read_text())
         data = self.path(step).read_bytes()
-        if len(data) != marker["bytes"] or hashlib.sha256(data).hexdigest() != marker["sha256"]:
-            raise ValueError(f"checkpoint {self.path(step)} does not match its commit marker "
-                             f"({len(data)} bytes, expected {marker['bytes']})")
+        if len(data) != marker["bytes"]:
+            raise ValueError(f"checkpoint {self.path(step)} has {len(data)} bytes, its commit marker says "
+                             f"{marker['bytes']} (truncated or torn write)")
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != marker["sha256"]:
+            raise ValueError(f"checkpoint {self.path(step)} has SHA-256 {digest[:16]}..., its commit marker "
+                             f"says {marker['sha256'][:16]}... (same size {len(data)} bytes: corrupted in place)")
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
     def load_latest(self) -> tuple[int, dict[str, Any]] | None:
-        """Newest checkpoint that loads cleanly; corrupt ones are skipped with a warning."""
+        """Newest checkpoint that loads cleanly; corrupt ones are skipped with a warning (and, on
+        the writer, removed by the next prune without counting towards `keep`)."""
         for step in self.committed_steps():
             try:
                 state = self.load(step)
             except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped the same way
                 log.warning("skipping unreadable checkpoint step %d: %s", step, e)
+                self.corrupt.add(step)
                 continue
             self.last_committed_step = step
             return step, state

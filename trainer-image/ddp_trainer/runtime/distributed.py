@@ -1,44 +1,69 @@
-"""Process-group setup from the torchrun environment, and the cooperative SIGTERM stop."""
+"""The torchrun + DDPJob environment, process-group setup, and the cooperative stop request."""
 
 from __future__ import annotations
 
 import datetime
 import os
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from .config import DistConfig
+
+def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = env.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as e:
+        raise ValueError(f"environment {name} must be an integer, got {raw!r}") from e
 
 
 @dataclass(frozen=True)
-class DistEnv:
-    """What torchrun (and the operator, see docs/launch-contract.md) put into the environment."""
+class JobEnv:
+    """What torchrun and the operator put into every trainer's environment (docs/launch-contract.md)."""
 
     rank: int
     local_rank: int
     world_size: int
-    group_rank: int
-    restart_count: int
+    group_rank: int = 0
+    local_world_size: int = 1
+    restart_count: int = 0  # TORCHELASTIC_RESTART_COUNT: always 0 under DDPJob (--max-restarts=0)
+    generation: int = 0  # DDPJOB_GENERATION: the operator's restarts and resizes move it
+    job_name: str | None = None
+    namespace: str | None = None
+    replica_index: int | None = None  # worker pod <job>-worker-<i>
+    checkpoint_dir: str | None = None  # unset: no checkpoints
+    checkpoint_interval_steps: int = 0
+    checkpoint_keep: int = 2
 
     @classmethod
-    def from_env(cls) -> "DistEnv":
-        e = os.environ
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "JobEnv":
+        e = os.environ if env is None else env
         missing = [k for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if k not in e]
         if missing:
             raise RuntimeError(f"{', '.join(missing)} not set: run the trainer under torchrun")
         return cls(rank=int(e["RANK"]), local_rank=int(e["LOCAL_RANK"]), world_size=int(e["WORLD_SIZE"]),
-                   group_rank=int(e.get("GROUP_RANK", "0")),
-                   restart_count=int(e.get("TORCHELASTIC_RESTART_COUNT", "0")))
+                   group_rank=_int(e, "GROUP_RANK", 0), local_world_size=_int(e, "LOCAL_WORLD_SIZE", 1),
+                   restart_count=_int(e, "TORCHELASTIC_RESTART_COUNT", 0),
+                   generation=_int(e, "DDPJOB_GENERATION", 0), job_name=e.get("DDPJOB_NAME"),
+                   namespace=e.get("DDPJOB_NAMESPACE"), replica_index=_int(e, "DDPJOB_REPLICA_INDEX", None),
+                   checkpoint_dir=e.get("DDPJOB_CHECKPOINT_DIR") or None,
+                   checkpoint_interval_steps=_int(e, "DDPJOB_CHECKPOINT_INTERVAL_STEPS", 0),
+                   checkpoint_keep=_int(e, "DDPJOB_CHECKPOINT_KEEP", 2))
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
 
-def select_device(requested: str, env: DistEnv) -> torch.device:
+DistEnv = JobEnv  # the 0.1 name
+
+
+def select_device(requested: str, env: JobEnv) -> torch.device:
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise RuntimeError("device=cuda requested but CUDA is not available")
@@ -47,10 +72,11 @@ def select_device(requested: str, env: DistEnv) -> torch.device:
     return torch.device("cpu")
 
 
-def init_process_group(cfg: DistConfig, env: DistEnv, device: torch.device) -> None:
-    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+def init_process_group(env: JobEnv, device: torch.device, *, backend: str = "auto",
+                       timeout_s: float = 1800.0) -> None:
+    backend = backend if backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
-                            timeout=datetime.timedelta(seconds=cfg.timeout_s),
+                            timeout=datetime.timedelta(seconds=timeout_s),
                             device_id=device if device.type == "cuda" else None)
 
 
@@ -66,28 +92,46 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-class StopSignal:
-    """SIGTERM/SIGINT set a local flag; ranks agree on it with one all_reduce per step.
+class StopRequest:
+    """SIGTERM/SIGINT set a local flag; ranks agree on it with one small all_reduce per step.
 
     The all_reduce for step k is started asynchronously at step k and read at step k+1, so it
-    overlaps with compute instead of adding a round-trip per step. Every rank calls `agreed()`
-    exactly once per optimizer step, hence all ranks see the same answer at the same step.
+    overlaps with compute instead of adding a round-trip per step. It runs on a CPU tensor over a
+    Gloo group (the default group when it is Gloo, a side group next to NCCL), so agreeing never
+    copies to the GPU nor waits for it: no device sync per step. Every rank calls `agreed()` exactly
+    once per step, hence all ranks see the same answer at the same step, even when only one node
+    was signalled. Create it before the process group when possible (a SIGTERM during start-up is
+    then not lost); the group is made at the first `agreed()`, which every rank reaches together.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
         self.requested = False
         self.signum: int | None = None
-        self._device = device
+        self._group: dist.ProcessGroup | None = None
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
-        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        self._previous = {s: signal.signal(s, self._handle) for s in signals}
 
     def _handle(self, signum: int, _frame: object) -> None:
         self.requested, self.signum = True, signum
 
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal: what a process killed by it would report (143 for SIGTERM)."""
+        return 128 + (self.signum or signal.SIGTERM)
+
+    def _stop_group(self) -> dist.ProcessGroup | None:
+        if self._group is None and dist.get_backend() != "gloo":
+            self._group = dist.new_group(backend="gloo")  # collective: all ranks are here together
+        return self._group
+
     def agreed(self) -> bool:
+        """True on every rank once any rank was signalled (one step late at most)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return self.requested
         stop = self._collect()
-        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=self._device)
-        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
+        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)  # CPU, never the GPU
+        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._stop_group(), async_op=True),
+                         flag)
         return stop
 
     def _collect(self) -> bool:
@@ -108,3 +152,6 @@ class StopSignal:
             self._pending = None
             for s, h in self._previous.items():
                 signal.signal(s, h)
+
+
+StopSignal = StopRequest  # the 0.1 name

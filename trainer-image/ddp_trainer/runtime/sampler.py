@@ -9,9 +9,25 @@ of global samples consumed in the epoch; a restarted job at any world size re-sh
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
+
+
+class ResumeMismatch(ValueError):
+    """A checkpoint was written by a run whose data order differs from this one's."""
+
+
+def check_resume(saved: dict[str, Any], current: dict[str, Any], what: str = "checkpoint") -> None:
+    """Refuse to resume when a setting the saved position depends on changed (seed, shuffle, dataset
+    length): the position would point into another order, repeating and skipping samples silently."""
+    diffs = [f"{k}={saved[k]!r} (this run: {current[k]!r})" for k in sorted(saved)
+             if k in current and saved[k] != current[k]]
+    if diffs:
+        raise ResumeMismatch(f"cannot resume: the {what} was written with {', '.join(diffs)}; its saved "
+                             f"position means other samples under this run's settings. Run with the "
+                             f"checkpoint's settings, or start from scratch in a new checkpoint directory")
 
 
 class ResumableDistributedSampler(Sampler[int]):
@@ -24,13 +40,31 @@ class ResumableDistributedSampler(Sampler[int]):
         self.num_samples, self.rank, self.world_size = num_samples, rank, world_size
         self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
         self.epoch = 0
-        self.consumed = 0
+        self.consumed = 0  # where this epoch's iteration starts (global samples)
+        self.position = 0  # global samples trained on in this epoch, moved by advance()
 
     def set_epoch(self, epoch: int, consumed: int = 0) -> None:
         """Select the epoch's permutation and skip the `consumed` global samples already trained on."""
         if not 0 <= consumed <= self.num_samples:
             raise ValueError(f"consumed must be in [0, {self.num_samples}], got {consumed}")
         self.epoch, self.consumed = epoch, consumed
+        self.position = consumed
+
+    def advance(self, local_samples: int) -> None:
+        """Count one step's samples of this rank (every rank takes the same number); the DataLoader
+        prefetches ahead of training, so only the loop knows what was really trained on."""
+        self.position += local_samples * self.world_size
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where to resume, and what the order depends on (checked by load_state_dict)."""
+        return {"epoch": self.epoch, "consumed": self.position, "seed": self.seed, "shuffle": self.shuffle,
+                "num_samples": self.num_samples}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the saved position; ResumeMismatch when this run's order would differ."""
+        check_resume({k: state[k] for k in ("seed", "shuffle", "num_samples") if k in state},
+                     {"seed": self.seed, "shuffle": self.shuffle, "num_samples": self.num_samples})
+        self.set_epoch(int(state["epoch"]), int(state["consumed"]))
 
     def epoch_order(self) -> list[int]:
         if not self.shuffle:

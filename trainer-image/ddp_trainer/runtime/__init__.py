@@ -1,0 +1,33 @@
+"""ddp_trainer.runtime: what any torchrun script needs to keep DDPJob's promises. Depends on torch only.
+
+API version 1 (`API_VERSION`); additions keep it, a breaking change bumps it. See docs/your-own-script.md.
+
+| name | what |
+| --- | --- |
+| `Job` | one object per trainer process: `Job.start()`, `resume()`, `save()`, `should_save()`, `should_stop()`, `report()`, `mean()`, `close()` |
+| `JobEnv` | rank, world size, restart count, generation, job name, checkpoint settings from the environment |
+| `CheckpointManager` | atomic save (temp + fsync + rename + commit marker), keep K >= 2 good ones, `load_latest` skipping corrupt ones |
+| `StopRequest` | SIGTERM/SIGINT -> a flag all ranks agree on at the same step, without a device sync; `exit_code` 143 |
+| `ResumableDistributedSampler` | per-epoch permutation sharded over ranks, resumable mid-epoch at any world size |
+| `report()`, `ProgressReporter` | non-blocking progress (progress.json; POST to $DDPJOB_PROGRESS_URL) |
+| `worker_init_fn()`, `ignore_stop_signals` | DataLoader workers that outlive SIGTERM until the final checkpoint |
+| `move_to`, `batch_size_of` | batches of any structure (tensors, dicts, tuples) |
+| `check_writable`, `check_resume` | fail early: unwritable checkpoint dir, resume with another data order |
+"""
+
+from .checkpoint import CheckpointDirError, CheckpointManager, atomic_write_bytes, atomic_write_json, check_writable
+from .data import batch_size_of, ignore_stop_signals, move_to, worker_init_fn
+from .distributed import (JobEnv, StopRequest, barrier, destroy_process_group, init_process_group,
+                          select_device)
+from .job import Job
+from .progress import ProgressReporter, default_reporter, report
+from .sampler import ResumableDistributedSampler, ResumeMismatch, check_resume
+
+API_VERSION = 1
+
+__all__ = [
+    "API_VERSION", "CheckpointDirError", "CheckpointManager", "Job", "JobEnv", "ProgressReporter",
+    "ResumableDistributedSampler", "ResumeMismatch", "StopRequest", "atomic_write_bytes", "atomic_write_json",
+    "barrier", "batch_size_of", "check_resume", "check_writable", "default_reporter", "destroy_process_group",
+    "ignore_stop_signals", "init_process_group", "move_to", "report", "select_device", "worker_init_fn",
+]

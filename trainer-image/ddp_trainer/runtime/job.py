@@ -1,0 +1,162 @@
+"""`Job`: everything a torchrun script needs to keep DDPJob's promises, in one object.
+
+    with Job.start() as job:                      # env, device, process group, SIGTERM handler
+        state = job.resume()                      # the newest intact checkpoint (all ranks), or None
+        for step in range(start, total):
+            ...train one step...
+            job.report(step=step, total_steps=total, loss=loss)
+            if job.should_save(step):
+                job.save(step, {...})             # rank 0 writes, atomically
+            if job.should_stop():                 # SIGTERM anywhere: every rank, same step
+                job.save(step, {...}, final=True)
+                return job.stop.exit_code         # 143
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint import CheckpointManager
+from .distributed import (JobEnv, StopRequest, barrier, destroy_process_group, init_process_group,
+                          select_device)
+from .progress import ProgressReporter
+
+log = logging.getLogger(__name__)
+META = "ddpjob"  # key of the runtime's own entry in every checkpoint dict
+
+
+class Job:
+    def __init__(self, env: JobEnv, device: torch.device, stop: StopRequest, *,
+                 checkpoint_dir: str | os.PathLike | None = None, keep: int | None = None,
+                 every_steps: int | None = None, async_save: bool = False,
+                 reporter: ProgressReporter | None = None, owns_process_group: bool = False) -> None:
+        self.env, self.device, self.stop = env, device, stop
+        directory = checkpoint_dir if checkpoint_dir is not None else env.checkpoint_dir
+        self.checkpoint_dir = str(directory) if directory else None
+        self.every_steps = env.checkpoint_interval_steps if every_steps is None else every_steps
+        self.checkpoints: CheckpointManager | None = None
+        if self.checkpoint_dir:  # checks that rank 0 can write there, now rather than at the first save
+            self.checkpoints = CheckpointManager(self.checkpoint_dir, keep if keep is not None else env.checkpoint_keep,
+                                                 is_writer=env.is_main, async_save=async_save)
+        self.reporter = reporter if reporter is not None else ProgressReporter(
+            self.checkpoint_dir, os.environ.get("DDPJOB_PROGRESS_URL") or None, enabled=env.is_main)
+        self._owns_pg = owns_process_group
+        self._closed = False
+
+    @classmethod
+    def start(cls, *, device: str = "auto", backend: str = "auto", timeout_s: float = 1800.0,
+              checkpoint_dir: str | os.PathLike | None = None, keep: int | None = None,
+              every_steps: int | None = None, async_save: bool = False) -> "Job":
+        """Read the environment, install the stop handler, pick the device (cuda:LOCAL_RANK or cpu)
+        and initialise the process group (unless already initialised). Checkpoint settings default
+        to the DDPJOB_CHECKPOINT_* variables."""
+        stop = StopRequest()  # first: a SIGTERM during start-up is not lost
+        try:
+            env = JobEnv.from_env()
+            dev = select_device(device, env)
+            owns = not dist.is_initialized()
+            if owns:
+                init_process_group(env, dev, backend=backend, timeout_s=timeout_s)
+            try:
+                return cls(env, dev, stop, checkpoint_dir=checkpoint_dir, keep=keep, every_steps=every_steps,
+                           async_save=async_save, owns_process_group=owns)
+            except BaseException:
+                if owns:
+                    destroy_process_group()
+                raise
+        except BaseException:
+            stop.close(drain=False)
+            raise
+
+    # ---- checkpoints --------------------------------------------------------------------------
+
+    def resume(self, *, announce: bool = True) -> dict[str, Any] | None:
+        """Every rank: the state of the newest checkpoint that verifies (rank 0 chooses, all load
+        the same step), or None. Its `state["ddpjob"]` holds the step and the world size it was saved at."""
+        if self.checkpoints is None:
+            return None
+        found = self.checkpoints.load_latest() if self.env.is_main else None
+        chosen = [found[0] if found else None]
+        if dist.is_initialized():
+            dist.broadcast_object_list(chosen, src=0)
+        step = chosen[0]
+        if step is None:
+            if announce and self.env.is_main:
+                log.info("no checkpoint found: starting from scratch")
+            return None
+        state = found[1] if found else self.checkpoints.load(step)
+        meta = state.get(META) or {}
+        if announce and self.env.is_main:
+            log.info("resumed from checkpoint step=%d (saved at world_size=%s, now %d)", step,
+                     meta.get("world_size", "?"), self.env.world_size)
+        return state
+
+    def should_save(self, step: int) -> bool:
+        """A periodic checkpoint is due after `step` (DDPJOB_CHECKPOINT_INTERVAL_STEPS)."""
+        return self.checkpoints is not None and self.every_steps > 0 and step % self.every_steps == 0
+
+    def save(self, step: int, state: dict[str, Any], *, final: bool = False) -> None:
+        """Rank 0 writes `state` (plus `state["ddpjob"]`); other ranks return. `final=True`: written
+        synchronously, then every rank waits at a barrier, so no rank exits before the commit (torchrun
+        tears down a node's other trainers as soon as one exits, and rank 0 may be one of them)."""
+        if self.checkpoints is not None and self.env.is_main:
+            if final:
+                self.checkpoints.wait()
+            if self.checkpoints.last_committed_step != step:
+                meta = {"step": step, "world_size": self.env.world_size, "generation": self.env.generation}
+                self.checkpoints.save(step, {**state, META: meta}, blocking=final)
+        if final and self.checkpoints is not None and dist.is_initialized():
+            barrier(self.device)
+
+    @property
+    def last_checkpoint_step(self) -> int | None:
+        return self.checkpoints.last_committed_step if self.checkpoints is not None else None
+
+    # ---- stop, progress, collectives ----------------------------------------------------------
+
+    def should_stop(self) -> bool:
+        """Call once per step on every rank: True on all of them once any was signalled."""
+        return self.stop.agreed()
+
+    def report(self, *, step: int, total_steps: int | None = None, loss: float | None = None, **fields: Any) -> None:
+        """Non-blocking progress report (rank 0; others no-op); adds world_size and last_checkpoint_step."""
+        fields.setdefault("world_size", self.env.world_size)
+        fields.setdefault("last_checkpoint_step", self.last_checkpoint_step)
+        self.reporter.report(step=step, total_steps=total_steps, loss=loss, **fields)
+
+    def mean(self, value: float | torch.Tensor) -> float:
+        """The mean of a per-rank value over all ranks (a collective: every rank must call it)."""
+        t = torch.as_tensor(value, dtype=torch.float64, device=self.device).detach().clone().reshape(1)
+        if dist.is_initialized() and self.env.world_size > 1:
+            dist.all_reduce(t)
+            t /= self.env.world_size
+        return float(t.item())
+
+    # ---- exit ---------------------------------------------------------------------------------
+
+    def close(self, clean: bool = True) -> None:
+        """Every exit path: pending checkpoint write, progress, stop handler, process group."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.checkpoints is not None:
+                self.checkpoints.wait()
+        finally:
+            try:
+                self.reporter.close()
+                self.stop.close(drain=clean)
+            finally:
+                if self._owns_pg:
+                    destroy_process_group()
+
+    def __enter__(self) -> "Job":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(clean=exc_type is None)
