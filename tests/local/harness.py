@@ -116,3 +116,56 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 def job_dir(cwd: Path, name: str) -> Path:
     return cwd / ".ddpjob" / name
+
+
+# ---- in-process runs (tests/local/test_semantics.py): the runner's own status, not its printout ----
+
+class RunTimeout(AssertionError):
+    pass
+
+
+RESUMED_EVENT = "training resumed from the checkpoint of step"
+
+
+class TimelineView:
+    """A runner View that keeps everything with its time: events, and each pass's phase and
+    training progress (progress.json). Past `timeout` seconds it raises RunTimeout once (the
+    runner then stops its processes as on Ctrl-C, showing them on the way)."""
+
+    def __init__(self, timeout: float):
+        self.deadline = time.monotonic() + timeout
+        self.timeout = timeout
+        self.events: list[tuple[float, str]] = []
+        self.samples: list[tuple[float, str, int | None, int | None]] = []  # (t, phase, step, world size)
+        # For each resume: the last training step seen before it (nothing trains between a fault and
+        # the resume, so this is the step at the fault; rank 0 writes progress.json every step).
+        self.step_before_resume: list[int | None] = []
+        self.summary = None
+        self._raised = False
+
+    def update(self, snap) -> None:
+        now = time.monotonic()
+        sample = (now, snap.phase, snap.step, snap.world_size)
+        if not self.samples or self.samples[-1][1:] != sample[1:]:
+            self.samples.append(sample)
+        if now > self.deadline and not self._raised:
+            self._raised = True
+            raise RunTimeout(f"the job did not finish within {self.timeout}s")
+
+    def event(self, text: str) -> None:
+        if RESUMED_EVENT in text:
+            self.step_before_resume.append(self.samples[-1][2] if self.samples else None)
+        self.events.append((time.monotonic(), text))
+
+    def log_line(self, pod: str, line: str) -> None:
+        pass
+
+    def close(self, summary) -> None:
+        self.summary = summary
+
+    def first_event(self, needle: str) -> tuple[float, str] | None:
+        return next(((t, e) for t, e in self.events if needle in e), None)
+
+    def transcript(self) -> str:
+        start = self.samples[0][0] if self.samples else 0.0
+        return "\n".join(f"{t - start:7.1f}s {e}" for t, e in self.events)

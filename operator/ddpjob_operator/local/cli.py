@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from .. import model, validation
-from .runner import EXIT_FAILED, EXIT_INTERRUPTED, FaultInjection, LocalRunner, RunOptions
+from .runner import EXIT_FAILED, EXIT_INTERRUPTED, FaultInjection, LocalRunner, RunOptions, SpecChange
 from .view import make_view
 
 
@@ -34,6 +34,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="... this many seconds after the run started")
     when.add_argument("--kill-at-step", type=int, metavar="STEP",
                       help="... once the trainer reports this optimizer step")
+    scale = p.add_argument_group("scaling during the run (like kubectl scale)")
+    scale.add_argument("--scale-to", type=int, metavar="N",
+                       help="set spec.replicas to N during the run (within minReplicas..maxReplicas)")
+    scale.add_argument("--scale-at-step", type=int, metavar="STEP",
+                       help="... once the trainer reports this optimizer step")
     p.set_defaults(func=cmd_run)
 
 
@@ -51,6 +56,17 @@ def _fault(args: argparse.Namespace, replicas: int) -> tuple[FaultInjection, ...
         raise validation.InvalidJob([validation.FieldError(
             "--kill-worker", f"no worker {args.kill_worker} in a run of {replicas}", f"pick 0..{replicas - 1}")])
     return (FaultInjection(index=args.kill_worker, after_seconds=args.kill_after, at_step=args.kill_at_step),)
+
+
+def _changes(args: argparse.Namespace, spec: model.DDPJobSpec) -> tuple[SpecChange, ...]:
+    if (args.scale_to is None) != (args.scale_at_step is None):
+        raise validation.InvalidJob([validation.FieldError(
+            "--scale-to/--scale-at-step", "need each other", "give both: --scale-to N --scale-at-step STEP")])
+    if args.scale_to is None:
+        return ()
+    # The API server's check, before the run starts rather than midway.
+    validation.parse_spec({**spec.wire(), "replicas": args.scale_to}, prefix="--scale-to: spec")
+    return (SpecChange(replicas=args.scale_to, at_step=args.scale_at_step),)
 
 
 def load_one_job(path: str) -> model.DDPJob:
@@ -93,7 +109,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         job = with_replicas(load_one_job(args.file), args.replicas)
         options = RunOptions(checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-                             print_logs=args.logs, faults=_fault(args, job.spec.replicas))
+                             print_logs=args.logs, faults=_fault(args, job.spec.replicas),
+                             changes=_changes(args, job.spec))
         runner = LocalRunner(job, options, make_view())
     except validation.InvalidJob as exc:
         for error in exc.errors:

@@ -10,8 +10,9 @@ from typing import Any
 
 # The trainer's rank-0 progress line (docs/launch-contract.md).
 STEP_LINE = re.compile(r"\bstep=(\d+) epoch=(\d+) loss=([-+0-9.eE]+|nan|inf)")
-# The bundled trainer's rank-0 log line after loading a checkpoint (other entrypoints may not print it).
-RESUME_LINE = re.compile(r"resumed from checkpoint step=(\d+)")
+# The bundled trainer's rank-0 log line after loading a checkpoint (other entrypoints may not print it):
+# the step, and the world size it resumed at.
+RESUME_LINE = re.compile(r"resumed from checkpoint step=(\d+)(?:.*\bnow (\d+)\))?")
 
 
 @dataclass

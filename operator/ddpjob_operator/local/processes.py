@@ -32,9 +32,9 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def marked_pids(prefix: str) -> list[int]:
-    """Live (non-zombie) processes whose marker starts with `prefix` (see `marker_for`)."""
-    wanted = f"{MARKER_ENV}={prefix}".encode()
+def marked_pids(*prefixes: str) -> list[int]:
+    """Live (non-zombie) processes whose marker starts with one of `prefixes` (see `marker_for`)."""
+    wanted = tuple(f"{MARKER_ENV}={prefix}".encode() for prefix in prefixes)
     found = []
     for entry in PROC.iterdir():
         if not entry.name.isdigit():
@@ -57,12 +57,13 @@ def _signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
-def kill_marked(prefix: str, timeout: float = 10.0) -> None:
-    """SIGKILL every process with the marker until none is left (a dying parent may still fork)."""
+def kill_marked(*prefixes: str, timeout: float = 10.0) -> None:
+    """SIGKILL every process with one of the markers until none is left (a dying parent may still
+    fork). Several pods are killed in the same instant: all of them are frozen before any dies."""
     deadline = time.monotonic() + timeout
-    while pids := marked_pids(prefix):
+    while pids := marked_pids(*prefixes):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"processes {pids} of {prefix} survived SIGKILL for {timeout}s")
+            raise RuntimeError(f"processes {pids} of {', '.join(prefixes)} survived SIGKILL for {timeout}s")
         _signal_all(pids, signal.SIGSTOP)  # frozen processes cannot fork while we kill them
         _signal_all(pids, signal.SIGKILL)
         time.sleep(0.05)
@@ -96,6 +97,10 @@ class LocalProcess:
         self.started_at = now
 
     @property
+    def started(self) -> bool:
+        return self.popen is not None
+
+    @property
     def pid(self) -> int:
         assert self.popen is not None, f"{self.name} was never started"
         return self.popen.pid
@@ -117,6 +122,8 @@ class LocalProcess:
         """Graceful stop, as the kubelet does it: SIGTERM to the root (torchrun forwards it)."""
         if self.terminating_since is None:
             self.terminating_since = now
+        if self.popen is None:
+            return  # never started (a pod not scheduled yet): nothing to stop
         try:
             os.killpg(self.pid, signal.SIGTERM)
         except ProcessLookupError:

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
 
-from .. import builders, decisions, model
+from .. import builders, decisions, model, validation
 from ..validation import FieldError, InvalidJob
 from .logs import RESUME_LINE, LogTail, read_report
 from .processes import LocalProcess, kill_marked, marker_for
@@ -31,17 +31,65 @@ LOCALHOST = "127.0.0.1"
 POLL_SECONDS = 0.2
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
+# What the scheduler says of a pod no node can take (an Unschedulable option's worker).
+UNSCHEDULABLE = "Unschedulable"
+UNSCHEDULABLE_MESSAGE = "0/1 nodes are available: held Pending by the local run's Unschedulable option"
 # Where the local "volumes" and logs live, relative to the working directory.
 STATE_DIR = Path(".ddpjob")
 
 
+# What a FaultInjection does.
+KILL = "kill"  # SIGKILL worker `index`'s whole process tree (a crashed node, an OOM-killed container)
+DELETE = "delete"  # graceful deletion behind the runner's back, like `kubectl delete pod`: SIGTERM to the
+#                    worker (torchrun forwards it, the trainer checkpoints), SIGKILL after the grace period,
+#                    and the pod is gone once it exited
+KILL_STORE = "kill-store"  # SIGKILL the rendezvous store process (`index` is ignored)
+FAULT_KINDS = (KILL, DELETE, KILL_STORE)
+
+
 @dataclass(frozen=True)
 class FaultInjection:
-    """SIGKILL worker `index` (its whole process tree), once, at a time or a training step."""
+    """A fault, once, at a time or a training step (`kind`: KILL, DELETE or KILL_STORE).
 
-    index: int
+    Faults due in the same pass strike in the same instant: every process tree they kill is frozen
+    (SIGSTOP) before any of them is killed, so no agent sees one peer die before the other."""
+
+    index: int = 0
     after_seconds: float | None = None  # since the run started
     at_step: int | None = None  # once the trainer's progress.json reports this step
+    kind: str = KILL
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"FaultInjection.kind must be one of {', '.join(FAULT_KINDS)}, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class SpecChange:
+    """A spec update during the run, like `kubectl scale ddpjob/<name> --replicas=N` (`replicas`) or
+    `kubectl patch ... runPolicy.suspend` (`suspend`): validated as the API server would, then seen
+    by the next reconcile with a new metadata.generation. Changes apply one after the other, each
+    once its moment has come: every condition given holds. `at_step` and `world_size`: the trainer's
+    progress.json reports at least this step, this world size; `after_seconds`: since the run
+    started; `in_phase`: the job is in this phase and none of its worker pods remain."""
+
+    replicas: int | None = None
+    suspend: bool | None = None
+    at_step: int | None = None
+    world_size: int | None = None
+    after_seconds: float | None = None
+    in_phase: str | None = None
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    """Pods of worker `index`, from its `from_creation`-th creation on (1: every one; 2: every
+    replacement), stay Pending with no process for `seconds` (None: for ever), as a pod that no
+    node can take (resources no node has) waits for the scheduler."""
+
+    index: int
+    from_creation: int = 2
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -50,7 +98,34 @@ class RunOptions:
     resume: bool = False
     print_logs: bool = False
     faults: tuple[FaultInjection, ...] = ()
+    changes: tuple[SpecChange, ...] = ()
+    unschedulable: tuple[Unschedulable, ...] = ()
     state_dir: Path = STATE_DIR
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """A worker pod's process ended: what the decision layer was shown (code, termination message)."""
+
+    at: datetime
+    pod: str
+    index: int
+    generation: int
+    attempt: int
+    exit_code: int
+    message: str | None
+    deleted: bool  # its deletion had been asked for (by the decision layer or a DELETE fault) before it ended
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The trainer's rank 0 loaded a checkpoint (the bundled trainer's RESUME_LINE)."""
+
+    at: datetime
+    pod: str
+    generation: int | None  # of the pod that printed it
+    step: int
+    world_size: int | None
 
 
 @dataclass
@@ -60,7 +135,13 @@ class WorkerProcess:
     attempt: int
     process: LocalProcess
     termination_log: Path  # the launcher writes its failure here, like a container's /dev/termination-log
+    node_range: str | None = None  # the `--nnodes` its agent was started with, as the pod's label has it
     deleted: bool = False  # asked to go (DeleteWorker): vanishes once its processes are gone
+    created_at: datetime | None = None
+    # Not scheduled (Unschedulable): no process yet; it starts at `held_until` (None: never).
+    held: bool = False
+    held_until: datetime | None = None
+    exit_recorded: bool = False
 
 
 def utc_now() -> datetime:
@@ -136,6 +217,11 @@ class LocalRunner:
         self.workers: dict[str, WorkerProcess] = {}
         self.tails: dict[str, LogTail] = {}
         self.pending_faults = list(options.faults)
+        self.pending_changes = list(options.changes)
+        self.metadata_generation = 1  # moves with every spec change, as the API server's does
+        self.creations: dict[int, int] = {}  # worker pods created per index
+        self.exits: list[ExitRecord] = []
+        self.resumes: list[Resume] = []
         self.interrupted = False
         self._signals: list[int] = []
         self.created_at = clock()
@@ -175,6 +261,7 @@ class LocalRunner:
         for action in decision.actions:
             self.execute(action, now)
         self._inject_faults(now)
+        self._apply_changes(now)
         self._show(now)
         return decision
 
@@ -193,13 +280,22 @@ class LocalRunner:
     # ---- observe -----------------------------------------------------------------------------
 
     def job_view(self) -> decisions.JobView:
-        return decisions.JobView(name=self.name, namespace=NAMESPACE, uid=self.uid, metadata_generation=1,
-                                 created_at=self.created_at, spec=self.spec, status=self.status)
+        return decisions.JobView(name=self.name, namespace=NAMESPACE, uid=self.uid,
+                                 metadata_generation=self.metadata_generation, created_at=self.created_at,
+                                 spec=self.spec, status=self.status)
 
     def observe(self, now: datetime) -> decisions.Observed:
         workers = []
         for name, w in list(self.workers.items()):
+            if w.held:
+                if w.deleted:
+                    del self.workers[name]  # a pod that never ran goes at once
+                    continue
+                if w.held_until is not None and now >= w.held_until:
+                    self._start(w, now)  # scheduled at last
             code = w.process.poll(now)
+            if code is not None and not w.exit_recorded:
+                self._record_exit(name, w, code)
             if w.deleted and code is not None:
                 del self.workers[name]  # a deleted pod whose processes are gone no longer exists
                 continue
@@ -208,12 +304,28 @@ class LocalRunner:
             workers.append(self._observation(name, w, code))
         return decisions.Observed(workers=tuple(workers), store=self._store_observation(now), now=now)
 
+    def _record_exit(self, name: str, w: WorkerProcess, code: int) -> None:
+        w.exit_recorded = True
+        message = _read_text(w.termination_log)
+        record = ExitRecord(at=w.process.finished_at or self.clock(), pod=name, index=w.index,
+                            generation=w.generation, attempt=w.attempt, exit_code=code, message=message,
+                            deleted=w.deleted)
+        self.exits.append(record)
+        self.view.event(f"{name} (generation {w.generation}, attempt {w.attempt}) exited with code {code}"
+                        + (" after its deletion" if w.deleted else "")
+                        + (f": {decisions.short_message(message)}" if message else ""))
+
     def _grace(self) -> timedelta:
         return timedelta(seconds=self.spec.template.termination_grace_period_seconds)
 
     @staticmethod
     def _observation(name: str, w: WorkerProcess, code: int | None) -> decisions.WorkerObservation:
         message = None
+        if w.held:
+            return decisions.WorkerObservation(
+                index=w.index, name=name, generation=w.generation, phase="Pending", attempt=w.attempt,
+                terminating_since=w.process.terminating_since, node_range=w.node_range,
+                unschedulable=decisions.Waiting(UNSCHEDULABLE, UNSCHEDULABLE_MESSAGE, w.created_at))
         if code is None:
             phase, reason = "Running", None
         else:
@@ -222,7 +334,7 @@ class LocalRunner:
         return decisions.WorkerObservation(
             index=w.index, name=name, generation=w.generation, phase=phase, attempt=w.attempt,
             ready=code is None, exit_code=code, reason=reason, message=message,
-            terminating_since=w.process.terminating_since,
+            terminating_since=w.process.terminating_since, node_range=w.node_range,
             node=LOCALHOST, started_at=w.process.started_at, finished_at=w.process.finished_at)
 
     def _store_observation(self, now: datetime) -> decisions.StoreObservation | None:
@@ -282,8 +394,25 @@ class LocalRunner:
             log_path=self.log_dir / f"{name}.log")
         if name not in self.tails:  # logs are appended across runs: read only this run's part
             self.tails[name] = LogTail(process.log_path, offset=_size(process.log_path))
-        process.start(now)
-        self.workers[name] = WorkerProcess(action.index, action.generation, action.attempt, process, termination_log)
+        worker = WorkerProcess(action.index, action.generation, action.attempt, process, termination_log,
+                               node_range=builders.node_range(self.spec), created_at=now)
+        self.workers[name] = worker
+        created = self.creations[action.index] = self.creations.get(action.index, 0) + 1
+        hold = next((u for u in self.options.unschedulable
+                     if u.index == action.index and created >= u.from_creation), None)
+        if hold is None:
+            self._start(worker, now)
+            return
+        worker.held = True
+        worker.held_until = None if hold.seconds is None else now + timedelta(seconds=hold.seconds)
+        self.view.event(f"{name} (generation {action.generation}) is not scheduled: Pending "
+                        + ("for ever" if hold.seconds is None else f"for {hold.seconds:g}s")
+                        + " (Unschedulable)")
+
+    def _start(self, w: WorkerProcess, now: datetime) -> None:
+        w.held, w.held_until = False, None
+        w.termination_log.unlink(missing_ok=True)
+        w.process.start(now)
 
     def _delete_worker(self, action: decisions.DeleteWorker, now: datetime) -> None:
         """Force kills at once; otherwise SIGTERM, and `observe` drops the pod once it has exited.
@@ -292,6 +421,9 @@ class LocalRunner:
         if w is None:
             return
         w.deleted = True
+        if w.held:
+            del self.workers[action.name]  # never ran: nothing to stop
+            return
         if action.force:
             w.process.kill()
         if w.process.poll(now) is None:
@@ -309,19 +441,87 @@ class LocalRunner:
         else:
             self.store = None
 
+    def _due(self, at_step: int | None, after_seconds: float | None, progress: dict, now: datetime) -> bool:
+        elapsed = (now - self.created_at).total_seconds()
+        return (after_seconds is not None and elapsed >= after_seconds) or \
+               (at_step is not None and (progress.get("step") or 0) >= at_step)
+
     def _inject_faults(self, now: datetime) -> None:
+        """Every fault due now, in the same instant (all trees frozen before any is killed)."""
         progress = read_report(self.checkpoint_dir, "progress.json") or {}
         elapsed = (now - self.created_at).total_seconds()
+        kills: list[WorkerProcess] = []
+        stores: list[LocalProcess] = []
+        deletes: list[WorkerProcess] = []
         for fault in list(self.pending_faults):
-            due = (fault.after_seconds is not None and elapsed >= fault.after_seconds) or \
-                  (fault.at_step is not None and (progress.get("step") or 0) >= fault.at_step)
-            target = self.workers.get(builders.worker_name(self.name, fault.index))
-            if not due or target is None or target.deleted or target.process.poll(now) is not None:
+            if not self._due(fault.at_step, fault.after_seconds, progress, now):
                 continue
+            if fault.kind == KILL_STORE:
+                if self.store is None or self.store.poll(now) is not None or self.store.terminating_since:
+                    continue
+                stores.append(self.store)
+            else:
+                target = self.workers.get(builders.worker_name(self.name, fault.index))
+                if target is None or target.deleted or target.held or target.process.poll(now) is not None:
+                    continue
+                (kills if fault.kind == KILL else deletes).append(target)
             self.pending_faults.remove(fault)
-            target.process.kill()
-            self.view.event(f"fault injection: killed {target.process.name} (SIGKILL to its whole process "
-                            f"tree) at {elapsed:.1f}s, trainer step {progress.get('step')}")
+        if kills or stores:
+            kill_marked(*(p.marker for p in [*(w.process for w in kills), *stores]))
+            for process in [*(w.process for w in kills), *stores]:
+                process.kill()  # reaps the root
+                self.view.event(f"fault injection: killed {process.name} (SIGKILL to its whole process tree) "
+                                f"at {elapsed:.1f}s, trainer step {progress.get('step')}")
+        for w in deletes:
+            w.deleted = True  # the pod object is being deleted: it vanishes once its processes are gone
+            w.process.terminate(now)
+            self.view.event(f"fault injection: deleted {w.process.name} gracefully (SIGTERM, like kubectl "
+                            f"delete pod) at {elapsed:.1f}s, trainer step {progress.get('step')}")
+
+    # ---- spec changes (kubectl scale, suspend) ---------------------------------------------
+
+    def _apply_changes(self, now: datetime) -> None:
+        progress = read_report(self.checkpoint_dir, "progress.json") or {}
+        elapsed = (now - self.created_at).total_seconds()
+        while self.pending_changes:
+            change = self.pending_changes[0]
+            waiting = [change.at_step is not None and (progress.get("step") or 0) < change.at_step,
+                       change.world_size is not None and progress.get("world_size") != change.world_size,
+                       change.after_seconds is not None and elapsed < change.after_seconds,
+                       change.in_phase is not None and (self.status.phase != change.in_phase or bool(self.workers))]
+            if any(waiting):
+                return
+            self.pending_changes.pop(0)
+            what = []
+            try:
+                if change.replicas is not None:
+                    self.scale(change.replicas)
+                    what.append(f"replicas={change.replicas}")
+                if change.suspend is not None:
+                    self.set_suspend(change.suspend)
+                    what.append(f"suspend={str(change.suspend).lower()}")
+            except InvalidJob as rejected:
+                self.view.event(f"spec change rejected (as the API server would): {rejected}")
+                continue
+            self.view.event(f"spec change: {', '.join(what)} (metadata.generation {self.metadata_generation}) "
+                            f"at {(now - self.created_at).total_seconds():.1f}s, trainer step {progress.get('step')}")
+
+    def scale(self, replicas: int) -> None:
+        """`kubectl scale ddpjob/<name> --replicas=N`: InvalidJob for what the API server's CEL rules
+        reject (outside minReplicas..maxReplicas); minReplicas/maxReplicas left unset keep following
+        replicas, as they do in the cluster."""
+        self._update_spec({**self.spec.wire(), "replicas": replicas})
+
+    def set_suspend(self, suspend: bool) -> None:
+        """`kubectl patch ddpjob/<name> --type=merge -p '{"spec":{"runPolicy":{"suspend":...}}}'`."""
+        wire = self.spec.wire()
+        self._update_spec({**wire, "runPolicy": {**wire.get("runPolicy", {}), "suspend": suspend}})
+
+    def _update_spec(self, wire: dict) -> None:
+        spec = validation.parse_spec(wire)
+        if spec != self.spec:
+            self.spec = spec
+            self.metadata_generation += 1
 
     # ---- stop --------------------------------------------------------------------------------
 
@@ -331,10 +531,10 @@ class LocalRunner:
         signals_seen = len(self._signals)
         now = self.clock()
         for w in self.workers.values():
-            if w.process.poll(now) is None:
+            if w.process.started and w.process.poll(now) is None:
                 w.process.terminate(now)
         deadline = time.monotonic() + self._grace().total_seconds()
-        while any(w.process.poll(self.clock()) is None for w in self.workers.values()):
+        while any(w.process.started and w.process.poll(self.clock()) is None for w in self.workers.values()):
             if time.monotonic() >= deadline or len(self._signals) > max(signals_seen, 1):
                 break
             self._show(self.clock())
@@ -360,7 +560,12 @@ class LocalRunner:
                     self.view.log_line(name, line)
                 resumed = RESUME_LINE.search(line)
                 if resumed:
-                    self.view.event(f"{name}: training resumed from the checkpoint of step {resumed.group(1)}")
+                    world = int(resumed.group(2)) if resumed.group(2) else None
+                    w = self.workers.get(name)
+                    self.resumes.append(Resume(at=now, pod=name, generation=w.generation if w else None,
+                                               step=int(resumed.group(1)), world_size=world))
+                    self.view.event(f"{name}: training resumed from the checkpoint of step {resumed.group(1)}"
+                                    + (f" at world size {world}" if world else ""))
         self.view.update(self.snapshot(now))
 
     def snapshot(self, now: datetime) -> Snapshot:
@@ -371,7 +576,7 @@ class LocalRunner:
             name = builders.worker_name(self.name, index)
             w, rank, tail = self.workers.get(name), ranks.get(index), self.tails.get(name)
             code = w.process.poll(now) if w else None
-            if w is None:
+            if w is None or w.held:
                 state = "Pending"
             elif w.process.terminating_since is not None and code is None:
                 state = "Terminating"
