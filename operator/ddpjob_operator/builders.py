@@ -7,8 +7,10 @@ the manifest builders. Everything is deterministic: same inputs, same output.
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from . import model
@@ -30,10 +32,10 @@ MANAGED_BY = "ddpjob-operator"
 ROLE_WORKER = "worker"
 ROLE_STORE = "store"
 
-TRAINER_CONTAINER = "trainer"
+TRAINER_CONTAINER = model.TRAINER_CONTAINER
 STORE_CONTAINER = "rendezvous-store"
-SHM_VOLUME = "dshm"
-CHECKPOINT_VOLUME = "checkpoints"
+SHM_VOLUME = model.SHM_VOLUME
+CHECKPOINT_VOLUME = model.CHECKPOINT_VOLUME
 # Default scheduler taint on GPU nodes (NVIDIA device plugin / GKE / EKS convention).
 GPU_TOLERATION_EFFECT = "NoSchedule"
 # Taints the node lifecycle controller puts on a node that stops responding. Workers and the store
@@ -384,9 +386,11 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": mounts,
     }
-    resources = _resources(spec)
+    trainer = template.trainer.wire() if template.trainer is not None else {}
+    resources = _merge_resources(_resources(spec), trainer.pop("resources", {}))
     if resources:
         container["resources"] = resources
+    container.update(trainer)  # the rest of spec.template.trainer: fields the operator never sets
 
     tolerations = worker_tolerations(spec)
     pod_spec: dict[str, Any] = {
@@ -403,8 +407,55 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
                 "tolerations": tolerations, "serviceAccountName": template.service_account_name,
                 "priorityClassName": template.priority_class_name}
     pod_spec.update({k: v for k, v in optional.items() if v})
+    annotations = dict(template.annotations or {})
+    _add_pod_spec_overrides(job, spec, pod_spec)
+    _add_gang(job, spec, pod_spec, labels, annotations)
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": _metadata(job, name, labels, template.annotations), "spec": pod_spec}
+            "metadata": _metadata(job, name, labels, annotations), "spec": pod_spec}
+
+
+def _merge_resources(ours: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """spec.resources' requests and limits plus template.trainer.resources' (other resource names only)."""
+    merged = {part: dict(ours.get(part, {})) for part in ("requests", "limits")}
+    for part in ("requests", "limits"):
+        merged[part].update(extra.get(part) or {})
+    out: dict[str, Any] = {part: amounts for part, amounts in merged.items() if amounts}
+    if extra.get("claims"):
+        out["claims"] = extra["claims"]
+    return out
+
+
+def _add_pod_spec_overrides(job: JobRef, spec: model.DDPJobSpec, pod_spec: dict[str, Any]) -> None:
+    """spec.template.podSpec: every field as written (the model rejects the operator's own)."""
+    extra = spec.template.pod_spec.wire() if spec.template.pod_spec is not None else {}
+    security = {**pod_spec["securityContext"], **extra.pop("securityContext", {})}
+    pod_spec.update(extra)
+    pod_spec["securityContext"] = security
+    if extra.get("hostNetwork"):
+        # The node's resolver cannot resolve the rendezvous Service; ClusterFirstWithHostNet can.
+        pod_spec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
+        # On the node's network a worker publishes its node's IP, and torchrun's rendezvous node id is
+        # (address, pid, n): two workers of the job on one node would share it. One worker per node.
+        affinity = pod_spec.setdefault("affinity", {})
+        anti = affinity.setdefault("podAntiAffinity", {})
+        anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(
+            {"labelSelector": {"matchLabels": worker_selector(job.name)}, "topologyKey": HOSTNAME_TOPOLOGY})
+
+
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+
+def _add_gang(job: JobRef, spec: model.DDPJobSpec, pod_spec: dict[str, Any], labels: dict[str, str],
+              annotations: dict[str, str]) -> None:
+    """runPolicy.schedulingPolicy: the gang scheduler, and the pod's membership of the job's PodGroup."""
+    policy = spec.run_policy.scheduling_policy
+    if policy is None:
+        return
+    pod_spec["schedulerName"] = policy.effective_scheduler_name
+    if policy.gang_scheduler == "Volcano":
+        annotations[model.VOLCANO_GROUP_ANNOTATION] = pod_group_name(job.name)
+    else:
+        labels[model.COSCHEDULING_GROUP_LABEL] = pod_group_name(job.name)
 
 
 def store_labels(job: JobRef) -> dict[str, str]:
@@ -431,6 +482,9 @@ def store_pod(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any]:
         "ports": [{"name": "rendezvous", "containerPort": port}],
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
         "resources": {"requests": {"cpu": store.resources.cpu, "memory": store.resources.memory}},
+        # A TCPStore needs no privileges: this passes the restricted Pod Security level (with the pod's
+        # runAsNonRoot and seccompProfile from template.podSpec.securityContext).
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     pod_spec: dict[str, Any] = {
         # Never, not Always: a restarted store has lost its state, so the operator must see the
@@ -442,8 +496,13 @@ def store_pod(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any]:
     node_selector = store.node_selector if store.node_selector is not None else spec.template.node_selector
     priority = store.priority_class_name if store.priority_class_name is not None \
         else spec.template.priority_class_name
+    workers = spec.template.pod_spec
     optional = {"nodeSelector": node_selector, "tolerations": store_tolerations(spec),
-                "serviceAccountName": spec.template.service_account_name, "priorityClassName": priority}
+                "serviceAccountName": spec.template.service_account_name, "priorityClassName": priority,
+                # The store runs the trainer image by default: it needs the same pull secrets, and the same
+                # pod security context to pass the namespace's Pod Security level.
+                "imagePullSecrets": workers.image_pull_secrets if workers else None,
+                "securityContext": workers.security_context if workers else None}
     pod_spec.update({k: v for k, v in optional.items() if v})
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": _metadata(job, store_pod_name(job.name), store_labels(job)), "spec": pod_spec}
@@ -480,10 +539,57 @@ def checkpoint_claim(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any] | No
             "metadata": _metadata(job, name, job_labels(job)), "spec": claim_spec}
 
 
+def pod_group_name(job_name: str) -> str:
+    return job_name  # its own kind: no other name of the job's is a PodGroup's
+
+
+def pod_group(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any] | None:
+    """The PodGroup of runPolicy.schedulingPolicy's gang scheduler; None without a policy."""
+    policy = spec.run_policy.scheduling_policy
+    if policy is None:
+        return None
+    group: dict[str, Any] = {"minMember": spec.min_available}
+    if policy.gang_scheduler == "Volcano":
+        priority = policy.priority_class or spec.template.priority_class_name
+        group.update({k: v for k, v in (("queue", policy.queue), ("priorityClassName", priority)) if v})
+    elif policy.schedule_timeout_seconds is not None:
+        group["scheduleTimeoutSeconds"] = policy.schedule_timeout_seconds
+    minimum = gang_resources(spec)
+    if minimum:
+        group["minResources"] = minimum
+    return {"apiVersion": policy.api_version, "kind": "PodGroup",
+            "metadata": _metadata(job, pod_group_name(job.name), job_labels(job)), "spec": group}
+
+
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)$")
+
+
+def _times(quantity: int | str, factor: int) -> str | None:
+    """`quantity` x `factor` as a quantity (`500m` x 2 = `1000m`); None for a form this does not handle."""
+    match = _QUANTITY.match(str(quantity))
+    if match is None:
+        return None
+    try:
+        number = Decimal(match.group(1)) * factor
+    except InvalidOperation:
+        return None
+    return f"{number.normalize():f}{match.group(2)}"
+
+
+def gang_resources(spec: model.DDPJobSpec) -> dict[str, str]:
+    """The trainer requests of minAvailable workers (the PodGroup's minResources, for queue admission)."""
+    container = _merge_resources(_resources(spec), spec.template.trainer.resources.wire()
+                                 if spec.template.trainer and spec.template.trainer.resources else {})
+    per_pod = {**container.get("limits", {}), **container.get("requests", {})}  # requests default to limits
+    total = {name: _times(amount, spec.min_available) for name, amount in per_pod.items()}
+    return {name: amount for name, amount in total.items() if amount is not None}
+
+
 def shared_manifests(job: JobRef, spec: model.DDPJobSpec) -> list[dict[str, Any]]:
-    """Objects that live as long as the job: the two Services and the checkpoint claim."""
-    claim = checkpoint_claim(job, spec)
-    return [headless_service(job), store_service(job, spec)] + ([claim] if claim else [])
+    """Objects that live as long as the job: the PodGroup (gang scheduling), the two Services and the
+    checkpoint claim. All exist before any pod is created."""
+    claim, group = checkpoint_claim(job, spec), pod_group(job, spec)
+    return ([group] if group else []) + [headless_service(job), store_service(job, spec)] + ([claim] if claim else [])
 
 
 def all_manifests(job: JobRef, spec: model.DDPJobSpec, *, generation: int = 0) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_origin
 
 import celpy
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "elastic.ddp.dev"
@@ -204,10 +204,226 @@ class Resources(APIModel):
     )
 
 
+# ---------------------------------------------------------------- the pod template beyond the typed fields
+
+# The worker pod's only container, and the volumes and labels the operator owns.
+TRAINER_CONTAINER = "trainer"
+SHM_VOLUME = "dshm"
+CHECKPOINT_VOLUME = "checkpoints"
+OPERATOR_LABEL_PREFIX = f"{GROUP}/"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+# Gang scheduling keys the operator sets on worker pods (runPolicy.schedulingPolicy).
+COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+_OBJECT = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+def _k8s_object(description: str, *, alias: str | None = None, **properties: dict[str, Any]) -> Any:
+    """A Kubernetes object passed through as-is; `properties` declares the parts rules look at."""
+    extra: dict[str, Any] = dict(_OBJECT)
+    if properties:
+        extra["properties"] = properties
+    return Field(default=None, description=description, alias=alias, json_schema_extra=extra)
+
+
+def _k8s_list(description: str, *, max_items: int = 64, alias: str | None = None,
+              **properties: dict[str, Any]) -> Any:
+    """A list of Kubernetes objects passed through as-is (at most `max_items`)."""
+    items: dict[str, Any] = dict(_OBJECT)
+    if properties:
+        items["properties"] = properties
+    return Field(default=None, description=description, alias=alias, max_length=max_items,
+                 json_schema_extra={"items": items})
+
+
+def _scalar(description: str, *, alias: str | None = None) -> Any:
+    return Field(default=None, description=description, alias=alias)
+
+
+def _not_here(field: str, why: str) -> dict[str, str]:
+    """A rule rejecting `field` with the reason (and where to set it instead)."""
+    return cel(f"!has(self.{field})", f"{field} {why}", f".{field}")
+
+
+_NAME = {"type": "string", "description": "Name."}
+
+
+class PodSpecOverrides(APIModel):
+    """Pod-level fields of the worker pods beyond the typed ones, as in a Pod's spec."""
+
+    # Passed through to every worker pod as written.
+    image_pull_secrets: list[dict[str, Any]] | None = _k8s_list(
+        "Secrets for pulling the trainer image (and the store image: the store pod gets them too), as in a Pod.")
+    init_containers: list[dict[str, Any]] | None = _k8s_list(
+        "Init containers (data download, setup), as in a Pod. A native sidecar (log shipper, proxy) is an init "
+        "container with `restartPolicy: Always` (Kubernetes 1.29+): it runs beside the trainer and stops when "
+        "the trainer exits, so it never keeps a finished worker running. Not named `trainer`.",
+        max_items=32, name={"type": "string", "description": "Container name.", "maxLength": 63})
+    security_context: dict[str, Any] | None = _k8s_object(
+        "Pod security context (runAsUser, runAsNonRoot, seccompProfile, sysctls, ...), as in a Pod. The "
+        "rendezvous store pod gets it too, so both pass the namespace's Pod Security level. fsGroup: use "
+        "template.fsGroup.", fsGroup={"type": "integer", "description": "Use template.fsGroup."})
+    host_network: bool | None = _scalar(
+        "Use the node's network (RDMA / EFA without a CNI plugin). The operator then sets dnsPolicy "
+        "ClusterFirstWithHostNet (unless set), so workers still resolve the rendezvous Service, and keeps "
+        "workers of the job on different nodes (each publishes its node's IP to the rendezvous).")
+    host_ipc: bool | None = _scalar("Use the node's IPC namespace.", alias="hostIPC")
+    host_pid: bool | None = _scalar("Use the node's process ID namespace.", alias="hostPID")
+    host_users: bool | None = _scalar("false: run the pod in its own user namespace.")
+    topology_spread_constraints: list[dict[str, Any]] | None = _k8s_list(
+        "How workers spread over zones or nodes, as in a Pod. Select the job's workers with the label "
+        "elastic.ddp.dev/job-name.")
+    runtime_class_name: str | None = _scalar("RuntimeClass of the worker pods (e.g. nvidia, kata).")
+    scheduler_name: str | None = _scalar(
+        "Scheduler of the worker pods. With runPolicy.schedulingPolicy, set its schedulerName instead.")
+    dns_policy: str | None = _scalar(
+        "ClusterFirst (default), ClusterFirstWithHostNet or None (with dnsConfig). Not Default: workers must "
+        "resolve the rendezvous Service.")
+    dns_config: dict[str, Any] | None = _k8s_object("DNS options, as in a Pod.")
+    host_aliases: list[dict[str, Any]] | None = _k8s_list("Extra /etc/hosts entries, as in a Pod.")
+    node_name: str | None = _scalar("Run every worker on this node, bypassing the scheduler.")
+    automount_service_account_token: bool | None = _scalar("Mount the service account token.")
+    enable_service_links: bool | None = _scalar("Inject Service environment variables.")
+    share_process_namespace: bool | None = _scalar("Share one process namespace between the containers.")
+    set_hostname_as_fqdn: bool | None = _scalar("Use the pod's FQDN as its hostname.", alias="setHostnameAsFQDN")
+    preemption_policy: str | None = _scalar("PreemptLowerPriority or Never.")
+    readiness_gates: list[dict[str, Any]] | None = _k8s_list("Extra readiness conditions, as in a Pod.")
+    resource_claims: list[dict[str, Any]] | None = _k8s_list("Dynamic resource claims, as in a Pod.")
+    scheduling_gates: list[dict[str, Any]] | None = _k8s_list("Scheduling gates, as in a Pod.")
+    os: dict[str, Any] | None = _k8s_object("The pods' operating system, as in a Pod.")
+    overhead: dict[str, Any] | None = _k8s_object("Pod overhead (normally set by the RuntimeClass).")
+    resources: dict[str, Any] | None = _k8s_object("Pod-level resources (Kubernetes 1.32+), as in a Pod.")
+    # The operator's, or set elsewhere in the spec: declared so that setting one is a clear error.
+    containers: list[dict[str, Any]] | None = _k8s_list("Not allowed: see the rule's message.")
+    restart_policy: str | None = _scalar("Not allowed: the operator's (Never).")
+    hostname: str | None = _scalar("Not allowed: the operator's (<job>-worker-<i>).")
+    subdomain: str | None = _scalar("Not allowed: the operator's (<job>-workers).")
+    node_selector: dict[str, str] | None = _scalar("Not allowed: use template.nodeSelector.")
+    tolerations: list[dict[str, Any]] | None = _k8s_list("Not allowed: use template.tolerations.")
+    affinity: dict[str, Any] | None = _k8s_object("Not allowed: use template.affinity.")
+    service_account_name: str | None = _scalar("Not allowed: use template.serviceAccountName.")
+    service_account: str | None = _scalar("Not allowed: use template.serviceAccountName.")
+    priority_class_name: str | None = _scalar("Not allowed: use template.priorityClassName.")
+    priority: int | None = _scalar("Not allowed: the API server sets it from the priority class.")
+    volumes: list[dict[str, Any]] | None = _k8s_list("Not allowed: use template.volumes.")
+    termination_grace_period_seconds: int | None = _scalar(
+        "Not allowed: use template.terminationGracePeriodSeconds.")
+    active_deadline_seconds: int | None = _scalar("Not allowed: use runPolicy.activeDeadlineSeconds.")
+    ephemeral_containers: list[dict[str, Any]] | None = _k8s_list("Not allowed: added by kubectl debug.")
+
+    cel_rules = (
+        _not_here("containers", "is not allowed: the operator builds the one container, `trainer`, from spec.image, "
+                  "spec.entrypoint, spec.args, spec.env and spec.resources; set its other fields in "
+                  "spec.template.trainer, and run sidecars as native sidecars (spec.template.podSpec.initContainers "
+                  "with restartPolicy: Always), which stop when the trainer exits"),
+        _not_here("restartPolicy", "is the operator's (Never): it replaces failed workers itself, charging "
+                  "failurePolicy.maxRestarts; remove it"),
+        _not_here("hostname", "is the operator's (<job>-worker-<i>, the worker's stable DNS name); remove it"),
+        _not_here("subdomain", "is the operator's (the headless Service <job>-workers); remove it"),
+        _not_here("nodeSelector", "is not set here: use spec.template.nodeSelector (the rendezvous store follows it)"),
+        _not_here("tolerations", "is not set here: use spec.template.tolerations (the rendezvous store follows them)"),
+        _not_here("affinity", "is not set here: use spec.template.affinity"),
+        _not_here("serviceAccountName", "is not set here: use spec.template.serviceAccountName"),
+        _not_here("serviceAccount", "is deprecated and not set here: use spec.template.serviceAccountName"),
+        _not_here("priorityClassName", "is not set here: use spec.template.priorityClassName (the rendezvous "
+                  "store follows it)"),
+        _not_here("priority", "is set by the API server from the priority class: use "
+                  "spec.template.priorityClassName"),
+        _not_here("volumes", "is not set here: use spec.template.volumes"),
+        _not_here("terminationGracePeriodSeconds", "is not set here: use "
+                  "spec.template.terminationGracePeriodSeconds (torchrun's shutdown timeout follows it)"),
+        _not_here("activeDeadlineSeconds", "is not set here: use spec.runPolicy.activeDeadlineSeconds (a pod "
+                  "deadline would kill one worker, not end the job)"),
+        _not_here("ephemeralContainers", "cannot be set when a pod is created (kubectl debug adds them); remove it"),
+        cel("!has(self.securityContext) || !has(self.securityContext.fsGroup)",
+            "securityContext.fsGroup is not set here: use spec.template.fsGroup", ".securityContext.fsGroup"),
+        cel("!has(self.dnsPolicy) || self.dnsPolicy != 'Default'",
+            "dnsPolicy Default uses the node's resolver, which cannot resolve the rendezvous Service "
+            "<job>-rdzv: use ClusterFirst (ClusterFirstWithHostNet with hostNetwork, the operator's default "
+            "then) or None with a dnsConfig that points at the cluster DNS", ".dnsPolicy"),
+        cel("!has(self.initContainers) || self.initContainers.all(c, !has(c.name) || c.name != 'trainer')",
+            "initContainers: the name `trainer` is the trainer container's; rename the init container",
+            ".initContainers"),
+    )
+
+
+Quantity = Annotated[int | str, WithJsonSchema({"x-kubernetes-int-or-string": True,
+                                                "description": "A quantity, e.g. 1, 500m, 2Gi."})]
+
+
+class ContainerResources(APIModel):
+    requests: dict[str, Quantity] | None = Field(default=None, max_length=32, description=(
+        "Extra resource requests of the trainer container (RDMA / EFA devices, hugepages-2Mi, "
+        "ephemeral-storage), added to spec.resources'."), json_schema_extra={"maxProperties": 32})
+    limits: dict[str, Quantity] | None = Field(default=None, max_length=32, description=(
+        "Extra resource limits of the trainer container, added to spec.resources'."),
+        json_schema_extra={"maxProperties": 32})
+    claims: list[dict[str, Any]] | None = _k8s_list("Dynamic resource claims the trainer uses, as in a Container.")
+
+    cel_rules = tuple(
+        cel(f"!has(self.{part}) || !('{name}' in self.{part})",
+            f"{part}.{name} is set by spec.resources.{name} (requests and limits alike): set it there",
+            f".{part}")
+        for part in ("requests", "limits") for name in ("cpu", "memory"))
+
+
+class TrainerContainer(APIModel):
+    """Container-level fields of the trainer container beyond what the spec builds, as in a Container."""
+
+    security_context: dict[str, Any] | None = _k8s_object(
+        "Security context of the trainer container (capabilities such as IPC_LOCK for RDMA, runAsNonRoot, "
+        "allowPrivilegeEscalation, readOnlyRootFilesystem), as in a Container.")
+    resources: ContainerResources | None = Field(default=None, description=(
+        "Extra requests and limits (RDMA devices, hugepages); cpu, memory and GPUs come from spec.resources."))
+    env_from: list[dict[str, Any]] | None = _k8s_list(
+        "Environment from config maps and secrets, as in a Container (spec.env and the operator's variables win).")
+    ports: list[dict[str, Any]] | None = _k8s_list("Ports (metrics, profiling), as in a Container.")
+    liveness_probe: dict[str, Any] | None = _k8s_object("Liveness probe, as in a Container.")
+    readiness_probe: dict[str, Any] | None = _k8s_object("Readiness probe, as in a Container.")
+    startup_probe: dict[str, Any] | None = _k8s_object("Startup probe, as in a Container.")
+    lifecycle: dict[str, Any] | None = _k8s_object("postStart / preStop hooks, as in a Container.")
+    working_dir: str | None = _scalar("Working directory of the trainer.")
+    volume_devices: list[dict[str, Any]] | None = _k8s_list("Raw block devices, as in a Container.")
+    resize_policy: list[dict[str, Any]] | None = _k8s_list("In-place resize policy, as in a Container.")
+    stdin: bool | None = _scalar("Allocate a stdin buffer.")
+    stdin_once: bool | None = _scalar("Close stdin after the first attach.")
+    tty: bool | None = _scalar("Allocate a TTY.")
+    # The operator's, or set elsewhere in the spec.
+    name: str | None = _scalar("Not allowed: always `trainer`.")
+    image: str | None = _scalar("Not allowed: use spec.image.")
+    image_pull_policy: str | None = _scalar("Not allowed: use spec.imagePullPolicy.")
+    command: list[str] | None = _scalar("Not allowed: the operator's launcher.")
+    args: list[str] | None = _scalar("Not allowed: use spec.args.")
+    env: list[dict[str, Any]] | None = _k8s_list("Not allowed: use spec.env.")
+    volume_mounts: list[dict[str, Any]] | None = _k8s_list("Not allowed: use template.volumeMounts.")
+    termination_message_path: str | None = _scalar("Not allowed: the launcher writes the failure there.")
+    termination_message_policy: str | None = _scalar("Not allowed: the operator's (FallbackToLogsOnError).")
+    restart_policy: str | None = _scalar("Not allowed: the trainer is never restarted in place.")
+
+    cel_rules = (
+        _not_here("name", "is always `trainer` (the operator reads the trainer's exit by it); remove it"),
+        _not_here("image", "is not set here: use spec.image"),
+        _not_here("imagePullPolicy", "is not set here: use spec.imagePullPolicy"),
+        _not_here("command", "is the operator's: its launcher runs torchrun with the rendezvous flags; set "
+                  "spec.entrypoint and spec.args"),
+        _not_here("args", "is not set here: use spec.args (arguments of spec.entrypoint)"),
+        _not_here("env", "is not set here: use spec.env (rendezvous and rank variables are reserved)"),
+        _not_here("volumeMounts", "is not set here: use spec.template.volumeMounts (/dev/shm and the checkpoint "
+                  "mount are the operator's)"),
+        _not_here("terminationMessagePath", "is the operator's: the launcher writes the failure to "
+                  "/dev/termination-log; remove it"),
+        _not_here("terminationMessagePolicy", "is the operator's (FallbackToLogsOnError); remove it"),
+        _not_here("restartPolicy", "is not allowed on the trainer: it is never restarted in place; remove it"),
+    )
+
+
 class PodTemplate(APIModel):
-    labels: dict[str, str] | None = Field(default=None, description="Extra labels for worker pods.")
-    annotations: dict[str, str] | None = Field(default=None,
-                                               description="Extra annotations for worker pods.")
+    labels: dict[str, str] | None = Field(default=None, max_length=64, description=(
+        f"Extra labels for worker pods (at most 64; not the operator's {OPERATOR_LABEL_PREFIX}* keys)."))
+    annotations: dict[str, str] | None = Field(default=None, max_length=64, description=(
+        "Extra annotations for worker pods (at most 64)."))
     node_selector: dict[str, str] | None = Field(default=None, description=(
         "Node selector for worker pods (and the rendezvous store pod, unless "
         "rendezvous.storeTemplate.nodeSelector is set)."))
@@ -226,17 +442,51 @@ class PodTemplate(APIModel):
     priority_class_name: str | None = Field(default=None, max_length=253, description=(
         "PriorityClass of the worker pods (and the rendezvous store pod, unless "
         "rendezvous.storeTemplate.priorityClassName is set)."))
-    volumes: list[dict[str, Any]] | None = Field(default=None, description=(
-        "Extra volumes, as in a Pod; mount them with volumeMounts."),
-        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}})
-    volume_mounts: list[dict[str, Any]] | None = Field(default=None, description=(
-        "Extra volume mounts for the trainer container, as in a Container."),
-        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}})
+    volumes: list[dict[str, Any]] | None = _k8s_list(
+        f"Extra volumes, as in a Pod; mount them with volumeMounts (init containers and sidecars may too). "
+        f"Not named {SHM_VOLUME} or {CHECKPOINT_VOLUME} (the operator's).", max_items=64,
+        name={"type": "string", "description": "Volume name.", "maxLength": 63})
+    volume_mounts: list[dict[str, Any]] | None = _k8s_list(
+        "Extra volume mounts for the trainer container, as in a Container. Not at /dev/shm or the checkpoint "
+        "mountPath (the operator's).", max_items=64,
+        mountPath={"type": "string", "description": "Where the volume is mounted.", "maxLength": 4096})
     fs_group: int = Field(default=1000, ge=1, le=2147483647, description=(
         "Group that owns the mounted volumes (pod securityContext.fsGroup). Every container process "
         "gets it as a supplemental group, so a non-root trainer of any uid can write checkpoints."))
     termination_grace_period_seconds: int = Field(default=60, ge=0, le=3600, description=(
         "Time a worker has after SIGTERM (suspend, scale-down, deletion) to write its final checkpoint."))
+    pod_spec: PodSpecOverrides | None = Field(default=None, description=(
+        "Any other pod-level field of the worker pods, as in a Pod's spec: imagePullSecrets, initContainers "
+        "(and native sidecars), securityContext, hostNetwork, hostIPC, topologySpreadConstraints, "
+        "runtimeClassName, schedulerName, dnsPolicy, ... Fields the operator owns (containers, restartPolicy, "
+        "hostname, subdomain) or that have a field above are rejected, naming where they go."))
+    trainer: TrainerContainer | None = Field(default=None, description=(
+        "Any other field of the trainer container, as in a Container: securityContext, extra resources "
+        "(RDMA devices, hugepages), envFrom, ports, probes, lifecycle, workingDir. Its command, args, env, "
+        "image and mounts come from the spec and are rejected here."))
+
+    cel_rules = (
+        cel("!has(self.labels) || self.labels.all(k, !k.startsWith('" + OPERATOR_LABEL_PREFIX + "') && k != '"
+            + MANAGED_BY_LABEL + "')",
+            f"labels with the prefix {OPERATOR_LABEL_PREFIX} and {MANAGED_BY_LABEL} are the operator's (it "
+            f"selects its pods by them): rename the label", ".labels"),
+        cel(f"!has(self.labels) || !('{COSCHEDULING_GROUP_LABEL}' in self.labels)",
+            f"the label {COSCHEDULING_GROUP_LABEL} is set by spec.runPolicy.schedulingPolicy (gangScheduler "
+            f"Coscheduling): remove it and set the policy", ".labels"),
+        cel(f"!has(self.labels) || !('{KUEUE_QUEUE_LABEL}' in self.labels)",
+            f"the label {KUEUE_QUEUE_LABEL} belongs on the DDPJob itself (metadata.labels), not on its pods: "
+            f"Kueue admits the whole job through spec.runPolicy.suspend", ".labels"),
+        cel(f"!has(self.annotations) || !('{VOLCANO_GROUP_ANNOTATION}' in self.annotations)",
+            f"the annotation {VOLCANO_GROUP_ANNOTATION} is set by spec.runPolicy.schedulingPolicy (gangScheduler "
+            f"Volcano): remove it and set the policy", ".annotations"),
+        cel(f"!has(self.volumes) || self.volumes.all(v, !has(v.name) || (v.name != '{SHM_VOLUME}' "
+            f"&& v.name != '{CHECKPOINT_VOLUME}'))",
+            f"volume names {SHM_VOLUME} and {CHECKPOINT_VOLUME} are the operator's (/dev/shm and the checkpoint "
+            f"claim): rename the volume", ".volumes"),
+        cel("!has(self.volumeMounts) || self.volumeMounts.all(m, !has(m.mountPath) || m.mountPath != '/dev/shm')",
+            "/dev/shm is the operator's memory-backed volume (size it with spec.resources.sharedMemory): mount "
+            "elsewhere", ".volumeMounts"),
+    )
 
 
 class Toleration(APIModel):
@@ -377,6 +627,53 @@ class FailurePolicy(APIModel):
     )
 
 
+# Gang schedulers: the PodGroup API each one reads, and the name it schedules under by default.
+GANG_SCHEDULERS = {
+    "Volcano": ("scheduling.volcano.sh/v1beta1", "volcano"),
+    "Coscheduling": ("scheduling.x-k8s.io/v1alpha1", "scheduler-plugins-scheduler"),
+}
+
+
+class SchedulingPolicy(APIModel):
+    gang_scheduler: Literal["Volcano", "Coscheduling"] = Field(description=(
+        "Volcano: a scheduling.volcano.sh/v1beta1 PodGroup, pods annotated scheduling.k8s.io/group-name. "
+        "Coscheduling (the scheduler-plugins coscheduling plugin): a scheduling.x-k8s.io/v1alpha1 PodGroup, "
+        "pods labelled scheduling.x-k8s.io/pod-group. The operator creates and owns the PodGroup `<job>`; "
+        "the job fails with reason GangSchedulerNotInstalled when the cluster lacks its CRD."))
+    scheduler_name: str | None = Field(default=None, min_length=1, max_length=253, description=(
+        "schedulerName of the worker pods. Default: volcano (Volcano), scheduler-plugins-scheduler "
+        "(Coscheduling, the scheduler-plugins chart's second scheduler)."))
+    min_available: int | None = Field(default=None, ge=1, le=1024, description=(
+        "Workers that must be schedulable together before any starts (the PodGroup's minMember). "
+        "Default: minReplicas. At most replicas."))
+    queue: str | None = Field(default=None, min_length=1, max_length=253, description=(
+        "Volcano only: the Volcano queue of the PodGroup."))
+    priority_class: str | None = Field(default=None, min_length=1, max_length=253, description=(
+        "Volcano only: priorityClassName of the PodGroup. Default: template.priorityClassName."))
+    schedule_timeout_seconds: int | None = Field(default=None, ge=1, le=86400 * 7, description=(
+        "Coscheduling only: how long the scheduler waits for the whole group before giving up a round."))
+
+    cel_rules = (
+        cel("!has(self.queue) || self.gangScheduler == 'Volcano'",
+            "queue is a Volcano queue: remove it, or use gangScheduler: Volcano (for Kueue, label the DDPJob "
+            "kueue.x-k8s.io/queue-name instead)", ".queue"),
+        cel("!has(self.priorityClass) || self.gangScheduler == 'Volcano'",
+            "priorityClass is for Volcano PodGroups (scheduler-plugins PodGroups have none): remove it; "
+            "pods take spec.template.priorityClassName", ".priorityClass"),
+        cel("!has(self.scheduleTimeoutSeconds) || self.gangScheduler == 'Coscheduling'",
+            "scheduleTimeoutSeconds is for Coscheduling PodGroups (Volcano PodGroups have none): remove it",
+            ".scheduleTimeoutSeconds"),
+    )
+
+    @property
+    def api_version(self) -> str:
+        return GANG_SCHEDULERS[self.gang_scheduler][0]
+
+    @property
+    def effective_scheduler_name(self) -> str:
+        return self.scheduler_name or GANG_SCHEDULERS[self.gang_scheduler][1]
+
+
 class RunPolicy(APIModel):
     active_deadline_seconds: int | None = Field(default=None, ge=1, description=(
         "Fail the job with reason DeadlineExceeded when it runs longer than this."))
@@ -389,6 +686,10 @@ class RunPolicy(APIModel):
         "Which pods to delete when the job ends: None, Running (still running ones), All."))
     success_policy: Literal["AllWorkers", "RankZero"] = Field(default="AllWorkers", description=(
         "AllWorkers: succeed when every worker exited 0. RankZero: succeed when worker 0 exited 0."))
+    scheduling_policy: SchedulingPolicy | None = Field(default=None, description=(
+        "Gang scheduling with Volcano or the scheduler-plugins coscheduling plugin: the workers start "
+        "together or not at all. (Kueue needs no policy here: label the DDPJob kueue.x-k8s.io/queue-name; "
+        "Kueue admits and preempts it through suspend.)"))
 
 
 class DDPJobSpec(APIModel):
@@ -438,7 +739,40 @@ class DDPJobSpec(APIModel):
             "resources.gpuCount must be >= nprocPerNode (every training process needs its own GPU): "
             "raise resources.gpuCount, lower nprocPerNode, or remove gpuCount (it defaults to "
             "nprocPerNode)", ".resources.gpuCount"),
+        cel("!has(self.template) || !has(self.template.trainer) || !has(self.template.trainer.resources) || "
+            "((!has(self.template.trainer.resources.requests) || !(self.resources.gpuResourceName in "
+            "self.template.trainer.resources.requests)) && (!has(self.template.trainer.resources.limits) || "
+            "!(self.resources.gpuResourceName in self.template.trainer.resources.limits)))",
+            "GPUs are requested with spec.resources.gpu (and gpuCount), which also sets NCCL and the GPU "
+            "toleration: remove the GPU resource from template.trainer.resources", ".template.trainer.resources"),
+        cel("!has(self.checkpoint) || !has(self.template) || !has(self.template.volumeMounts) || "
+            "self.template.volumeMounts.all(m, !has(m.mountPath) || m.mountPath != self.checkpoint.mountPath)",
+            "the checkpoint volume is mounted at checkpoint.mountPath: mount this volume elsewhere, or change "
+            "checkpoint.mountPath", ".template.volumeMounts"),
+        cel("!has(self.runPolicy) || !has(self.runPolicy.schedulingPolicy) || !has(self.template) || "
+            "!has(self.template.podSpec) || !has(self.template.podSpec.schedulerName)",
+            "with runPolicy.schedulingPolicy the scheduler is its schedulerName: remove "
+            "template.podSpec.schedulerName (or set runPolicy.schedulingPolicy.schedulerName)",
+            ".template.podSpec.schedulerName"),
+        cel("!has(self.runPolicy) || !has(self.runPolicy.schedulingPolicy) || "
+            "!has(self.runPolicy.schedulingPolicy.minAvailable) || "
+            "self.runPolicy.schedulingPolicy.minAvailable <= self.replicas",
+            "runPolicy.schedulingPolicy.minAvailable must be <= replicas (a larger gang never schedules): lower "
+            "it, or leave it unset (it defaults to minReplicas)", ".runPolicy.schedulingPolicy.minAvailable"),
+        cel("!has(self.checkpoint) || !has(self.checkpoint.claimTemplate) || "
+            "self.checkpoint.claimTemplate.accessModes != ['ReadWriteOncePod'] || "
+            "(has(self.maxReplicas) ? self.maxReplicas : self.replicas) == 1",
+            "a ReadWriteOncePod claim can be used by one pod only, and this job may run several workers: use "
+            "ReadWriteMany (see docs/install.md, \"Checkpoint storage\")", ".checkpoint.claimTemplate.accessModes"),
     )
+
+    @property
+    def min_available(self) -> int:
+        """Workers of the gang (runPolicy.schedulingPolicy.minAvailable, default minReplicas)."""
+        policy = self.run_policy.scheduling_policy
+        if policy is not None and policy.min_available is not None:
+            return policy.min_available
+        return self.min_nodes
 
     @property
     def min_nodes(self) -> int:

@@ -125,7 +125,7 @@ def test_worker_env_without_checkpoint_has_no_checkpoint_dir():
 
 def test_worker_pod_shape():
     s = spec(env=[{"name": "OMP_NUM_THREADS", "value": "1"}], checkpoint={"claimTemplate": {"size": "1Gi"}},
-             template={"labels": {"team": "a", builders.LABEL_ROLE: "spoofed"}, "terminationGracePeriodSeconds": 90})
+             template={"labels": {"team": "a"}, "terminationGracePeriodSeconds": 90})
     pod = builders.worker_pod(JOB, s, index=1, generation=2, attempt=3)
     meta, pod_spec = pod["metadata"], pod["spec"]
     assert meta["name"] == "digits-worker-1" and meta["namespace"] == "team-a"
