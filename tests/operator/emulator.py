@@ -20,12 +20,16 @@ real v1.36 cluster: tests/operator/test_emulator.py):
   when it is too old), timeoutSeconds;
 - background garbage collection through ownerReferences (the kube-controller-manager's job);
 - the control plane and kubelets as test-side methods: scheduler preemption, the taint manager,
-  kubelet node-pressure eviction and graceful node shutdown, a node going down and coming back;
+  kubelet node-pressure eviction and graceful node shutdown, a node going down and coming back,
+  a pod the scheduler cannot place;
+- faults a test sets: a validating admission step for pods (`admit_pods`: Pod Security, quota, a
+  webhook), and an API server that answers the operator 503 for a while (`unavailable_until`);
 - a record of every (API group, resource, verb) the operator calls.
 
 Not emulated (so a test must not rely on them): PodDisruptionBudgets (every eviction is allowed),
 strategic-merge and server-side-apply patches (415), Foreground and Orphan propagation (501),
-pod spec immutability, quantities, qosClass, and admission other than DefaultTolerationSeconds.
+pod spec immutability, quantities, qosClass, and admission other than DefaultTolerationSeconds
+(and what a test puts in `admit_pods`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import random
 import re
 import time
 import uuid
-from typing import Any, AsyncIterator, NamedTuple
+from typing import Any, AsyncIterator, Callable, NamedTuple
 
 import aiohttp.web
 import attrs
@@ -323,6 +327,12 @@ class Cluster(kmock.KubernetesEmulator):
     _unreachable: set[str] = attrs.field(factory=set, init=False)  # nodes whose kubelet stopped answering
     _gc_wanted: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _gc_task: asyncio.Task[None] | None = attrs.field(default=None, init=False)
+    # Faults a test sets. admit_pods: a validating admission step (a webhook, Pod Security, ResourceQuota)
+    # run on every pod create after the defaults are applied; what it returns is the answer (403 ...).
+    admit_pods: Callable[[dict[str, Any]], KubernetesError | None] | None = attrs.field(default=None, init=False)
+    # Until this time.monotonic() moment every operator request but its open watches is answered 503,
+    # as by an API server that lost etcd or is restarting behind its load balancer.
+    unavailable_until: float = attrs.field(default=0.0, init=False)
 
     def register_resources(self) -> None:
         definition = crd.build_crd()["spec"]  # the DDPJob as the generated CRD declares it
@@ -377,6 +387,9 @@ class Cluster(kmock.KubernetesEmulator):
         if resource is None or not resource.plural:
             return await super()._handle(request)  # discovery
         self._record(request)
+        if self._unavailable(request):
+            return self._failure(api_error(503, "ServiceUnavailable",
+                                           "the server is currently unable to handle the request"))
         method, named, sub = request.method, request.name is not None, request.subresource
         try:
             if resource not in self.resources:
@@ -413,6 +426,10 @@ class Cluster(kmock.KubernetesEmulator):
             body["details"] = exc.details
         body["code"] = exc.status
         return aiohttp.web.json_response(body, status=exc.status)
+
+    def _unavailable(self, request: rendering.Request) -> bool:
+        return (time.monotonic() < self.unavailable_until and request.action != enums.action.WATCH
+                and request.headers.get("User-Agent", "").startswith(OPERATOR_AGENTS))
 
     def _record(self, request: rendering.Request) -> None:
         agent = request.headers.get("User-Agent", "")
@@ -501,6 +518,9 @@ class Cluster(kmock.KubernetesEmulator):
             meta["generation"] = 1
         if resource == PODS:
             self._admit_pod(obj)
+            refusal = self.admit_pods(copy.deepcopy(obj)) if self.admit_pods is not None else None
+            if refusal is not None:
+                raise refusal
         if resource in self._schemas:
             obj.pop("status", None)  # a status subresource: created without status
             obj = self._structural(resource, obj)
@@ -966,6 +986,16 @@ class Cluster(kmock.KubernetesEmulator):
             status = pod.setdefault("status", {})
             status["conditions"], _ = set_condition(status.get("conditions"), "PodScheduled", "True")
             await self._commit((PODS, namespace, name), pod, "MODIFIED")
+
+    async def unschedulable(self, namespace: str, name: str, message: str) -> None:
+        """The scheduler cannot place the pod: PodScheduled False, reason Unschedulable, its message."""
+        async with self._lock:
+            pod = self._pod(namespace, name)
+            status = pod.setdefault("status", {})
+            status["conditions"], changed = set_condition(status.get("conditions"), "PodScheduled", "False",
+                                                          "Unschedulable", message)
+            if changed:
+                await self._commit((PODS, namespace, name), pod, "MODIFIED")
 
     async def kubelet_start(self, namespace: str, name: str) -> None:
         """The kubelet has started every container of a bound pod and they are ready."""
