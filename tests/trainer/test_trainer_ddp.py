@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ddp_trainer.config import parse_config
-from ddp_trainer.sampler import ResumableDistributedSampler
+from ddp_trainer.runtime import ResumableDistributedSampler
 from ddp_trainer.workloads import load_workload
 from trainer_harness import base_env, committed_steps, kill_tree, read_json, run, start, tail, torchrun_cmd, wait_for
 
@@ -30,7 +30,8 @@ def test_two_workers_train_digits_to_95_percent(tmp_path: Path) -> None:
     assert log.count("step=20 epoch=0") == 1  # rank 0 only
     progress = read_json(ckpt / "progress.json")
     assert set(progress) == {"step", "epoch", "loss", "samples_per_second", "world_size", "last_checkpoint_step",
-                             "time"}
+                             "time", "total_steps"}
+    assert progress["total_steps"] == result["step"]
     assert committed_steps(ckpt)[0] == result["step"]  # the final checkpoint
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -11,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_trainer.checkpoint import CheckpointManager
+from ddp_trainer.runtime import CheckpointManager
 from ddp_trainer.config import ConfigError, OptimConfig, parse_config
-from ddp_trainer.sampler import ResumableDistributedSampler
+from ddp_trainer.runtime import ResumableDistributedSampler
 
 
 def shards(n: int, world: int, epoch: int = 0, consumed: int = 0, **kw) -> list[list[int]]:
@@ -106,7 +107,7 @@ def test_async_save_snapshots_before_training_mutates(tmp_path: Path) -> None:
 
 WRITER = """
 import sys, torch
-from ddp_trainer.checkpoint import CheckpointManager
+from ddp_trainer.runtime import CheckpointManager
 m = CheckpointManager(sys.argv[1], keep=2)
 m.save(1, {"w": torch.ones(10)})
 print("saved 1", flush=True)
@@ -125,7 +126,12 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one_loadable(tmp_
         time.sleep(0.001)
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(10) == -signal.SIGKILL
-    m = CheckpointManager(tmp_path, keep=2)  # a new writer also removes the stale temp file
+    m = CheckpointManager(tmp_path, keep=2)
     step, state = m.load_latest()
     assert step == 1 and torch.equal(state["w"], torch.ones(10))
+    stray = list(ckpt.glob(".step-*"))
+    assert stray  # fresh: it could be another live writer's, so it stays until stale
+    for p in stray:
+        os.utime(p, (time.time() - 301, time.time() - 301))
+    CheckpointManager(tmp_path, keep=2)  # a new writer removes temp files untouched for 5 minutes
     assert not list(ckpt.glob(".step-*"))
