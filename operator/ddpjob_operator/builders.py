@@ -7,6 +7,7 @@ the manifest builders. Everything is deterministic: same inputs, same output.
 
 from __future__ import annotations
 
+import copy
 import re
 import uuid
 from dataclasses import dataclass
@@ -436,7 +437,7 @@ def _add_pod_spec_overrides(job: JobRef, spec: model.DDPJobSpec, pod_spec: dict[
         pod_spec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
         # On the node's network a worker publishes its node's IP, and torchrun's rendezvous node id is
         # (address, pid, n): two workers of the job on one node would share it. One worker per node.
-        affinity = pod_spec.setdefault("affinity", {})
+        affinity = pod_spec["affinity"] = copy.deepcopy(pod_spec.get("affinity") or {})  # never the spec's own
         anti = affinity.setdefault("podAntiAffinity", {})
         anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(
             {"labelSelector": {"matchLabels": worker_selector(job.name)}, "topologyKey": HOSTNAME_TOPOLOGY})

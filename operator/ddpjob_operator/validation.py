@@ -94,7 +94,8 @@ def _explain(err: dict[str, Any], root: type[BaseModel], loc: tuple[Any, ...]) -
         return "required field is missing", f"add `{field}`" + _description_hint(root, loc)
     if kind == "extra_forbidden":
         known = _known_fields(root, loc[:-1])
-        close = difflib.get_close_matches(field, known, n=1)
+        same_letters = [k for k in known if k.lower() == field.lower()]  # hostIpc -> hostIPC
+        close = same_letters or difflib.get_close_matches(field, known, n=1)
         fix = f"did you mean `{close[0]}`?" if close else f"remove it; known fields: {', '.join(known)}"
         return "unknown field", fix
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):

@@ -434,3 +434,182 @@ def test_store_program_serves_a_tcpstore_and_stops_on_sigterm(unused_tcp_port):
     finally:
         proc.kill()
         proc.wait()
+
+
+# ---------------------------------------------------------------- the whole pod template
+
+# What a Kubeflow PyTorchJob user copies over from a production worker template.
+KUBEFLOW_POD_SPEC = {
+    "imagePullSecrets": [{"name": "regcred"}],
+    "initContainers": [
+        {"name": "fetch-data", "image": "busybox:1.36", "command": ["sh", "-c", "echo fetched > /data/ok"],
+         "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+        {"name": "log-shipper", "image": "fluent/fluent-bit:3.0", "restartPolicy": "Always"},  # a native sidecar
+    ],
+    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+    "hostIPC": True,
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                   "whenUnsatisfiable": "ScheduleAnyway",
+                                   "labelSelector": {"matchLabels": {builders.LABEL_JOB_NAME: "digits"}}}],
+    "runtimeClassName": "nvidia", "schedulerName": "my-scheduler", "dnsPolicy": "ClusterFirst",
+    "dnsConfig": {"options": [{"name": "ndots", "value": "2"}]},
+    "hostAliases": [{"ip": "10.0.0.9", "hostnames": ["registry.local"]}],
+    "priorityClassName": None,
+    "enableServiceLinks": False, "shareProcessNamespace": True, "preemptionPolicy": "Never",
+    "setHostnameAsFQDN": True, "automountServiceAccountToken": False,
+}
+KUBEFLOW_POD_SPEC = {k: v for k, v in KUBEFLOW_POD_SPEC.items() if v is not None}
+KUBEFLOW_TRAINER = {
+    "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}, "allowPrivilegeEscalation": False},
+    "resources": {"requests": {"rdma/hca": 1, "hugepages-2Mi": "1Gi"},
+                  "limits": {"rdma/hca": 1, "hugepages-2Mi": "1Gi"}},
+    "envFrom": [{"configMapRef": {"name": "nccl-env"}}],
+    "ports": [{"name": "metrics", "containerPort": 9400}],
+    "readinessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 10},
+    "lifecycle": {"preStop": {"exec": {"command": ["sync"]}}},
+    "workingDir": "/workspace",
+}
+
+
+def kubeflow_spec(**extra) -> model.DDPJobSpec:
+    return spec(resources={"cpu": "4", "memory": "16Gi"},
+                template={"podSpec": KUBEFLOW_POD_SPEC, "trainer": KUBEFLOW_TRAINER,
+                          "volumes": [{"name": "data", "emptyDir": {}}]}, **extra)
+
+
+def test_every_pod_level_field_reaches_the_worker_pod():
+    pod_spec = builders.worker_pod(JOB, kubeflow_spec(), index=0, generation=0)["spec"]
+    for key, value in KUBEFLOW_POD_SPEC.items():
+        if key != "securityContext":
+            assert pod_spec[key] == value, key
+    # The user's security context, with the checkpoint group the operator sets.
+    assert pod_spec["securityContext"] == {**KUBEFLOW_POD_SPEC["securityContext"], "fsGroup": 1000,
+                                           "fsGroupChangePolicy": "OnRootMismatch"}
+    # Still the operator's: one container, its restart policy, its DNS identity.
+    assert [c["name"] for c in pod_spec["containers"]] == ["trainer"]
+    assert pod_spec["restartPolicy"] == "Never" and pod_spec["hostname"] == "digits-worker-0"
+
+
+def test_every_container_level_field_reaches_the_trainer():
+    container = builders.worker_pod(JOB, kubeflow_spec(), index=0, generation=0)["spec"]["containers"][0]
+    for key, value in KUBEFLOW_TRAINER.items():
+        if key != "resources":
+            assert container[key] == value, key
+    # spec.resources plus the extra resources, requests and limits alike.
+    assert container["resources"] == {"requests": {"cpu": "4", "memory": "16Gi", "rdma/hca": 1, "hugepages-2Mi": "1Gi"},
+                                      "limits": {"cpu": "4", "memory": "16Gi", "rdma/hca": 1, "hugepages-2Mi": "1Gi"}}
+    # The launch contract is untouched.
+    assert container["command"][:3] == ["python", "-c", builders.LAUNCHER_PROGRAM]
+    assert container["env"][0]["name"] == builders.POD_IP_ENV
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm"}
+
+
+def test_the_store_pod_gets_pull_secrets_and_the_pod_security_context_only():
+    store = builders.store_pod(JOB, kubeflow_spec())["spec"]
+    assert store["imagePullSecrets"] == [{"name": "regcred"}]
+    assert store["securityContext"] == KUBEFLOW_POD_SPEC["securityContext"]
+    assert store["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False,
+                                                         "capabilities": {"drop": ["ALL"]}}
+    for key in ("initContainers", "hostIPC", "runtimeClassName", "schedulerName", "topologySpreadConstraints"):
+        assert key not in store, key
+    assert "imagePullSecrets" not in builders.store_pod(JOB, spec())["spec"]
+
+
+@pytest.mark.parametrize("pod_spec, dns_policy", [
+    ({"hostNetwork": True}, "ClusterFirstWithHostNet"),  # so workers still resolve <job>-rdzv
+    ({"hostNetwork": True, "dnsPolicy": "None", "dnsConfig": {"nameservers": ["10.96.0.10"]}}, "None"),
+])
+def test_host_network_keeps_cluster_dns_and_one_worker_per_node(pod_spec, dns_policy):
+    s = spec(template={"podSpec": pod_spec, "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "other"}}, "topologyKey": "kubernetes.io/hostname"}]}}})
+    pod_spec_out = builders.worker_pod(JOB, s, index=1, generation=0)["spec"]
+    assert pod_spec_out["hostNetwork"] is True and pod_spec_out["dnsPolicy"] == dns_policy
+    # With the node's IP as its address, two workers on one node would share a rendezvous node id.
+    required = pod_spec_out["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required == [{"labelSelector": {"matchLabels": {"app": "other"}}, "topologyKey": "kubernetes.io/hostname"},
+                        {"labelSelector": {"matchLabels": builders.worker_selector("digits")},
+                         "topologyKey": "kubernetes.io/hostname"}]
+    assert s.template.affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][1:] == [], \
+        "the spec itself is never modified"
+    plain = builders.worker_pod(JOB, spec(), index=0, generation=0)["spec"]
+    assert "dnsPolicy" not in plain and "affinity" not in plain
+
+
+@pytest.mark.parametrize("template, path, text", [
+    ({"podSpec": {"containers": [{"name": "sidecar", "image": "x"}]}}, "spec.template.podSpec.containers", "native sidecars"),
+    ({"podSpec": {"restartPolicy": "Always"}}, "spec.template.podSpec.restartPolicy", "replaces failed workers"),
+    ({"podSpec": {"subdomain": "x"}}, "spec.template.podSpec.subdomain", "headless Service"),
+    ({"podSpec": {"tolerations": []}}, "spec.template.podSpec.tolerations", "spec.template.tolerations"),
+    ({"podSpec": {"volumes": []}}, "spec.template.podSpec.volumes", "spec.template.volumes"),
+    ({"podSpec": {"terminationGracePeriodSeconds": 5}}, "spec.template.podSpec.terminationGracePeriodSeconds",
+     "spec.template.terminationGracePeriodSeconds"),
+    ({"podSpec": {"activeDeadlineSeconds": 5}}, "spec.template.podSpec.activeDeadlineSeconds",
+     "spec.runPolicy.activeDeadlineSeconds"),
+    ({"podSpec": {"hostIpc": True}}, "spec.template.podSpec.hostIpc", "did you mean `hostIPC`"),
+    ({"trainer": {"args": ["--lr", "1"]}}, "spec.template.trainer.args", "spec.args"),
+    ({"trainer": {"image": "other:1"}}, "spec.template.trainer.image", "spec.image"),
+    ({"trainer": {"name": "main"}}, "spec.template.trainer.name", "always `trainer`"),
+    ({"trainer": {"terminationMessagePath": "/tmp/x"}}, "spec.template.trainer.terminationMessagePath", "launcher"),
+    ({"trainer": {"resources": {"requests": {"memory": "1Gi"}}}}, "spec.template.trainer.resources.requests",
+     "spec.resources.memory"),
+    ({"labels": {"app.kubernetes.io/managed-by": "me"}}, "spec.template.labels", "operator"),
+    ({"labels": {"scheduling.x-k8s.io/pod-group": "g"}}, "spec.template.labels", "schedulingPolicy"),
+    ({"volumes": [{"name": "checkpoints", "emptyDir": {}}]}, "spec.template.volumes", "rename the volume"),
+])
+def test_operator_owned_fields_are_rejected_naming_the_field(template, path, text):
+    from ddpjob_operator.validation import InvalidJob, parse_spec
+    with pytest.raises(InvalidJob) as info:
+        parse_spec({"replicas": 2, "image": "i", "entrypoint": "m", "template": template})
+    assert any(e.path == path and text in str(e) for e in info.value.errors), info.value.errors
+
+
+# ---------------------------------------------------------------- gang scheduling
+
+
+@pytest.mark.parametrize("policy, api_version, scheduler, group_spec", [
+    ({"gangScheduler": "Volcano", "queue": "research"}, "scheduling.volcano.sh/v1beta1", "volcano",
+     {"minMember": 2, "queue": "research", "priorityClassName": "training",
+      "minResources": {"cpu": "8", "memory": "32Gi", "rdma/hca": "2"}}),
+    ({"gangScheduler": "Volcano", "priorityClass": "urgent", "minAvailable": 3}, "scheduling.volcano.sh/v1beta1",
+     "volcano", {"minMember": 3, "priorityClassName": "urgent",
+                 "minResources": {"cpu": "12", "memory": "48Gi", "rdma/hca": "3"}}),
+    ({"gangScheduler": "Coscheduling", "scheduleTimeoutSeconds": 120, "schedulerName": "default-scheduler"},
+     "scheduling.x-k8s.io/v1alpha1", "default-scheduler",
+     {"minMember": 2, "scheduleTimeoutSeconds": 120, "minResources": {"cpu": "8", "memory": "32Gi", "rdma/hca": "2"}}),
+    ({"gangScheduler": "Coscheduling"}, "scheduling.x-k8s.io/v1alpha1", "scheduler-plugins-scheduler",
+     {"minMember": 2, "minResources": {"cpu": "8", "memory": "32Gi", "rdma/hca": "2"}}),
+])
+def test_scheduling_policy_creates_an_owned_pod_group_the_workers_belong_to(policy, api_version, scheduler, group_spec):
+    s = spec(replicas=3, minReplicas=2, resources={"cpu": "4", "memory": "16Gi"},
+             template={"priorityClassName": "training", "trainer": {"resources": {"limits": {"rdma/hca": 1}}}},
+             runPolicy={"schedulingPolicy": policy})
+    group = builders.pod_group(JOB, s)
+    assert (group["apiVersion"], group["kind"], group["metadata"]["name"]) == (api_version, "PodGroup", "digits")
+    assert group["metadata"]["ownerReferences"] == [builders.owner_reference(JOB)]
+    assert group["spec"] == group_spec
+    assert builders.shared_manifests(JOB, s)[0] == group  # created before any pod
+    pod = builders.worker_pod(JOB, s, index=2, generation=0)
+    assert pod["spec"]["schedulerName"] == scheduler
+    if policy["gangScheduler"] == "Volcano":
+        assert pod["metadata"]["annotations"] == {"scheduling.k8s.io/group-name": "digits"}
+        assert "scheduling.x-k8s.io/pod-group" not in pod["metadata"]["labels"]
+    else:
+        assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "digits"
+        assert "annotations" not in pod["metadata"]
+    # The store is no member of the gang: it runs first, on the default scheduler.
+    store = builders.store_pod(JOB, s)
+    assert "schedulerName" not in store["spec"] and "annotations" not in store["metadata"]
+    assert "scheduling.x-k8s.io/pod-group" not in store["metadata"]["labels"]
+
+
+def test_no_scheduling_policy_no_pod_group():
+    assert builders.pod_group(JOB, spec()) is None
+    assert [m["kind"] for m in builders.shared_manifests(JOB, spec())] == ["Service", "Service"]
+
+
+@pytest.mark.parametrize("quantity, factor, expected", [
+    ("4", 2, "8"), ("500m", 3, "1500m"), ("1.5Gi", 2, "3Gi"), (1, 4, "4"), ("16Gi", 1, "16Gi"), ("1e3", 2, None),
+])
+def test_gang_resources_multiply_quantities(quantity, factor, expected):
+    assert builders._times(quantity, factor) == expected

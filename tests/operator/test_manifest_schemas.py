@@ -45,6 +45,21 @@ def _variants(job: model.DDPJob):
                             {"operator": "Exists", "effect": "PreferNoSchedule"}]}},
     })
 
+    # Every pod-level and container-level field a user can add (template.podSpec, template.trainer),
+    # hostNetwork (the operator's DNS policy and anti-affinity) and gang scheduling.
+    from .test_builders import KUBEFLOW_POD_SPEC, KUBEFLOW_TRAINER
+    for policy in ({"gangScheduler": "Volcano", "queue": "q", "priorityClass": "p"},
+                   {"gangScheduler": "Coscheduling", "scheduleTimeoutSeconds": 60}):
+        yield model.DDPJobSpec.model_validate({
+            **wire, "resources": {"cpu": "2", "memory": "4Gi"},
+            "template": {"podSpec": {**KUBEFLOW_POD_SPEC, "hostNetwork": True, "schedulerName": None},
+                         "trainer": KUBEFLOW_TRAINER, "volumes": [{"name": "data", "emptyDir": {}}],
+                         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                             "nodeSelectorTerms": [{"matchExpressions": [
+                                 {"key": "pool", "operator": "In", "values": ["gpu"]}]}]}}}},
+            "runPolicy": {**wire["runPolicy"], "schedulingPolicy": policy},
+        })
+
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_every_created_object_matches_the_kubernetes_schema(path):
@@ -53,6 +68,26 @@ def test_every_created_object_matches_the_kubernetes_schema(path):
     checked = 0
     for spec in _variants(job):
         for manifest in builders.all_manifests(ref, spec):
+            if manifest["kind"] == "PodGroup":
+                continue  # not a Kubernetes kind: checked below against the schedulers' own fields
             kubernetes_validate.validate(manifest, VERSION, strict=True)
             checked += 1
-    assert checked >= 3 * (3 + job.spec.replicas)
+    assert checked >= 5 * (3 + job.spec.replicas)
+
+
+# The PodGroup spec fields of scheduling.volcano.sh/v1beta1 and scheduling.x-k8s.io/v1alpha1 (their CRDs).
+POD_GROUP_FIELDS = {"scheduling.volcano.sh/v1beta1": {"minMember", "minTaskMember", "queue", "priorityClassName",
+                                                      "minResources", "networkTopology"},
+                    "scheduling.x-k8s.io/v1alpha1": {"minMember", "minResources", "scheduleTimeoutSeconds"}}
+
+
+@pytest.mark.parametrize("gang", ["Volcano", "Coscheduling"])
+def test_pod_groups_have_only_their_schedulers_fields(gang):
+    job = validation.load_jobs(EXAMPLES[0])[0]
+    policy = {"gangScheduler": gang, **({"queue": "q", "priorityClass": "p"} if gang == "Volcano"
+                                        else {"scheduleTimeoutSeconds": 30})}
+    spec = model.DDPJobSpec.model_validate({**job.spec.wire(), "runPolicy": {"schedulingPolicy": policy}})
+    group = builders.pod_group(builders.JobRef("j", "ns", "uid"), spec)
+    assert set(group["spec"]) <= POD_GROUP_FIELDS[group["apiVersion"]]
+    assert isinstance(group["spec"]["minMember"], int)
+    assert all(isinstance(v, str) for v in group["spec"]["minResources"].values())
