@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from .checkpoint import CheckpointManager
+from .checkpoint import CheckpointManager, atomic_write_json
 from .distributed import (JobEnv, StopRequest, barrier, destroy_process_group, init_process_group,
                           select_device)
 from .progress import ProgressReporter
@@ -128,6 +129,12 @@ class Job:
         fields.setdefault("world_size", self.env.world_size)
         fields.setdefault("last_checkpoint_step", self.last_checkpoint_step)
         self.reporter.report(step=step, total_steps=total_steps, loss=loss, **fields)
+
+    def result(self, **metrics: Any) -> None:
+        """Rank 0 at a successful end: result.json {"status": "completed", "world_size", **metrics}, atomically."""
+        if self.env.is_main and self.checkpoint_dir:
+            atomic_write_json(Path(self.checkpoint_dir) / "result.json",
+                              {"status": "completed", "world_size": self.env.world_size, **metrics})
 
     def mean(self, value: float | torch.Tensor) -> float:
         """The mean of a per-rank value over all ranks (a collective: every rank must call it)."""
