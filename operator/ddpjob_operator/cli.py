@@ -27,6 +27,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                         print(f"{doc.label}: {error}", file=sys.stderr)
                 else:
                     print(f"{doc.label}: valid DDPJob {job.metadata.name}")
+                    for warning in validation.warnings(job):  # valid, so the exit status stays 0
+                        print(f"{doc.label}: warning: {warning}", file=sys.stderr)
         except validation.InvalidJob as exc:
             failed += 1
             for error in exc.errors:

@@ -33,8 +33,9 @@ JobKey = tuple[str, str]  # (namespace, name)
 OWNED_PODS = {builders.LABEL_MANAGED_BY: builders.MANAGED_BY, builders.LABEL_JOB_UID: kopf.PRESENT}
 RETRYABLE_ERRORS = (kube.ApiError, aiohttp.ClientError, asyncio.TimeoutError)
 # Creation failures the operator reports through the job instead of retrying at once: bad request,
-# admission (webhooks, pod security, quota), a name owned by someone else, validation, throttling.
-REFUSED_STATUSES = frozenset({400, 403, 409, 422, 429})
+# admission (webhooks, pod security, quota), a name owned by someone else, validation, throttling,
+# and 404: an API the cluster does not serve (a gang scheduler's PodGroup without its CRD).
+REFUSED_STATUSES = frozenset({400, 403, 404, 409, 422, 429})
 
 
 def utcnow() -> datetime:

@@ -99,7 +99,10 @@ SERVICES = Kind("v1", "services")
 CLAIMS = Kind("v1", "persistentvolumeclaims")
 EVENTS = Kind("v1", "events")
 DDPJOBS = Kind(model.API_VERSION, model.PLURAL)
-KINDS = {("v1", "Pod"): PODS, ("v1", "Service"): SERVICES, ("v1", "PersistentVolumeClaim"): CLAIMS}
+# runPolicy.schedulingPolicy: the PodGroups of Volcano and of the scheduler-plugins coscheduling plugin.
+POD_GROUPS = {api_version: Kind(api_version, "podgroups") for api_version, _ in model.GANG_SCHEDULERS.values()}
+KINDS = {("v1", "Pod"): PODS, ("v1", "Service"): SERVICES, ("v1", "PersistentVolumeClaim"): CLAIMS,
+         **{(api_version, "PodGroup"): kind for api_version, kind in POD_GROUPS.items()}}
 
 
 def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

@@ -51,6 +51,10 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "events", ("list", "create")),
     # Only for checkpoint.claimTemplate: the operator creates `<job>-checkpoints`.
     Permission("", "persistentvolumeclaims", ("get", "create")),
+    # Only for runPolicy.schedulingPolicy: the job's PodGroup `<job>`, of Volcano or of the scheduler-plugins
+    # coscheduling plugin (a create that meets the name reads it back, as for the others).
+    *(Permission(api_version.split("/")[0], "podgroups", ("get", "create"))
+      for api_version, _ in model.GANG_SCHEDULERS.values()),
 )
 
 

@@ -217,3 +217,42 @@ def load_jobs(path: str | Path) -> list[model.DDPJob]:
     if not jobs:
         raise InvalidJob([FieldError("", f"{path} holds no DDPJob", "add a DDPJob manifest")])
     return jobs
+
+
+# ---------------------------------------------------------------- warnings (valid, but likely to fail on a cluster)
+
+STORAGE_DOC = 'docs/install.md, "Checkpoint storage"'
+
+
+def checkpoint_sharing(spec: model.DDPJobSpec) -> tuple[bool, str, str] | None:
+    """(shared, reason, message): whether every worker can mount the checkpoint claim the operator creates.
+
+    A ReadWriteOnce volume attaches to one node: a worker scheduled elsewhere waits in ContainerCreating
+    (Multi-Attach error). None when the spec cannot tell (an existing claim, or no checkpoint)."""
+    checkpoint = spec.checkpoint
+    if checkpoint is None or checkpoint.claim_template is None:
+        return None
+    modes = checkpoint.claim_template.access_modes
+    if "ReadWriteMany" in modes:
+        return True, "ReadWriteMany", "every worker mounts the ReadWriteMany checkpoint claim, on any node"
+    if spec.max_nodes == 1:
+        return True, "OneWorker", "one worker mounts the checkpoint claim"
+    pod_spec = spec.template.pod_spec
+    if "kubernetes.io/hostname" in (spec.template.node_selector or {}) or (pod_spec and pod_spec.node_name):
+        return True, "OneNode", "every worker runs on one node, which mounts the checkpoint claim"
+    return False, "ReadWriteOnce", (
+        f"checkpoint.claimTemplate.accessModes is {modes} but up to {spec.max_nodes} workers may run on "
+        f"different nodes, and a ReadWriteOnce volume attaches to one node only: a worker elsewhere waits in "
+        f"ContainerCreating (Multi-Attach error). Fix: accessModes [ReadWriteMany] with a storage class that "
+        f"provides it (NFS, CephFS, Amazon EFS, Filestore, Azure Files; {STORAGE_DOC}), or keep the workers on "
+        f"one node (template.nodeSelector kubernetes.io/hostname). Storage whose volumes pin their pods to one "
+        f"node (kind's local-path) co-locates the workers by itself")
+
+
+def warnings(job: model.DDPJob) -> list[FieldError]:
+    """What `ddpjob validate` prints for a valid job that is likely not to work as meant on a cluster."""
+    found = []
+    sharing = checkpoint_sharing(job.spec)
+    if sharing is not None and not sharing[0]:
+        found.append(FieldError("spec.checkpoint.claimTemplate.accessModes", sharing[2]))
+    return found

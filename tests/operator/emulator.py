@@ -61,6 +61,9 @@ SERVICES = kmock.resource("", "v1", "services")
 CLAIMS = kmock.resource("", "v1", "persistentvolumeclaims")
 EVENTS = kmock.resource("", "v1", "events")
 DDPJOBS = kmock.resource(model.GROUP, model.VERSION, model.PLURAL)
+POD_GROUPS = tuple(kmock.resource(*api_version.split("/"), "podgroups")
+                   for api_version, _ in model.GANG_SCHEDULERS.values())
+LEASES = kmock.resource("coordination.k8s.io", "v1", "leases")
 OPERATOR_AGENTS = ("kopf/", kube.USER_AGENT)
 
 # Watch events kept per resource so that a watch can resume from a resourceVersion; older ones
@@ -360,6 +363,14 @@ class Cluster(kmock.KubernetesEmulator):
         self.resources[kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")] = \
             kmock.ResourceInfo(kind="CustomResourceDefinition", singular="customresourcedefinition",
                                namespaced=False, verbs={"list", "watch", "get"})
+
+    def register_pod_groups(self) -> None:
+        """Install the gang schedulers' PodGroup CRDs (Volcano's and scheduler-plugins'); without them a
+        create of a PodGroup is a 404, as on a cluster without those schedulers."""
+        for resource in POD_GROUPS:
+            self.resources[resource] = kmock.ResourceInfo(
+                kind="PodGroup", singular="podgroup", namespaced=True,
+                verbs={"list", "watch", "get", "create", "update", "patch", "delete"}, subresources={"status"})
 
     async def __aexit__(self, *exc_info: Any) -> None:
         task, self._gc_task = self._gc_task, None

@@ -21,6 +21,7 @@ from .accounting import (account_incident, backoff_seconds, classify_exit, rende
 from .common import (MESSAGE_LIMIT, Plan, parse_time, rfc3339, set_condition, set_phase, short_message)
 from .completion import cannot_start, deadline_passed, finished, invalid_spec, rejected, succeeded
 from .generations import replace_and_create, resized, store_lost, suspend
+from .volumes import checkpoint_volume
 from .types import *  # noqa: F403 - the layer's vocabulary is part of its interface
 from .types import (CONDITION_SPEC_REJECTED, PHASE_CONDITIONS, REASON_RESUMED, TERMINAL_PHASES, CreateWorker,
                     Decision, DeleteStore, DeleteWorker, JobView, Observed, Options)
@@ -46,9 +47,11 @@ def decide(job: JobView, observed: Observed, options: Options = Options()) -> De
         finished(plan, job.spec)
     elif job.spec.run_policy.suspend:
         _prepare(plan)
+        checkpoint_volume(plan, job.spec)
         suspend(plan, job.spec)
     else:
         _prepare(plan)
+        checkpoint_volume(plan, job.spec)
         _active(plan, job.spec)
     return _finish(plan)
 

@@ -11,7 +11,7 @@ from .common import (Plan, cleanup, condition, describe_failure, enter_terminal,
                      record_failure, set_condition, set_phase, short_message, ttl, update_counts)
 from .types import (CANNOT_START_REASONS, REASON_FAILED_MOUNT, CONDITION_CREATE_BLOCKED, CONDITION_SPEC_REJECTED, REASON_CANNOT_START,
                     REASON_DEADLINE, REASON_FAILED_AFTER_COMPLETION, REASON_INVALID_SPEC, REASON_NAME_CONFLICT,
-                    REASON_POD_REJECTED, REASON_QUOTA, REASON_SUCCEEDED, REASON_VOLUME_UNAVAILABLE, TERMINAL_PHASES,
+                    REASON_GANG_SCHEDULER_MISSING, REASON_POD_REJECTED, REASON_QUOTA, REASON_SUCCEEDED, REASON_VOLUME_UNAVAILABLE, TERMINAL_PHASES,
                     Waiting, WorkerObservation)
 
 
@@ -155,6 +155,16 @@ def rejected(plan: Plan, spec: model.DDPJobSpec) -> bool:
                 plan.wake_at(retry_at)
                 return True
             continue
+        policy = spec.run_policy.scheduling_policy
+        if r.status == 404 and r.kind == "PodGroup" and policy is not None:
+            # The PodGroup is created before any pod: nothing of the job runs half-scheduled.
+            installer = "Volcano" if policy.gang_scheduler == "Volcano" else \
+                "the scheduler-plugins coscheduling plugin"
+            fail(plan, spec, REASON_GANG_SCHEDULER_MISSING,
+                 f"spec.runPolicy.schedulingPolicy.gangScheduler is {policy.gang_scheduler}, but the cluster does not "
+                 f"serve {policy.api_version} PodGroups (creating {what}: HTTP 404 {short_message(r.message)}). Fix: "
+                 f"install {installer} (its CRDs), or remove spec.runPolicy.schedulingPolicy")
+            return True
         fail(plan, spec, REASON_POD_REJECTED,
              f"the API server refused to create {what}: {short_message(r.message)} (HTTP {r.status} {r.reason}). "
              f"Fix the DDPJob field the message names (spec.template, spec.resources, spec.env, ...) or the "

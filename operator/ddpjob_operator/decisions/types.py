@@ -48,6 +48,7 @@ REASON_UNSCHEDULABLE = "Unschedulable"
 REASON_POD_REJECTED = "PodRejected"
 REASON_NAME_CONFLICT = "NameConflict"
 REASON_QUOTA = "QuotaExceeded"
+REASON_GANG_SCHEDULER_MISSING = "GangSchedulerNotInstalled"
 
 # Container waiting reasons that never clear by themselves (a wrong image, a missing secret); a pod
 # stuck in one past Options.cannot_start_seconds fails the job instead of leaving it Pending forever.
@@ -66,6 +67,9 @@ PHASE_CONDITIONS = ("Running", "Restarting", "Suspended", "Succeeded", "Failed")
 CONDITION_SPEC_REJECTED = "SpecRejected"
 CONDITION_UNSCHEDULABLE = "PodsUnschedulable"
 CONDITION_CREATE_BLOCKED = "CreateBlocked"
+# Whether every worker can mount the checkpoint claim (validation.checkpoint_sharing): False warns of a
+# ReadWriteOnce claim that workers on different nodes cannot all attach.
+CONDITION_CHECKPOINT_SHARED = "CheckpointVolumeShared"
 # Pod phases of a worker that has stopped on its own.
 EXITED = ("Succeeded", "Failed")
 MISSING = "Missing"
