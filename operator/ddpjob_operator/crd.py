@@ -146,6 +146,9 @@ def build_crd() -> dict[str, Any]:
                     {"name": "World", "type": "integer", "jsonPath": ".status.worldSize",
                      "description": "Training processes (workers x nprocPerNode)."},
                     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+                    {"name": "Reconciled", "type": "date", "jsonPath": ".status.lastReconcileTime",
+                     "description": "Since an operator last reconciled the job (refreshed about once a minute "
+                                    "while it runs): minutes old means no operator is acting."},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                 ],
             }],

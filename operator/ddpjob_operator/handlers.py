@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 import aiohttp
 import kopf
 
-from . import builders, decisions, kube, model, store
+from . import builders, decisions, kube, leader, model, store
 from .metrics import Metrics
 from .settings import Settings
 
@@ -48,8 +48,9 @@ def _snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
 
 class Controller:
     def __init__(self, api: kube.Kube, settings: Settings, metrics: Metrics,
-                 clock: Callable[[], datetime] = utcnow):
+                 clock: Callable[[], datetime] = utcnow, elector: leader.Elector | None = None):
         self.api, self.settings, self.metrics, self.clock = api, settings, metrics, clock
+        self.elector = elector  # None: the only replica, always acting
         self.options = decisions.Options(stuck_terminating_seconds=settings.stuck_terminating_seconds,
                                          cannot_start_seconds=settings.cannot_start_seconds,
                                          incident_settle_seconds=settings.incident_settle_seconds)
@@ -72,6 +73,34 @@ class Controller:
         if self.settings.metrics_port:
             self.metrics.serve(self.settings.metrics_port, self.settings.bind_address)
         self._schedule_resync()
+        if self.elector is None:
+            self.metrics.leader.set(1)
+        else:
+            self.elector.on_start, self.elector.on_stop = self.started_leading, self.stopped_leading
+            self.elector.on_change = lambda holder: self.metrics.leader_changes.inc()
+            self.elector.start()
+
+    def leading(self) -> bool:
+        return self.elector is None or self.elector.leading()
+
+    def started_leading(self) -> None:
+        """This replica now holds the Lease: forget what it wrote while it last led (another replica
+        wrote since), and reconcile every job from what the server holds."""
+        self.written.clear()
+        self.shared_ready.clear()
+        self.rejected.clear()
+        self.metrics.leader.set(1)
+        for key in list(self.jobs):
+            self.trigger(key)
+
+    def stopped_leading(self) -> None:
+        """Fenced (its writes already fail): drop the work in hand; the new leader redoes it."""
+        self.metrics.leader.set(0)
+        for _, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        for task in list(self._running.values()):
+            task.cancel()
 
     async def stop(self) -> None:
         if self._resync is not None:
@@ -83,6 +112,8 @@ class Controller:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        if self.elector is not None:
+            await self.elector.stop()  # hand the Lease over at once (SIGTERM)
         self.metrics.stop()
         await self.api.close()
 
@@ -129,6 +160,8 @@ class Controller:
             self.trigger((namespace, job_name))
 
     def trigger(self, key: JobKey) -> None:
+        if not self.leading():
+            return  # a standby keeps its view of the jobs warm, and acts once it leads
         if key in self._running:
             self._dirty.add(key)
             return
@@ -170,6 +203,8 @@ class Controller:
         started = time.perf_counter()
         try:
             await self.reconcile(key)
+        except leader.NotLeader:
+            return  # fenced mid-reconcile: the leader redoes it
         except RETRYABLE_ERRORS as exc:
             self.metrics.reconcile_errors.inc()
             logger.warning("reconcile of %s/%s failed, retrying in %ss: %s", *key, self.settings.retry_seconds, exc)
@@ -181,7 +216,7 @@ class Controller:
 
     async def reconcile(self, key: JobKey) -> None:
         body = self.jobs.get(key)
-        if body is None:
+        if body is None or not self.leading():
             return
         uid = body["metadata"].get("uid", "")
         view = store.job_view(body, self.written.get(uid), self._parsed_spec(uid, body))
@@ -189,6 +224,7 @@ class Controller:
         pods = await self._with_mount_failures(key[0], tuple(self.pods.get((key[0], uid), ())), now)
         observed = store.observe(pods, now, tuple(self.rejected.get(uid, {}).values()))
         decision = decisions.decide(view, observed, self.options)
+        decision = dataclasses.replace(decision, status=self._heartbeat(decision.status, now))
         # Diff against what the server holds: our last write, or the stored status after a restart.
         stored = self.written[uid].wire() if uid in self.written else dict(body.get("status") or {})
         patch = kube.merge_patch(stored, decision.status.wire())
@@ -207,6 +243,17 @@ class Controller:
         self.metrics.job_phase(uid, decision.status.phase)
         if decision.requeue_after is not None:
             self.requeue(key, decision.requeue_after)
+
+    def _heartbeat(self, status: model.DDPJobStatus, now: datetime) -> model.DDPJobStatus:
+        """status.lastReconcileTime, refreshed once it is heartbeat_seconds old (not for finished
+        jobs, whose status is final): while no operator acts it grows old, and `kubectl get ddpj`
+        shows it."""
+        if status.phase in ("Succeeded", "Failed"):
+            return status
+        last = decisions.parse_time(status.last_reconcile_time)
+        if last is not None and (now - last).total_seconds() < self.settings.heartbeat_seconds:
+            return status
+        return status.model_copy(update={"last_reconcile_time": decisions.rfc3339(now)})
 
     async def _with_mount_failures(self, namespace: str, pods: tuple[store.PodSummary, ...],
                                    now: datetime) -> tuple[store.PodSummary, ...]:

@@ -1,4 +1,4 @@
-"""Prometheus metrics: jobs by phase, restarts, disruptions, reconcile latency and errors.
+"""Prometheus metrics: jobs by phase, restarts, disruptions, reconcile latency and errors, leadership.
 
 Each operator instance has its own registry (tests run several in one process).
 """
@@ -26,6 +26,10 @@ class Metrics:
                                            registry=self.registry)
         self.reconcile_errors = Counter("ddpjob_reconcile_errors", "Reconcile passes that failed (retried)",
                                         registry=self.registry)
+        self.leader = Gauge("ddpjob_leader", "1 while this replica holds the operator Lease and acts, else 0",
+                            registry=self.registry)
+        self.leader_changes = Counter("ddpjob_leader_changes", "Changes of the operator Lease's holder this "
+                                      "replica has seen (its own acquisitions included)", registry=self.registry)
         self._phase_of: dict[str, str] = {}
         for phase in PHASES:
             self.jobs.labels(phase=phase).set(0)

@@ -1,9 +1,12 @@
 """Every Kubernetes API permission the operator needs: the one list RBAC is generated from.
 
 The Helm chart's ClusterRole (cluster-wide mode) and per-namespace Roles (`watchNamespaces`
-mode) are rendered from `charts/ddpjob-operator/files/rbac-rules.yaml`, which is generated
-from `PERMISSIONS` (`ddpjob rbac-rules`, `make chart-files`); tests prove the chart grants all
-of it and nothing broader, and that the operator's recorded API calls stay within it.
+mode) are rendered from `charts/ddpjob-operator/files/rbac-rules.yaml` (its `jobs` rules), which
+is generated from `PERMISSIONS` (`ddpjob rbac-rules`, `make chart-files`); tests prove the chart
+grants all of it and nothing broader, and that the operator's recorded API calls stay within it.
+Leader election needs `LEADER_ELECTION_PERMISSIONS` (the file's `leaderElection` rules) only in the
+operator's own namespace, where its Lease lives: the chart grants them with a Role there, never
+cluster-wide.
 
 Verbs the code does not call are not granted; when the operator starts calling one (a `get`, a
 patch of the job), add it here: tests/operator records every call against the API emulator and
@@ -58,22 +61,34 @@ PERMISSIONS: tuple[Permission, ...] = (
 )
 
 
+# Leader election (leader.py), in the operator's namespace only: the replicas read the Lease, the
+# first creates it, the holder renews it and a standby takes it over (updates carry the
+# resourceVersion read, so two replicas never both win).
+LEADER_ELECTION_PERMISSIONS: tuple[Permission, ...] = (
+    Permission("coordination.k8s.io", "leases", ("get", "create", "update")),
+)
+
+
 def allows(api_group: str, resource: str, verb: str) -> bool:
-    """Whether PERMISSIONS grants `verb` on `resource` (with "/subresource") in `api_group`."""
+    """Whether the chart grants `verb` on `resource` (with "/subresource") in `api_group`: the job
+    permissions, or the leader election ones (in the operator's namespace)."""
     return any(p.api_group == api_group and p.resource == resource and verb in p.verbs
-               for p in PERMISSIONS)
+               for p in PERMISSIONS + LEADER_ELECTION_PERMISSIONS)
 
 
-def rbac_rules() -> list[dict[str, list[str]]]:
-    """PERMISSIONS as RBAC PolicyRules, one rule per (group, resource), in a stable order."""
+def rbac_rules(permissions: tuple[Permission, ...] = PERMISSIONS) -> list[dict[str, list[str]]]:
+    """Permissions as RBAC PolicyRules, one rule per (group, resource), in a stable order."""
     return [{"apiGroups": [p.api_group], "resources": [p.resource], "verbs": list(p.verbs)}
-            for p in PERMISSIONS]
+            for p in permissions]
 
 
 def render_rules_yaml() -> str:
     header = ("# Generated from operator/ddpjob_operator/permissions.py by `make chart-files`. "
-              "Do not edit.\n")
-    return header + yaml.safe_dump(rbac_rules(), sort_keys=False, width=100)
+              "Do not edit.\n"
+              "# jobs: the ClusterRole (or a Role per watched namespace); leaderElection: a Role in the "
+              "release namespace.\n")
+    rules = {"jobs": rbac_rules(PERMISSIONS), "leaderElection": rbac_rules(LEADER_ELECTION_PERMISSIONS)}
+    return header + yaml.safe_dump(rules, sort_keys=False, width=100)
 
 
 def cmd_rbac_rules(args: argparse.Namespace) -> int:

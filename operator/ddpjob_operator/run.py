@@ -1,7 +1,8 @@
 """`python -m ddpjob_operator.run`: the operator process (the image's entrypoint).
 
 Settings come from DDPJOB_OPERATOR_* variables (settings.py); credentials from the in-cluster
-service account or the current kubeconfig context.
+service account or the current kubeconfig context. With DDPJOB_OPERATOR_LEASE_NAME set, replicas
+elect the one that acts on a Lease (leader.py); the others watch and wait.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import kopf
 from . import settings as settings_module
 from .handlers import Controller, build_registry
 from .kube import Connection, Kube
+from .leader import Elector, FencedKube, NamedKube, Timing
 from .metrics import Metrics
 from .settings import Settings, SettingsError
 
@@ -25,7 +27,18 @@ EXIT_BAD_SETTINGS = 2
 
 def create_operator(settings: Settings, connection: Connection) -> tuple[Controller, kopf.OperatorRegistry,
                                                                           kopf.OperatorSettings]:
-    controller = Controller(Kube(connection, timeout_seconds=settings.request_timeout_seconds), settings, Metrics())
+    timeout = settings.request_timeout_seconds
+    elector = None
+    if settings.leader_election:
+        timing = Timing(settings.lease_duration_seconds, settings.lease_renew_deadline_seconds,
+                        settings.lease_retry_period_seconds)
+        # The Lease has a client of its own: renewals never queue behind a burst of pod calls.
+        elector = Elector(NamedKube(connection, settings.identity, timeout_seconds=timeout),
+                          settings.lease_namespace, settings.lease_name, settings.identity, timing)
+        api: Kube = FencedKube(connection, elector, timeout_seconds=timeout)
+    else:
+        api = Kube(connection, timeout_seconds=timeout)
+    controller = Controller(api, settings, Metrics(), elector=elector)
     kopf_settings = kopf.OperatorSettings()
     settings_module.configure_kopf(kopf_settings, settings)
     return controller, build_registry(controller, connection), kopf_settings

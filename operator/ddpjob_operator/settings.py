@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -37,6 +38,18 @@ class Settings:
     retry_seconds: float = 2.0  # after a failed reconcile (API error), try again this soon
     coalesce_seconds: float = 0.01  # a job triggered during its reconcile runs again this much later
     bind_address: str = "0.0.0.0"  # of the health and metrics endpoints
+    heartbeat_seconds: float = 60.0  # status.lastReconcileTime is refreshed when it is this old
+    # Leader election (leader.py): off without a Lease name (one replica that always acts).
+    lease_name: str = ""
+    lease_namespace: str = ""  # default: POD_NAMESPACE (the chart sets it from the downward API)
+    lease_duration_seconds: int = 15
+    lease_renew_deadline_seconds: float = 10.0
+    lease_retry_period_seconds: float = 2.0
+    identity: str = ""  # holderIdentity: POD_NAME (the chart's downward API), else <hostname>-<pid>
+
+    @property
+    def leader_election(self) -> bool:
+        return bool(self.lease_name)
 
     @property
     def clusterwide(self) -> bool:
@@ -83,6 +96,32 @@ def _seconds(raw: str) -> float:
     return value
 
 
+def _whole_seconds(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError("must be a whole number of seconds (a Lease stores leaseDurationSeconds as an "
+                         "integer), e.g. 15") from None
+    if value < 1:
+        raise ValueError("must be a whole number of seconds, at least 1")
+    return value
+
+
+def _lease_name(raw: str) -> str:
+    name = raw.strip()
+    if name and (len(name) > 253 or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name)):
+        raise ValueError("must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.'), e.g. "
+                         "ddpjob-operator, or empty to turn leader election off (one replica)")
+    return name
+
+
+def _lease_namespace(raw: str) -> str:
+    name = raw.strip()
+    if name and (len(name) > 63 or not NAMESPACE_PATTERN.match(name)):
+        raise ValueError("must be a namespace name (a DNS-1123 label), e.g. ddpjob-system")
+    return name
+
+
 PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "WATCH_NAMESPACES": ("watch_namespaces", _namespaces),
     "LOG_LEVEL": ("log_level", _level),
@@ -96,7 +135,39 @@ PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "RETRY_SECONDS": ("retry_seconds", _seconds),
     "COALESCE_SECONDS": ("coalesce_seconds", _seconds),
     "BIND_ADDRESS": ("bind_address", str),
+    "HEARTBEAT_SECONDS": ("heartbeat_seconds", _seconds),
+    "LEASE_NAME": ("lease_name", _lease_name),
+    "LEASE_NAMESPACE": ("lease_namespace", _lease_namespace),
+    "LEASE_DURATION_SECONDS": ("lease_duration_seconds", _whole_seconds),
+    "LEASE_RENEW_DEADLINE_SECONDS": ("lease_renew_deadline_seconds", _seconds),
+    "LEASE_RETRY_PERIOD_SECONDS": ("lease_retry_period_seconds", _seconds),
 }
+
+
+def _leader_election_errors(values: dict[str, object], env: Mapping[str, str]) -> list[str]:
+    """The Lease settings that only make sense together; fills in the namespace and identity."""
+    if not values.get("lease_name"):
+        return []
+    errors = []
+    if not values.get("lease_namespace"):
+        namespace = (env.get("POD_NAMESPACE") or "").strip()
+        if not namespace:
+            errors.append(f"{PREFIX}LEASE_NAMESPACE: required with {PREFIX}LEASE_NAME; set it, or POD_NAMESPACE "
+                          f"(the chart sets POD_NAMESPACE from the downward API), to the operator's namespace")
+        else:
+            try:
+                values["lease_namespace"] = _lease_namespace(namespace)
+            except ValueError as exc:
+                errors.append(f"POD_NAMESPACE={namespace!r}: {exc}")
+    values["identity"] = (env.get("POD_NAME") or "").strip() or f"{socket.gethostname()}-{os.getpid()}"
+    duration = values.get("lease_duration_seconds", Settings.lease_duration_seconds)
+    deadline = values.get("lease_renew_deadline_seconds", Settings.lease_renew_deadline_seconds)
+    retry = values.get("lease_retry_period_seconds", Settings.lease_retry_period_seconds)
+    if not float(retry) < float(deadline) < float(duration):  # type: ignore[arg-type]
+        errors.append(f"{PREFIX}LEASE_RETRY_PERIOD_SECONDS={retry} < {PREFIX}LEASE_RENEW_DEADLINE_SECONDS={deadline} "
+                      f"< {PREFIX}LEASE_DURATION_SECONDS={duration} must hold: the leader stops acting at its renew "
+                      f"deadline, before a standby may take the Lease over (e.g. 2 < 10 < 15)")
+    return errors
 
 
 def from_env(env: Mapping[str, str] | None = None) -> Settings:
@@ -115,6 +186,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
     for name in unknown:
         known = ", ".join(PREFIX + s for s in PARSERS)
         errors.append(f"{name}: unknown setting; remove it or use one of {known}")
+    if not errors:
+        errors = _leader_election_errors(values, env)
     if errors:
         raise SettingsError("invalid operator settings:\n  " + "\n  ".join(errors))
     return Settings(**values)  # type: ignore[arg-type]
@@ -130,8 +203,9 @@ class UnusedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
-    """kopf as this operator needs it: one replica, no kopf state in the strict status."""
-    kopf_settings.peering.standalone = True  # single replica (Recreate); no peering objects
+    """kopf as this operator needs it: no peering, no kopf state in the strict status."""
+    # No kopf peering: replicas elect the active one on a Lease of their own (leader.py), which fences.
+    kopf_settings.peering.standalone = True
     kopf_settings.peering.clusterwide = settings.clusterwide
     # Without scanning kopf needs no access to CRDs or Namespaces (see permissions.py).
     kopf_settings.scanning.disabled = True

@@ -53,8 +53,25 @@ def _container(release) -> dict:
     return containers[0]
 
 
+POD_NAME = "ddpjob-operator-7d9f8b6c5-x2x7q"
+LEASE_ENV = {"DDPJOB_OPERATOR_LEASE_NAME": "ddpjob-operator", "DDPJOB_OPERATOR_LEASE_DURATION_SECONDS": "15",
+             "DDPJOB_OPERATOR_LEASE_RENEW_DEADLINE_SECONDS": "10", "DDPJOB_OPERATOR_LEASE_RETRY_PERIOD_SECONDS": "2"}
+LEASE_SETTINGS = {"lease_name": "ddpjob-operator", "lease_namespace": RELEASE_NAMESPACE, "identity": POD_NAME}
+
+
 def _env(release) -> dict[str, str]:
-    return {e["name"]: e.get("value") for e in _container(release)["env"]}
+    """The literal environment values (the downward API ones: `_downward`)."""
+    return {e["name"]: e.get("value") for e in _container(release)["env"] if "valueFrom" not in e}
+
+
+def _downward(release) -> dict[str, str]:
+    return {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in _container(release)["env"] if "valueFrom" in e}
+
+
+def _pod_env(release) -> dict[str, str]:
+    """The environment as the kubelet gives it to the pod POD_NAME in the release namespace."""
+    fields = {"metadata.name": POD_NAME, "metadata.namespace": RELEASE_NAMESPACE}
+    return {**_env(release), **{name: fields[path] for name, path in _downward(release).items()}}
 
 
 # ---------------------------------------------------------------- chart files
@@ -107,10 +124,12 @@ def test_every_rendered_manifest_is_a_valid_kubernetes_object(values_name):
         kubernetes_validate.validate(manifest, version, strict=True)
     kinds = sorted(m["kind"] for m in release.manifests)
     expected = {
-        "default": ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"],
-        "namespaced": ["Deployment", "Role", "Role", "RoleBinding", "RoleBinding", "Service",
-                       "ServiceAccount"],
-        "customized": ["ClusterRole", "ClusterRoleBinding", "Deployment"],
+        "default": ["ClusterRole", "ClusterRoleBinding", "Deployment", "PodDisruptionBudget", "Role",
+                    "RoleBinding", "Service", "ServiceAccount"],
+        "namespaced": ["Deployment", "PodDisruptionBudget", "Role", "Role", "Role", "RoleBinding", "RoleBinding",
+                       "RoleBinding", "Service", "ServiceAccount"],
+        "customized": ["ClusterRole", "ClusterRoleBinding", "Deployment", "PodDisruptionBudget", "Role",
+                       "RoleBinding"],
     }[values_name]
     assert kinds == expected
 
@@ -126,11 +145,12 @@ def test_every_object_has_the_standard_labels(values_name):
         assert labels["app.kubernetes.io/component"] == "operator"
 
 
-def test_deployment_is_a_single_hardened_replica():
+def test_deployment_is_hardened_with_two_replicas():
     release = install_dry_run()
     deployment = release.one("Deployment")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
@@ -161,9 +181,11 @@ def test_metrics_service_targets_the_operator_pod():
 
 
 def test_default_values_configure_a_cluster_wide_operator():
-    env = _env(install_dry_run())
-    assert env == {"DDPJOB_OPERATOR_WATCH_NAMESPACES": "", "DDPJOB_OPERATOR_LOG_LEVEL": "INFO",
-                   "DDPJOB_OPERATOR_HEALTH_PORT": "8080", "DDPJOB_OPERATOR_METRICS_PORT": "9090"}
+    release = install_dry_run()
+    assert _env(release) == {"DDPJOB_OPERATOR_WATCH_NAMESPACES": "", "DDPJOB_OPERATOR_LOG_LEVEL": "INFO",
+                             "DDPJOB_OPERATOR_HEALTH_PORT": "8080", "DDPJOB_OPERATOR_METRICS_PORT": "9090",
+                             **LEASE_ENV}
+    assert _downward(release) == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
 
 
 def test_non_default_values_reach_the_pod():
@@ -174,12 +196,13 @@ def test_non_default_values_reach_the_pod():
     assert container["imagePullPolicy"] == "Always"
     assert _env(release) == {
         "DDPJOB_OPERATOR_WATCH_NAMESPACES": "", "DDPJOB_OPERATOR_LOG_LEVEL": "DEBUG",
-        "DDPJOB_OPERATOR_HEALTH_PORT": "8181", "DDPJOB_OPERATOR_METRICS_PORT": "0",
+        "DDPJOB_OPERATOR_HEALTH_PORT": "8181", "DDPJOB_OPERATOR_METRICS_PORT": "0", **LEASE_ENV,
         "DDPJOB_OPERATOR_RESYNC_SECONDS": "15"}
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"health": 8181}
     assert container["resources"] == CUSTOMIZED["resources"]
-    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets"):
+    for key in ("nodeSelector", "affinity", "priorityClassName", "imagePullSecrets"):
         assert pod["spec"][key] == CUSTOMIZED[key], key
+    assert pod["spec"]["tolerations"][2:] == CUSTOMIZED["tolerations"]  # after the node-loss ones
     assert pod["spec"]["serviceAccountName"] == "ml-operator"
     assert pod["metadata"]["annotations"] == CUSTOMIZED["podAnnotations"]
     assert pod["metadata"]["labels"]["team"] == "ml"
@@ -189,14 +212,18 @@ def test_non_default_values_reach_the_pod():
 
 
 @pytest.mark.parametrize(("values", "expected"), [
-    ({}, settings.Settings()),
-    (NAMESPACED, settings.Settings(watch_namespaces=("team-a", "team-b"))),
+    ({}, settings.Settings(**LEASE_SETTINGS)),
+    (NAMESPACED, settings.Settings(watch_namespaces=("team-a", "team-b"), **LEASE_SETTINGS)),
     (CUSTOMIZED, settings.Settings(log_level="DEBUG", health_port=8181, metrics_port=0,
-                                   resync_seconds=15.0)),
-], ids=["default", "namespaced", "customized"])
+                                   resync_seconds=15.0, **LEASE_SETTINGS)),
+    ({"replicaCount": 1, "leaderElection": {"leaseDurationSeconds": 30, "renewDeadlineSeconds": 20.5,
+                                            "retryPeriodSeconds": 4}},
+     settings.Settings(lease_duration_seconds=30, lease_renew_deadline_seconds=20.5, lease_retry_period_seconds=4.0,
+                       **LEASE_SETTINGS)),
+], ids=["default", "namespaced", "customized", "one-replica-slow-lease"])
 def test_rendered_environment_is_what_the_operator_reads(values, expected):
     """The operator's own settings parser accepts the chart's environment and gets the values."""
-    assert settings.from_env(_env(install_dry_run(values))) == expected
+    assert settings.from_env(_pod_env(install_dry_run(values))) == expected
 
 
 def test_watch_namespaces_reach_the_operator_and_the_notes():
@@ -221,6 +248,13 @@ def test_watch_namespaces_reach_the_operator_and_the_notes():
     ({"resources": {"limits": {"memory": "lots"}}}, "at '/resources/limits/memory'"),
     ({"nodeSelector": {"gpu": True}}, "at '/nodeSelector/gpu': got boolean, want string"),
     ({"replicas": 2}, "additional properties 'replicas' not allowed"),
+    ({"replicaCount": 0}, "at '/replicaCount': minimum: got 0, want 1"),
+    ({"leaderElection": {"leaseDurationSeconds": 1.5}}, "at '/leaderElection/leaseDurationSeconds'"),
+    ({"leaderElection": {"renewDeadlineSeconds": 15}},
+     "retryPeriodSeconds (2) < renewDeadlineSeconds (15) < leaseDurationSeconds (15) must hold"),
+    ({"leaderElection": {"retryPeriodSeconds": 10}},
+     "retryPeriodSeconds (10) < renewDeadlineSeconds (10) < leaseDurationSeconds (15) must hold"),
+    ({"podDisruptionBudget": {"enabled": "yes"}}, "at '/podDisruptionBudget/enabled'"),
     ({"image": {"tags": "v1"}}, "at '/image': additional properties 'tags' not allowed"),
 ], ids=lambda v: str(v) if isinstance(v, dict) else "")
 def test_bad_values_fail_at_install_naming_the_field(values, message):
@@ -233,3 +267,35 @@ def test_existing_service_account_must_be_named():
     with pytest.raises(helm.HelmError) as failure:
         install_dry_run({"serviceAccount": {"create": False}})
     assert "serviceAccount.name is required when serviceAccount.create is false" in str(failure.value)
+
+
+# ---------------------------------------------------------------- high availability
+
+
+def test_two_replicas_spread_across_nodes_with_a_budget_and_short_node_loss_tolerations():
+    release = install_dry_run()
+    deployment = release.one("Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert pod["affinity"] == {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+        "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                           "labelSelector": {"matchLabels": selector}}}]}}
+    assert pod["tolerations"] == [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")]
+    budget = release.one("PodDisruptionBudget")
+    assert budget["spec"] == {"minAvailable": 1, "selector": {"matchLabels": selector}}
+    assert "get lease ddpjob-operator" in release.notes
+
+
+def test_one_replica_has_no_budget_that_would_block_drains_and_still_elects_itself():
+    release = install_dry_run({"replicaCount": 1})
+    assert release.one("Deployment")["spec"]["replicas"] == 1
+    assert release.of_kind("PodDisruptionBudget") == []
+    assert settings.from_env(_pod_env(release)).leader_election
+
+
+def test_budget_can_be_turned_off_and_tolerations_tuned():
+    release = install_dry_run({"podDisruptionBudget": {"enabled": False}, "nodeLossTolerationSeconds": 10})
+    assert release.of_kind("PodDisruptionBudget") == []
+    assert {t["tolerationSeconds"] for t in release.one("Deployment")["spec"]["template"]["spec"]["tolerations"]} == {10}

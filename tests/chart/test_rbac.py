@@ -1,4 +1,5 @@
-"""The chart grants the operator exactly `permissions.PERMISSIONS`: all of it, nothing broader."""
+"""The chart grants the operator exactly `permissions.PERMISSIONS` (and the Lease permissions of leader
+election, in its own namespace only): all of it, nothing broader."""
 
 from __future__ import annotations
 
@@ -24,6 +25,20 @@ def _grants(rules: list[dict]) -> set[tuple[str, str, str]]:
 
 
 REQUIRED = {(p.api_group, p.resource, verb) for p in permissions.PERMISSIONS for verb in p.verbs}
+LEASE = {(p.api_group, p.resource, verb) for p in permissions.LEADER_ELECTION_PERMISSIONS for verb in p.verbs}
+LEADER_ROLE = "ddpjob-operator-leader-election"
+
+
+def _leader_election_role(release) -> dict:
+    """The leader election Role and its binding: in the release namespace, bound to the operator."""
+    roles = [r for r in release.of_kind("Role") if r["metadata"]["name"] == LEADER_ROLE]
+    bindings = [b for b in release.of_kind("RoleBinding") if b["metadata"]["name"] == LEADER_ROLE]
+    assert len(roles) == len(bindings) == 1, (roles, bindings)
+    assert roles[0]["metadata"]["namespace"] == bindings[0]["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert bindings[0]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": LEADER_ROLE}
+    account = release.one("ServiceAccount")["metadata"]["name"]
+    assert bindings[0]["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": RELEASE_NAMESPACE}]
+    return roles[0]
 
 
 def test_rules_file_is_generated_from_permissions():
@@ -41,9 +56,19 @@ def test_permissions_list_is_well_formed():
     assert not permissions.allows("", "secrets", "get")
 
 
+def test_lease_permissions_are_exactly_get_create_update_on_leases():
+    assert LEASE == {("coordination.k8s.io", "leases", "get"), ("coordination.k8s.io", "leases", "create"),
+                     ("coordination.k8s.io", "leases", "update")}
+    assert not LEASE & REQUIRED, "the Lease is never granted cluster-wide or in the watched namespaces"
+    assert permissions.allows("coordination.k8s.io", "leases", "update")
+    assert not permissions.allows("coordination.k8s.io", "leases", "delete")
+    assert not permissions.allows("coordination.k8s.io", "leases", "list")
+
+
 def test_cluster_wide_mode_grants_exactly_the_permissions():
     release = install_dry_run()
-    assert release.of_kind("Role") == [] and release.of_kind("RoleBinding") == []
+    assert _grants(_leader_election_role(release)["rules"]) == LEASE
+    assert len(release.of_kind("Role")) == len(release.of_kind("RoleBinding")) == 1  # only the Lease's
     role = release.one("ClusterRole")
     assert _grants(role["rules"]) == REQUIRED
     binding = release.one("ClusterRoleBinding")
@@ -58,8 +83,10 @@ def test_watch_namespaces_mode_grants_exactly_the_permissions_in_each_namespace_
     namespaces = ["team-a", "team-b", "research"]
     release = install_dry_run({"watchNamespaces": namespaces})
     assert release.of_kind("ClusterRole") == [] and release.of_kind("ClusterRoleBinding") == []
-    roles = {r["metadata"]["namespace"]: r for r in release.of_kind("Role")}
-    bindings = {b["metadata"]["namespace"]: b for b in release.of_kind("RoleBinding")}
+    assert _grants(_leader_election_role(release)["rules"]) == LEASE
+    roles = {r["metadata"]["namespace"]: r for r in release.of_kind("Role") if r["metadata"]["name"] != LEADER_ROLE}
+    bindings = {b["metadata"]["namespace"]: b for b in release.of_kind("RoleBinding")
+                if b["metadata"]["name"] != LEADER_ROLE}
     assert sorted(roles) == sorted(bindings) == sorted(namespaces)
     account = release.one("ServiceAccount")["metadata"]
     for namespace in namespaces:
@@ -69,6 +96,12 @@ def test_watch_namespaces_mode_grants_exactly_the_permissions_in_each_namespace_
             "name": roles[namespace]["metadata"]["name"]}
         assert bindings[namespace]["subjects"] == [
             {"kind": "ServiceAccount", "name": account["name"], "namespace": RELEASE_NAMESPACE}]
+
+
+def test_one_replica_still_gets_the_lease_role():
+    release = install_dry_run({"replicaCount": 1})
+    assert _grants(_leader_election_role(release)["rules"]) == LEASE
+    assert _grants(release.one("ClusterRole")["rules"]) == REQUIRED
 
 
 def test_no_object_grants_anything_else():

@@ -357,6 +357,10 @@ class Cluster(kmock.KubernetesEmulator):
         self.resources[NODES] = kmock.ResourceInfo(
             kind="Node", singular="node", namespaced=False,
             verbs={"list", "watch", "get", "create", "update", "patch", "delete"}, subresources={"status"})
+        # The operators' leader election: a PUT or PATCH naming a stale resourceVersion is a 409 Conflict.
+        self.resources[LEASES] = kmock.ResourceInfo(
+            kind="Lease", singular="lease", namespaced=True,
+            verbs={"list", "watch", "get", "create", "update", "patch", "delete"})
         # Discoverable like on a real server (kopf waits for them), though the operator never calls them.
         self.resources[kmock.resource("", "v1", "namespaces")] = kmock.ResourceInfo(
             kind="Namespace", singular="namespace", namespaced=False, verbs={"list", "watch", "get"})

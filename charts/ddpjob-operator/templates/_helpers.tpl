@@ -38,7 +38,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* The operator's RBAC rules, generated from operator/ddpjob_operator/permissions.py. */}}
+{{/* The operator's RBAC rules for DDPJobs and their children, generated from operator/ddpjob_operator/permissions.py. */}}
 {{- define "ddpjob-operator.rules" -}}
-{{- .Files.Get "files/rbac-rules.yaml" | fromYamlArray | toYaml }}
+{{- (.Files.Get "files/rbac-rules.yaml" | fromYaml).jobs | toYaml }}
+{{- end }}
+
+{{/* Leader election's rules (the Lease), for a Role in the release namespace only. */}}
+{{- define "ddpjob-operator.leaderElectionRules" -}}
+{{- (.Files.Get "files/rbac-rules.yaml" | fromYaml).leaderElection | toYaml }}
+{{- end }}
+
+{{/* The Lease the replicas elect the active operator on (in the release namespace). */}}
+{{- define "ddpjob-operator.leaseName" -}}
+{{- include "ddpjob-operator.fullname" . }}
 {{- end }}

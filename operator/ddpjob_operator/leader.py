@@ -1,0 +1,327 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, with fencing: one replica acts, the others wait.
+
+The rules are controller-runtime's (client-go `leaderelection`), in three parts:
+
+- `decide(lease, observed_at, now, me, timing)` is pure: given the Lease as last read, when this
+  replica first saw that version of it (its own monotonic clock), the time now and its identity,
+  it says what to do: create the Lease, renew it, take it over, or wait. Expiry is judged by the
+  *observer's* clock from the moment it saw the holder's last renewal (never by comparing the
+  holder's `renewTime` with the local wall clock, so clock skew between nodes does not matter).
+- `fenced(renewed_at, now, timing)` is pure too: the holder may act only until `renewDeadline`
+  after the start of its last *successful* renewal. Another replica takes over no sooner than
+  `leaseDurationSeconds` after it saw that renewal, which came after its start; with
+  `renewDeadline < leaseDurationSeconds` the old holder has stopped acting (the difference is the
+  margin) before anyone else may start. Every write to the Lease carries the resourceVersion it
+  was decided on, so two replicas racing for it cannot both win (409 Conflict).
+- `Elector` runs the loop (every `retryPeriod`), and `FencedKube` refuses every write of the
+  operator (create, delete, status patch, Event) while this replica is not within its renew
+  deadline, checked at the moment of each call: a paused or partitioned leader that wakes up
+  finds itself fenced before it sends anything.
+
+On SIGTERM the holder releases the Lease (empty holderIdentity, as client-go's ReleaseOnCancel),
+so a standby takes over at its next poll instead of waiting for the Lease to expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from . import kube
+
+logger = logging.getLogger("ddpjob_operator.leader")
+
+LEASES = kube.Kind("coordination.k8s.io/v1", "leases")
+
+
+class NotLeader(kube.ApiError):
+    """A write refused locally: this replica does not hold the Lease (or can no longer be sure)."""
+
+    def __init__(self, identity: str):
+        super().__init__(0, "NotLeader", f"{identity} does not hold the operator Lease: not acting")
+
+
+@dataclass(frozen=True)
+class Timing:
+    lease_duration: int = 15  # leaseDurationSeconds: a whole number, as the Lease stores it
+    renew_deadline: float = 10.0  # the holder stops acting this long after its last successful renewal began
+    retry_period: float = 2.0  # every replica reads (and the holder renews) the Lease this often
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The parts of a Lease election reads."""
+
+    holder: str  # spec.holderIdentity; "" when released
+    duration: int  # spec.leaseDurationSeconds
+    transitions: int  # spec.leaseTransitions
+    acquire_time: str | None
+    renew_time: str | None
+    resource_version: str
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> "LeaseRecord":
+        spec = body.get("spec") or {}
+        return cls(holder=spec.get("holderIdentity") or "", duration=int(spec.get("leaseDurationSeconds") or 0),
+                   transitions=int(spec.get("leaseTransitions") or 0), acquire_time=spec.get("acquireTime"),
+                   renew_time=spec.get("renewTime"),
+                   resource_version=str((body.get("metadata") or {}).get("resourceVersion") or ""))
+
+
+class Verb(enum.Enum):
+    CREATE = "create"  # no Lease yet: create it holding it
+    RENEW = "renew"  # ours: move renewTime
+    TAKE_OVER = "take-over"  # released, or expired by our clock: hold it (leaseTransitions + 1)
+    WAIT = "wait"  # another replica holds it
+
+
+@dataclass(frozen=True)
+class Action:
+    verb: Verb
+    expires_at: float | None = None  # WAIT: when, by our clock, the holder's Lease runs out
+
+
+def decide(lease: LeaseRecord | None, observed_at: float, now: float, me: str, timing: Timing) -> Action:
+    """What this replica does with the Lease it last read (None: there is none).
+
+    `observed_at`: when (this replica's monotonic clock) it first read this version of the Lease;
+    `now`: the same clock."""
+    if lease is None:
+        return Action(Verb.CREATE)
+    if lease.holder == me:
+        return Action(Verb.RENEW)
+    if not lease.holder:
+        return Action(Verb.TAKE_OVER)
+    expires_at = observed_at + (lease.duration if lease.duration > 0 else timing.lease_duration)
+    if now >= expires_at:
+        return Action(Verb.TAKE_OVER)
+    return Action(Verb.WAIT, expires_at)
+
+
+def fenced(renewed_at: float | None, now: float, timing: Timing) -> bool:
+    """True when the replica must not act: it never held the Lease, or its last successful renewal
+    (begun at `renewed_at`) is `renewDeadline` old."""
+    return renewed_at is None or now >= renewed_at + timing.renew_deadline
+
+
+def micro_time(moment: datetime | None = None) -> str:
+    """A Lease's MicroTime: RFC 3339 with microseconds."""
+    return (moment or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def lease_body(namespace: str, name: str, me: str, timing: Timing, previous: LeaseRecord | None,
+               verb: Verb, now: datetime) -> dict[str, Any]:
+    """The Lease to write for CREATE, RENEW, TAKE_OVER (and release: verb WAIT with me == "")."""
+    stamp = micro_time(now)
+    transitions = previous.transitions if previous else 0
+    acquire = previous.acquire_time if previous else None
+    if verb in (Verb.CREATE, Verb.TAKE_OVER):
+        acquire = stamp
+        transitions += 1 if previous is not None else 0
+    spec: dict[str, Any] = {"holderIdentity": me, "leaseDurationSeconds": timing.lease_duration,
+                            "leaseTransitions": transitions, "renewTime": stamp}
+    if acquire:
+        spec["acquireTime"] = acquire
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if previous is not None:
+        metadata["resourceVersion"] = previous.resource_version
+    if not me:  # release (client-go ReleaseOnCancel): nobody holds it, it expires in a second
+        spec["leaseDurationSeconds"] = 1
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
+
+
+class Elector:
+    """The election loop of one replica. `leading()` is what every write of the operator checks."""
+
+    def __init__(self, api: kube.Kube, namespace: str, name: str, identity: str, timing: Timing,
+                 clock: Callable[[], float] = time.monotonic):
+        self.api, self.namespace, self.name, self.identity, self.timing = api, namespace, name, identity, timing
+        self.clock = clock
+        self._lease: LeaseRecord | None = None
+        self._observed_at = 0.0
+        self._renewed_at: float | None = None  # start of our last successful write of the Lease
+        self._seen_holder: str | None = None  # the last non-empty holder this replica saw
+        self._is_leader = False  # what the callbacks were last told
+        self._task: asyncio.Task[None] | None = None
+        self._expiry: asyncio.TimerHandle | None = None
+        self._wake = asyncio.Event()
+        self.on_start: Callable[[], None] = lambda: None
+        self.on_stop: Callable[[], None] = lambda: None
+        self.on_change: Callable[[str], None] = lambda holder: None  # the holder changed (we may be it)
+
+    # ------------------------------------------------------------ what the operator asks
+
+    def leading(self) -> bool:
+        return not fenced(self._renewed_at, self.clock(), self.timing)
+
+    @property
+    def holder(self) -> str:
+        return self._lease.holder if self._lease else ""
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="leader election")
+
+    async def stop(self, release: bool = True) -> None:
+        """Stop acting at once, stop the loop, and hand the Lease over if we hold it."""
+        was_leading = self.leading()
+        self._renewed_at = None
+        self._set_leader(False)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if release and was_leading and self._lease is not None and self._lease.holder == self.identity:
+            body = lease_body(self.namespace, self.name, "", self.timing, self._lease, Verb.WAIT,
+                              datetime.now(timezone.utc))
+            try:
+                await asyncio.wait_for(self._write(body, create=False), self.timing.retry_period * 2)
+                logger.info("released Lease %s/%s", self.namespace, self.name)
+            except (kube.ApiError, OSError, asyncio.TimeoutError) as exc:
+                logger.warning("could not release Lease %s/%s (it expires on its own): %s",
+                               self.namespace, self.name, exc)
+        await self.api.close()
+
+    # ------------------------------------------------------------ the loop
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self._round()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # an API error: try again next period; fencing holds meanwhile
+                logger.warning("leader election round failed: %s", exc)
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.timing.retry_period)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _round(self) -> None:
+        if not (self._lease is not None and self.leading() and self._lease.holder == self.identity):
+            await self._read()  # the holder renews on what it last wrote; a 409 sends it back here
+        now = self.clock()
+        action = decide(self._lease, self._observed_at, now, self.identity, self.timing)
+        if action.verb is Verb.WAIT:
+            self._set_leader(False)
+            return
+        body = lease_body(self.namespace, self.name, self.identity, self.timing, self._lease, action.verb,
+                          datetime.now(timezone.utc))
+        started = self.clock()
+        remaining = (self._renewed_at + self.timing.renew_deadline - started
+                     if self._renewed_at is not None else self.timing.renew_deadline)
+        try:
+            written = await asyncio.wait_for(self._write(body, create=action.verb is Verb.CREATE),
+                                             max(remaining, 0.05))
+        except kube.ApiError as exc:
+            if exc.status == 409:  # someone else wrote it first (or took it over): not ours
+                self._lease = None
+                self._renewed_at = None
+                self._set_leader(False)
+                self._wake.set()  # read it again at once
+                return
+            raise
+        except asyncio.TimeoutError:
+            return  # the deadline check in leading() fences us if this goes on
+        self._lease, self._observed_at, self._renewed_at = LeaseRecord.from_body(written), started, started
+        self._saw_holder(self.identity)
+        self._set_leader(True)
+        self._arm_expiry()
+
+    async def _read(self) -> None:
+        try:
+            _, body = await asyncio.wait_for(self.api._call("GET", LEASES.path(self.namespace, self.name)),
+                                             self.timing.renew_deadline)
+        except kube.ApiError as exc:
+            if exc.status != 404:
+                raise
+            body = None
+        lease = LeaseRecord.from_body(body) if body else None
+        if lease != self._lease:
+            self._lease, self._observed_at = lease, self.clock()
+        if lease is not None:
+            self._saw_holder(lease.holder)
+        if lease is None or lease.holder != self.identity:
+            self._renewed_at = None
+
+    def _saw_holder(self, holder: str) -> None:
+        if not holder or holder == self._seen_holder:
+            return
+        first = self._seen_holder is None
+        self._seen_holder = holder
+        if not first or holder == self.identity:
+            self.on_change(holder)
+
+    async def _write(self, body: dict[str, Any], *, create: bool) -> dict[str, Any]:
+        if create:
+            _, written = await self.api._call("POST", LEASES.path(self.namespace), body=body)
+        else:
+            _, written = await self.api._call("PUT", LEASES.path(self.namespace, self.name), body=body)
+        return written
+
+    def _arm_expiry(self) -> None:
+        """Tell the operator the moment the renew deadline passes without a renewal."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        loop = asyncio.get_running_loop()
+        assert self._renewed_at is not None
+        delay = self._renewed_at + self.timing.renew_deadline - self.clock()
+        self._expiry = loop.call_later(max(delay, 0), self._check_expiry)
+
+    def _check_expiry(self) -> None:
+        if not self.leading():
+            logger.warning("could not renew Lease %s/%s within %ss: stopped acting", self.namespace, self.name,
+                           self.timing.renew_deadline)
+            self._set_leader(False)
+
+    def _set_leader(self, leading: bool) -> None:
+        if leading == self._is_leader:
+            return
+        self._is_leader = leading
+        if leading:
+            logger.info("%s holds Lease %s/%s: acting", self.identity, self.namespace, self.name)
+            self.on_start()
+        else:
+            if self._expiry is not None:
+                self._expiry.cancel()
+                self._expiry = None
+            logger.info("%s does not hold Lease %s/%s: standing by", self.identity, self.namespace, self.name)
+            self.on_stop()
+
+
+class NamedKube(kube.Kube):
+    """The API client with a User-Agent that names the replica: `ddpjob-operator/<identity>`."""
+
+    def __init__(self, connection: kube.Connection, identity: str, *, timeout_seconds: float = 30.0):
+        super().__init__(connection, timeout_seconds=timeout_seconds)
+        self.identity = identity
+
+    def _open(self) -> Any:
+        fresh = self._session is None or self._session.closed
+        session = super()._open()
+        if fresh:
+            session.headers["User-Agent"] = f"{kube.USER_AGENT}/{self.identity}"
+        return session
+
+
+class FencedKube(NamedKube):
+    """The operator's API client, refusing every write while its replica is not the leader.
+
+    The check is made when each call starts, so a replica that was paused, or cut off from the API
+    server, past its renew deadline sends nothing once it runs again."""
+
+    def __init__(self, connection: kube.Connection, elector: Elector, *, timeout_seconds: float = 30.0):
+        super().__init__(connection, elector.identity, timeout_seconds=timeout_seconds)
+        self.elector = elector
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+        if method != "GET" and not self.elector.leading():
+            raise NotLeader(self.elector.identity)
+        return await super()._call(method, path, **kwargs)

@@ -1,0 +1,425 @@
+"""Leader election: the pure rules (table-driven), the fence, settings, and two real operator
+processes (`python -m ddpjob_operator.run`, each in its own OS process) against the emulated API
+server: SIGKILL, SIGSTOP/SIGCONT and SIGTERM of the one that leads."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import aiohttp
+import attrs
+import kmock
+import pytest
+import pytest_asyncio
+from kmock._internal import rendering
+
+from ddpjob_operator import builders, kube, leader, settings
+from ddpjob_operator.leader import Action, LeaseRecord, Timing, Verb, decide, fenced
+
+from .conftest import NAMESPACE, Harness, assert_within_permissions, eventually
+from .emulator import LEASES, PODS, Cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+T = Timing(lease_duration=15, renew_deadline=10.0, retry_period=2.0)
+
+
+def held(holder: str, duration: int = 15, rv: str = "7") -> LeaseRecord:
+    return LeaseRecord(holder=holder, duration=duration, transitions=2, acquire_time="2026-11-23T00:00:00.000000Z",
+                       renew_time="2026-11-23T00:00:10.000000Z", resource_version=rv)
+
+
+# ---------------------------------------------------------------- the pure rules
+
+@pytest.mark.parametrize(("lease", "observed_at", "now", "expected"), [
+    (None, 0.0, 100.0, Action(Verb.CREATE)),  # nobody created it yet
+    (held("me"), 0.0, 100.0, Action(Verb.RENEW)),  # ours, however old: renew
+    (held(""), 100.0, 100.0, Action(Verb.TAKE_OVER)),  # released on SIGTERM: at once
+    (held("other"), 100.0, 100.0, Action(Verb.WAIT, 115.0)),  # just renewed by another
+    (held("other"), 100.0, 114.999, Action(Verb.WAIT, 115.0)),  # not yet expired by our clock
+    (held("other"), 100.0, 115.0, Action(Verb.TAKE_OVER)),  # unchanged for leaseDurationSeconds
+    (held("other", duration=40), 100.0, 130.0, Action(Verb.WAIT, 140.0)),  # the Lease's own duration counts
+    (held("other", duration=0), 100.0, 115.0, Action(Verb.TAKE_OVER)),  # none recorded: ours
+], ids=["absent", "ours", "released", "fresh", "almost-expired", "expired", "longer-lease", "no-duration"])
+def test_decide(lease, observed_at, now, expected):
+    assert decide(lease, observed_at, now, "me", T) == expected
+
+
+@pytest.mark.parametrize(("renewed_at", "now", "is_fenced"), [
+    (None, 0.0, True),  # never held it
+    (100.0, 100.0, False),
+    (100.0, 109.999, False),
+    (100.0, 110.0, True),  # renew deadline passed without a successful renewal
+    (100.0, 500.0, True),  # paused (SIGSTOP) for minutes
+])
+def test_fenced(renewed_at, now, is_fenced):
+    assert fenced(renewed_at, now, T) is is_fenced
+
+
+def test_the_old_holder_stops_before_anyone_may_take_over():
+    """For every moment a standby can first see a renewal (it starts after the renewal began), the
+    renewer is fenced before the standby's takeover time: the renew deadline is the margin."""
+    renewed_at = 100.0
+    for seen_after in (0.0, 0.001, 1.0, 9.9):
+        observed_at = renewed_at + seen_after
+        takeover_at = decide(held("old"), observed_at, observed_at, "new", T).expires_at
+        assert takeover_at is not None
+        assert fenced(renewed_at, takeover_at - 1e-6, T), seen_after
+        assert takeover_at - (renewed_at + T.renew_deadline) >= T.lease_duration - T.renew_deadline
+
+
+@pytest.mark.parametrize(("verb", "previous", "holder", "transitions", "acquire"), [
+    (Verb.CREATE, None, "me", 0, "now"),
+    (Verb.RENEW, held("me"), "me", 2, "2026-11-23T00:00:00.000000Z"),
+    (Verb.TAKE_OVER, held("other"), "me", 3, "now"),
+])
+def test_lease_body(verb, previous, holder, transitions, acquire):
+    from datetime import datetime, timezone
+    now = datetime(2026, 11, 23, 1, 2, 3, 456789, tzinfo=timezone.utc)
+    body = leader.lease_body("ops", "lease", "me", T, previous, verb, now)
+    spec = body["spec"]
+    assert spec["holderIdentity"] == holder and spec["leaseTransitions"] == transitions
+    assert spec["renewTime"] == "2026-11-23T01:02:03.456789Z" and spec["leaseDurationSeconds"] == 15
+    assert spec["acquireTime"] == ("2026-11-23T01:02:03.456789Z" if acquire == "now" else acquire)
+    # Every write but the first names the version it was decided on: a race is a 409, not two winners.
+    assert body["metadata"].get("resourceVersion") == (previous.resource_version if previous else None)
+
+
+def test_release_empties_the_holder():
+    from datetime import datetime, timezone
+    body = leader.lease_body("ops", "lease", "", T, held("me"), Verb.WAIT, datetime.now(timezone.utc))
+    assert body["spec"]["holderIdentity"] == "" and body["spec"]["leaseDurationSeconds"] == 1
+    assert decide(LeaseRecord.from_body({**body, "metadata": {"resourceVersion": "9"}}), 0, 0, "b", T).verb \
+        is Verb.TAKE_OVER
+
+
+async def test_fenced_client_sends_no_write_once_the_renew_deadline_passed():
+    now = [100.0]
+    sent: list[str] = []
+
+    class Recording(leader.FencedKube):
+        async def _call(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+            return await super()._call(method, path, **kwargs)
+
+    elector = leader.Elector(kube.Kube(kube.Connection(server="http://127.0.0.1:1")), "ops", "lease", "me", T,
+                             clock=lambda: now[0])
+    api = Recording(kube.Connection(server="http://127.0.0.1:1"), elector)
+
+    async def fake(self: Any, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+        sent.append(method)
+        return 200, {}
+
+    original = kube.Kube._call
+    kube.Kube._call = fake  # type: ignore[method-assign]
+    try:
+        with pytest.raises(leader.NotLeader):
+            await api.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "n"}})
+        elector._renewed_at = 95.0  # renewed 5 s ago: may act
+        await api.delete(kube.PODS, "n", "p")
+        assert await api.patch_status("n", "j", {"phase": "Running"})
+        now[0] = 105.0  # paused: 10 s since the renewal began
+        with pytest.raises(leader.NotLeader):
+            await api.patch_status("n", "j", {"phase": "Running"})
+        await api.latest_event_message("n", "uid", "FailedMount")  # reads are harmless
+    finally:
+        kube.Kube._call = original  # type: ignore[method-assign]
+    assert sent == ["DELETE", "PATCH", "GET"]
+
+
+# ---------------------------------------------------------------- settings
+
+BASE = {"DDPJOB_OPERATOR_LEASE_NAME": "ddpjob-operator", "POD_NAMESPACE": "ops", "POD_NAME": "op-0"}
+
+
+def test_settings_lease_defaults_from_the_downward_api():
+    got = settings.from_env(BASE)
+    assert (got.leader_election, got.lease_name, got.lease_namespace, got.identity) == (
+        True, "ddpjob-operator", "ops", "op-0")
+    assert (got.lease_duration_seconds, got.lease_renew_deadline_seconds, got.lease_retry_period_seconds) == (
+        15, 10.0, 2.0)
+    assert not settings.from_env({}).leader_election  # one replica that always acts
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"DDPJOB_OPERATOR_LEASE_NAME": "x"}, "DDPJOB_OPERATOR_LEASE_NAMESPACE: required with DDPJOB_OPERATOR_LEASE_NAME"),
+    ({**BASE, "DDPJOB_OPERATOR_LEASE_NAME": "Bad_Name"}, "DDPJOB_OPERATOR_LEASE_NAME='Bad_Name': must be a DNS-1123"),
+    ({**BASE, "DDPJOB_OPERATOR_LEASE_DURATION_SECONDS": "2.5"}, "DDPJOB_OPERATOR_LEASE_DURATION_SECONDS='2.5': "
+                                                              "must be a whole number"),
+    ({**BASE, "DDPJOB_OPERATOR_LEASE_RENEW_DEADLINE_SECONDS": "15"},
+     "DDPJOB_OPERATOR_LEASE_RETRY_PERIOD_SECONDS=2.0 < DDPJOB_OPERATOR_LEASE_RENEW_DEADLINE_SECONDS=15.0 < "
+     "DDPJOB_OPERATOR_LEASE_DURATION_SECONDS=15 must hold"),
+    ({**BASE, "DDPJOB_OPERATOR_LEASE_RETRY_PERIOD_SECONDS": "0"}, "DDPJOB_OPERATOR_LEASE_RETRY_PERIOD_SECONDS='0'"),
+    ({**BASE, "DDPJOB_OPERATOR_HEARTBEAT_SECONDS": "soon"}, "DDPJOB_OPERATOR_HEARTBEAT_SECONDS='soon'"),
+])
+def test_bad_lease_settings_name_the_variable(env, message):
+    with pytest.raises(settings.SettingsError) as failure:
+        settings.from_env(env)
+    assert message in str(failure.value)
+
+
+# ---------------------------------------------------------------- two operator processes
+
+OPERATOR_NAMESPACE = "ddpjob-system"
+LEASE_NAME = "ddpjob-operator"
+# Short timings so the tests take seconds; the chart's defaults are 15 / 10 / 2 (bench/operator_failover.py).
+LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 3, 2.0, 0.25
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: kmock, cluster: {server: "%s"}}]
+users: [{name: test, user: {}}]
+contexts: [{name: kmock, context: {cluster: kmock, user: test}}]
+current-context: kmock
+"""
+
+
+@dataclass(frozen=True)
+class Request:
+    at: float  # time.monotonic() when it was answered
+    agent: str
+    method: str
+    path: str
+    status: int
+
+
+@attrs.define(kw_only=True)
+class RecordingCluster(Cluster):
+    """The emulator, keeping every request with who sent it and the answer's status."""
+
+    log: list[Request] = attrs.field(factory=list, init=False)
+
+    async def _serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        response = await super()._serve(request)
+        self.log.append(Request(time.monotonic(), request.headers.get("User-Agent", ""), str(request.method.value
+                                if hasattr(request.method, "value") else request.method).upper(),
+                                request.url.path, response.status))
+        return response
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Replica:
+    """One operator replica: `python -m ddpjob_operator.run` in its own OS process, as in its own pod."""
+
+    def __init__(self, name: str, url: str, tmp: Path, **extra_env: str):
+        self.name, self.metrics_port = name, free_port()
+        kubeconfig = tmp / "kubeconfig"
+        kubeconfig.write_text(KUBECONFIG % url)
+        self.log_path = tmp / f"{name}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DDPJOB_OPERATOR_")}
+        env.update({
+            "KUBECONFIG": str(kubeconfig), "POD_NAME": name, "POD_NAMESPACE": OPERATOR_NAMESPACE,
+            "DDPJOB_OPERATOR_WATCH_NAMESPACES": NAMESPACE, "DDPJOB_OPERATOR_HEALTH_PORT": "0",
+            "DDPJOB_OPERATOR_METRICS_PORT": str(self.metrics_port), "DDPJOB_OPERATOR_BIND_ADDRESS": "127.0.0.1",
+            "DDPJOB_OPERATOR_LOG_LEVEL": "INFO", "DDPJOB_OPERATOR_RESYNC_SECONDS": "1",
+            "DDPJOB_OPERATOR_INCIDENT_SETTLE_SECONDS": "1", "DDPJOB_OPERATOR_RETRY_SECONDS": "0.2",
+            "DDPJOB_OPERATOR_LEASE_NAME": LEASE_NAME,
+            "DDPJOB_OPERATOR_LEASE_DURATION_SECONDS": str(LEASE_DURATION),
+            "DDPJOB_OPERATOR_LEASE_RENEW_DEADLINE_SECONDS": str(RENEW_DEADLINE),
+            "DDPJOB_OPERATOR_LEASE_RETRY_PERIOD_SECONDS": str(RETRY_PERIOD), **extra_env})
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "ddpjob_operator.run"], env=env, stdout=log,
+                                            stderr=subprocess.STDOUT)
+
+    @property
+    def agent(self) -> str:
+        return f"{kube.USER_AGENT}/{self.name}"
+
+    def signal(self, signum: int) -> float:
+        self.process.send_signal(signum)
+        return time.monotonic()
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+                if line.startswith("ddpjob_leader")}
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+        self.process.wait(15)
+
+
+class Pair:
+    def __init__(self, emulator: RecordingCluster, harness: Harness, url: str, tmp: Path):
+        self.emulator, self.harness, self.url, self.tmp = emulator, harness, url, tmp
+        self.replicas: list[Replica] = []
+
+    def start(self, name: str) -> Replica:
+        (self.tmp / name).mkdir()
+        replica = Replica(name, self.url, self.tmp / name)
+        self.replicas.append(replica)
+        return replica
+
+    def holder(self) -> str | None:
+        lease = self.emulator.get(LEASES, OPERATOR_NAMESPACE, LEASE_NAME)
+        return ((lease or {}).get("spec") or {}).get("holderIdentity")
+
+    async def wait_holder(self, name: str, timeout: float = 30) -> float:
+        await eventually(lambda: self.holder() == name, timeout, f"{name} to hold the Lease (holder {self.holder()})")
+        return time.monotonic()
+
+    def requests(self, replica: Replica, since: float = 0.0) -> list[Request]:
+        return [r for r in self.emulator.log if r.agent == replica.agent and r.at >= since]
+
+    async def wait_standby(self, replica: Replica) -> None:
+        """The standby has read the Lease and kopf watches (so its pod index is filled)."""
+        await eventually(lambda: any(r.path.endswith(f"/leases/{LEASE_NAME}") for r in self.requests(replica)),
+                         30, f"{replica.name} to read the Lease")
+        await eventually(lambda: len(self.watching("ddpjobs")) >= 2 and len(self.watching("pods")) >= 2, 30,
+                         "both replicas to watch DDPJobs and pods")
+
+    def watching(self, kind: str) -> list[rendering.Request]:
+        return [r for r in self.emulator._in_flight if r.resource is not None and r.resource.plural == kind
+                and r.params.get("watch")]
+
+    async def running_job(self, name: str = "train") -> dict[str, Any]:
+        job = await self.harness.apply(name, replicas=2, minReplicas=1,
+                                       failurePolicy={"maxRestarts": 3, "restartScope": "Pod",
+                                                      "backoff": {"initialSeconds": 0, "maxSeconds": 1}})
+        await self.harness.wait_workers(name, 2, timeout=20)
+        await eventually(lambda: self.harness.pods(name, builders.ROLE_STORE), 20, "the store pod")
+        await self.harness.run_all(name)
+        await self.harness.wait_phase(name, "Running", timeout=20)
+        return job
+
+
+@pytest_asyncio.fixture()
+async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
+    async with RecordingCluster() as emulator, kmock.Server(emulator) as server:
+        emulator.register_resources()
+        url = str(server.url).rstrip("/")
+        async with aiohttp.ClientSession(headers={"User-Agent": "kubectl-test"}) as session:
+            pair = Pair(emulator, Harness(emulator, url, session), url, tmp_path)
+            try:
+                yield pair
+            finally:
+                for replica in pair.replicas:
+                    await asyncio.to_thread(replica.close)
+                for replica in pair.replicas:
+                    print(f"---- {replica.name}\n{replica.output()}")
+        assert_within_permissions(emulator)
+
+
+def writes(requests: list[Request]) -> list[Request]:
+    """The operator's own writes: anything but reads and the Lease itself."""
+    return [r for r in requests if r.method != "GET" and "/leases" not in r.path]
+
+
+async def fail_worker(pair: Pair, job: str, index: int) -> float:
+    await pair.emulator.kubelet_exit(NAMESPACE, builders.worker_name(job, index), 137)
+    return time.monotonic()
+
+
+async def wait_replaced(pair: Pair, job: str, index: int, timeout: float) -> float:
+    name = builders.worker_name(job, index)
+
+    def replaced() -> bool:
+        pod = pair.emulator.get(PODS, NAMESPACE, name)
+        return bool(pod) and pod["metadata"]["labels"].get(builders.LABEL_ATTEMPT) == "1"
+
+    await eventually(replaced, timeout, f"{name} replaced (attempt 1)")
+    return pair.emulator.created[(NAMESPACE, name)]
+
+
+async def test_graceful_stop_hands_the_lease_over_at_once(pair):
+    a = pair.start("op-a")
+    await pair.wait_holder("op-a")  # alone (replicaCount 1): it creates the Lease and leads at once
+    b = pair.start("op-b")
+    await pair.wait_standby(b)
+    await pair.running_job()
+    assert writes(pair.requests(b)) == [], "the standby wrote something"
+    assert pair.holder() == "op-a"
+    assert a.metrics()["ddpjob_leader"] == 1 and b.metrics()["ddpjob_leader"] == 0
+
+    stopped = a.signal(signal.SIGTERM)
+    took_over = await pair.wait_holder("op-b", timeout=LEASE_DURATION)
+    assert took_over - stopped < LEASE_DURATION, "the Lease expired instead of being handed over"
+    assert await asyncio.to_thread(a.process.wait, 15) == 0
+    await eventually(lambda: b.metrics()["ddpjob_leader"] == 1, 5, "op-b's leader gauge")
+    assert b.metrics()["ddpjob_leader_changes_total"] >= 1
+    lease = pair.emulator.get(LEASES, OPERATOR_NAMESPACE, LEASE_NAME)["spec"]
+    assert lease["leaseTransitions"] == 1 and lease["leaseDurationSeconds"] == LEASE_DURATION
+
+    failed = await fail_worker(pair, "train", 1)  # the new leader acts
+    await wait_replaced(pair, "train", 1, timeout=10)
+    await eventually(lambda: pair.harness.status("train").get("restarts") == 1, 10, "one restart charged")
+    print(f"graceful: Lease handed over in {took_over - stopped:.2f}s; replaced {time.monotonic() - failed:.2f}s "
+          f"after the failure")
+
+
+async def test_sigkilled_leader_standby_acts_within_the_lease_time(pair):
+    a = pair.start("op-a")
+    await pair.wait_holder("op-a")
+    b = pair.start("op-b")
+    await pair.wait_standby(b)
+    await pair.running_job()
+
+    killed = a.signal(signal.SIGKILL)
+    await fail_worker(pair, "train", 1)  # nobody acts on it until op-b leads
+    replaced_at = await wait_replaced(pair, "train", 1, timeout=LEASE_DURATION + 10)
+    assert pair.holder() == "op-b"
+    elapsed = replaced_at - killed
+    # op-b takes over leaseDurationSeconds after it last saw op-a's renewal (<= one retry period
+    # before the kill), then reconciles. Slack for a loaded 2-core machine.
+    assert elapsed < LEASE_DURATION + RETRY_PERIOD + 2.0, elapsed
+    await eventually(lambda: pair.harness.status("train").get("restarts") == 1, 10, "one restart charged")
+    print(f"SIGKILL: replacement created {elapsed:.2f}s after the kill")
+
+
+async def test_paused_leader_is_fenced_and_never_acts_after_the_standby_took_over(pair):
+    a = pair.start("op-a")
+    await pair.wait_holder("op-a")
+    b = pair.start("op-b")
+    await pair.wait_standby(b)
+    await pair.running_job()
+    workers_before = set(pair.harness.pods("train"))
+
+    paused = a.signal(signal.SIGSTOP)  # a long GC pause, a frozen VM, a partition: op-a cannot renew
+    await fail_worker(pair, "train", 1)  # op-a's watch has it buffered for when it runs again
+    await pair.wait_holder("op-b", timeout=LEASE_DURATION + 10)
+    await wait_replaced(pair, "train", 1, timeout=10)
+    await eventually(lambda: pair.harness.status("train").get("restarts") == 1, 10, "one restart charged")
+
+    resumed = a.signal(signal.SIGCONT)
+    # op-a runs again: its timers fire, the buffered events arrive, and its elector reads the Lease
+    # (twice: a whole retry period of running) and sees op-b.
+    await eventually(lambda: sum(1 for r in pair.requests(a, resumed) if "/leases/" in r.path) >= 2, 10,
+                     "op-a to read the Lease again")
+    await eventually(lambda: a.metrics()["ddpjob_leader"] == 0, 5, "op-a to report it does not lead")
+    await fail_worker(pair, "train", 0)  # something for both to see after op-a resumed
+    await eventually(lambda: pair.harness.status("train").get("restarts") == 2, 10, "op-b charging it once")
+    await wait_replaced(pair, "train", 0, timeout=10)
+
+    assert writes(pair.requests(a, paused)) == [], "the paused leader wrote after it was fenced"
+    lease_writes = [r for r in pair.requests(a, resumed) if r.method != "GET"]
+    assert all(r.status == 409 for r in lease_writes), lease_writes  # a renewal on the old version, if any
+    assert a.metrics()["ddpjob_leader"] == 0 and b.metrics()["ddpjob_leader"] == 1
+    status = pair.harness.status("train")
+    assert status["restarts"] == 2, status  # one per failure: nothing charged twice
+    worker_posts = [r for r in pair.emulator.log if r.method == "POST" and r.path.endswith("/pods")
+                    and r.status == 201]
+    # store + 2 workers at the start, one replacement per failure: no duplicate pod
+    assert len(worker_posts) == 3 + 2, worker_posts
+    assert set(pair.harness.pods("train")) == workers_before
+    print(f"SIGSTOP: paused {resumed - paused:.2f}s; op-a made {len(pair.requests(a, resumed))} requests after "
+          f"SIGCONT, none a write")
