@@ -227,12 +227,12 @@ async def test_sigkilled_worker_is_one_charge_and_a_new_generation(harness, oper
         await nodes.exit("kill-worker-1", 137)
     await eventually(lambda: harness.status("kill").get("generation") == 1, what="generation 1")
     await nodes.generation_running("kill", 1, 2)
-    status = assert_outcome(harness, "kill", phase="Running", reason="Running", restarts=1, disruptions=0,
-                            generation=1, incident=("Retryable", True, harness.status("kill")["incidents"][-1]["ranks"]))
     # restartScope All charges a gang's incident at its first exit, without waiting: the survivor's exit
     # joins its record only if it reached the operator in the same pass. Pod scope waits for it.
-    ranks = status["incidents"][-1]["ranks"]
-    assert ranks == [0, 1] or (scope == "All" and order == "kill first" and ranks == [1]), ranks
+    ranks = harness.status("kill")["incidents"][-1]["ranks"]
+    gang_charged_first = scope == "All" and order == "kill first" and ranks == [1]
+    status = assert_outcome(harness, "kill", phase="Running", reason="Running", restarts=1, disruptions=0,
+                            generation=1, incident=("Retryable", True, [1] if gang_charged_first else [0, 1]))
     assert len(status["incidents"]) == 1
     assert creations(harness, "kill") == {"kill-worker-0": 2, "kill-worker-1": 2, "kill-rdzv": 1}
 
@@ -623,37 +623,41 @@ async def test_training_finishes_while_a_replacement_is_pending(harness, operato
 
 # ---------------------------------------------------------------- 9. the operator and the API server
 
+def dies_after_the_charge(operator: OperatorProcess, *, deletes: bool = False) -> None:
+    """From the moment the operator's status write that charges a restart is stored, the operator's process
+    is dead: no further API call of it arrives (with `deletes`, only the deletes of that pass still do)."""
+    api, dead = operator.controller.api, {"now": False}
+    patch_status, delete, create = api.patch_status, api.delete, api.create
+
+    async def hang() -> None:
+        await asyncio.sleep(3600)  # a dead process sends nothing
+
+    async def patching(namespace: str, name: str, patch: dict[str, Any]) -> bool:
+        if dead["now"]:
+            await hang()
+        done = await patch_status(namespace, name, patch)
+        dead["now"] = dead["now"] or "restarts" in patch
+        return done
+
+    async def deleting(*args: Any, **kwargs: Any) -> bool:
+        if dead["now"] and not deletes:
+            await hang()
+        return await delete(*args, **kwargs)
+
+    async def creating(*args: Any, **kwargs: Any) -> Any:
+        if dead["now"]:
+            await hang()
+        return await create(*args, **kwargs)
+
+    api.patch_status, api.delete, api.create = patching, deleting, creating
+
+
 @pytest.mark.parametrize("point", ["after the charge is on record", "after the failed pod is removed"])
 async def test_operator_killed_mid_reconcile_duplicates_and_charges_nothing(harness, operator, nodes, point):
     """The operator dies right after it observed a failure: its accounting is written, the pod calls that
     follow never happen (or only the delete). A new operator finishes the job's recovery."""
     await started(harness, nodes, "crash", minReplicas=1, failurePolicy={"maxRestarts": 3, **NO_BACKOFF})
-    api = operator.controller.api
-    dead = {"now": False}
-    original_patch, original_delete, original_create = api.patch_status, api.delete, api.create
-
-    async def hang() -> None:
-        await asyncio.sleep(3600)  # a dead process answers nothing
-
-    async def patch_status(namespace: str, name: str, patch: dict[str, Any]) -> bool:
-        if dead["now"]:
-            await hang()
-        done = await original_patch(namespace, name, patch)
-        if "restarts" in patch:
-            dead["now"] = True  # the charge is on record: the process dies now
-        return done
-
-    async def delete(*args: Any, **kwargs: Any) -> bool:
-        if dead["now"] and point == "after the charge is on record":
-            await hang()
-        return await original_delete(*args, **kwargs)
-
-    async def create(*args: Any, **kwargs: Any) -> Any:
-        if dead["now"]:
-            await hang()
-        return await original_create(*args, **kwargs)
-
-    api.patch_status, api.delete, api.create = patch_status, delete, create
+    dies_after_the_charge(operator, deletes=point == "after the failed pod is removed")
     failed_uid = harness.pods("crash")["crash-worker-1"]["metadata"]["uid"]
     await nodes.exit("crash-worker-1", 137)
     await eventually(lambda: harness.status("crash").get("restarts") == 1, what="the charge")
@@ -672,6 +676,25 @@ async def test_operator_killed_mid_reconcile_duplicates_and_charges_nothing(harn
     assert_outcome(harness, "crash", phase="Running", reason="Running", restarts=1, disruptions=0, generation=0,
                    incident=("Retryable", True, [1]))
     assert creations(harness, "crash") == {"crash-worker-0": 1, "crash-worker-1": 2, "crash-rdzv": 1}
+
+
+async def test_operator_killed_after_charging_a_gang_restart(harness, operator, nodes):
+    """restartScope All: the new generation is on record, no old pod was touched, the operator dies."""
+    await started(harness, nodes, "gang", failurePolicy={"maxRestarts": 3, "restartScope": "All", **NO_BACKOFF})
+    dies_after_the_charge(operator)
+    await nodes.exit("gang-worker-1", 137)
+    await eventually(lambda: harness.status("gang").get("restarts") == 1, what="the charge")
+    await asyncio.sleep(0.3)
+    await operator.stop()
+    assert harness.status("gang")["generation"] == 1
+    assert not [n for n, p in harness.pods("gang").items() if p["metadata"].get("deletionTimestamp")]
+    await nodes.exit("gang-worker-0", 1, PEER_LOST.format(rank=0))  # while no operator runs
+    await operator.start()
+    await nodes.generation_running("gang", 1, 2)
+    await asyncio.sleep(0.6)
+    assert_outcome(harness, "gang", phase="Running", reason="Running", restarts=1, disruptions=0, generation=1,
+                   incident=("Retryable", True, [1]))
+    assert creations(harness, "gang") == {"gang-worker-0": 2, "gang-worker-1": 2, "gang-rdzv": 1}
 
 
 async def test_api_server_unavailable_while_a_job_starts(harness, operator, nodes):
