@@ -95,3 +95,24 @@ def test_multi_document_file_reports_each_document(tmp_path):
     assert result.returncode == cli.EXIT_INVALID
     assert "valid DDPJob digits-cpu" in result.stdout
     assert f"{path}#1 (bad-job): spec.replicas: must be >= 1" in result.stderr
+
+
+def test_a_read_write_once_claim_for_several_workers_is_a_warning_not_an_error(tmp_path):
+    job = yaml.safe_load((ROOT / "examples" / "cpu-digits.yaml").read_text())
+    job["spec"]["checkpoint"]["claimTemplate"]["accessModes"] = ["ReadWriteOnce"]
+    path = tmp_path / "rwo.yaml"
+    path.write_text(yaml.safe_dump(job))
+    result = subprocess.run([sys.executable, "-m", "ddpjob_operator.cli", "validate", str(path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "valid DDPJob digits-cpu" in result.stdout
+    assert f"{path} (digits-cpu): warning: spec.checkpoint.claimTemplate.accessModes: " in result.stderr
+    for text in ("Multi-Attach", "ReadWriteMany", "docs/install.md"):
+        assert text in result.stderr
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_examples_validate_without_warnings(path):
+    result = subprocess.run([sys.executable, "-m", "ddpjob_operator.cli", "validate", str(path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and "warning" not in result.stderr, result.stderr

@@ -86,11 +86,20 @@ def wait_for(check: Callable[[], T], what: str, timeout: float, interval: float 
     return last
 
 
+# Access modes of the checkpoint claims the tests create. The examples ask for ReadWriteMany (workers on any
+# node); kind's local-path storage only provides ReadWriteOnce, whose volumes pin every pod to one node.
+CHECKPOINT_ACCESS_MODES = os.environ.get("DDPJOB_E2E_CHECKPOINT_ACCESS_MODES", "ReadWriteOnce").split(",")
+
+
 def example(name: str, *, spec_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """An example manifest, with the image `make kind-load` loaded and optional spec overrides."""
+    """An example manifest, with the image `make kind-load` loaded, the claim access modes this cluster's
+    storage provides (CHECKPOINT_ACCESS_MODES) and optional spec overrides."""
     manifest = yaml.safe_load((EXAMPLES / name).read_text())
     if TRAINER_IMAGE:
         manifest["spec"]["image"] = TRAINER_IMAGE
+    claim = (manifest["spec"].get("checkpoint") or {}).get("claimTemplate")
+    if claim is not None:
+        claim["accessModes"] = list(CHECKPOINT_ACCESS_MODES)
     for key, value in (spec_overrides or {}).items():
         manifest["spec"][key] = value
     return manifest
