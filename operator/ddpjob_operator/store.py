@@ -59,6 +59,28 @@ def _container_status(status: Mapping[str, Any], container: str) -> Mapping[str,
     return {}
 
 
+def _init_container_problem(status: Mapping[str, Any], meta: Mapping[str, Any]) -> decisions.Waiting | None:
+    """An init container waiting on a reason that never clears by itself (a bad image, a missing secret)."""
+    for cs in status.get("initContainerStatuses") or ():
+        wait = (cs.get("state") or {}).get("waiting") or {}
+        if wait.get("reason") in decisions.CANNOT_START_REASONS:
+            since = decisions.parse_time(status.get("startTime") or meta.get("creationTimestamp"))
+            if since is not None:
+                detail = f": {wait['message']}" if wait.get("message") else ""
+                return decisions.Waiting(wait["reason"], f"init container {cs.get('name')}{detail}", since)
+    return None
+
+
+def _init_container_failure(status: Mapping[str, Any]) -> str | None:
+    """Why a pod failed before its trainer ran: the init container that exited non-zero."""
+    for cs in status.get("initContainerStatuses") or ():
+        ended = (cs.get("state") or {}).get("terminated") or {}
+        if ended.get("exitCode"):
+            reason = f" ({ended['reason']})" if ended.get("reason") else ""
+            return f"init container {cs.get('name')} exited with code {ended['exitCode']}{reason}"
+    return None
+
+
 def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
     meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
     labels = meta.get("labels") or {}
@@ -85,6 +107,9 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
         since = decisions.parse_time(status.get("startTime") or meta.get("creationTimestamp"))
         if since is not None:
             waiting = decisions.Waiting(waiting_state["reason"], waiting_state.get("message"), since)
+    init = _init_container_problem(status, meta)
+    if init is not None and (waiting is None or waiting.reason == "PodInitializing"):
+        waiting = init  # an init container (or native sidecar) that cannot start holds the trainer back
     scheduled = conditions.get("PodScheduled", {})
     unschedulable = None
     if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
@@ -103,7 +128,8 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
         exit_code=int(exit_code) if exit_code is not None else None,
         reason=disruption_reason or pod_reason or terminated.get("reason"),
         # The launcher's termination message (or the log tail); else the pod's own (an eviction's).
-        message=terminated.get("message") or last_terminated.get("message") or status.get("message"),
+        message=terminated.get("message") or last_terminated.get("message") or status.get("message")
+        or _init_container_failure(status),
         disruption=disruption_condition or pod_reason in DISRUPTION_REASONS,
         terminating_since=terminating_since,
         node=spec.get("nodeName"),

@@ -100,3 +100,20 @@ async def test_checkpoint_volume_shared_condition(harness, operator, modes, repl
         await eventually(lambda: any(e["reason"] == "ReadWriteOnce" and e["type"] == "Warning"
                                      for e in harness.events("ckpt")), what="the Warning event")
     await harness.wait_workers("ckpt", replicas)  # a warning, never a failure: the workers are created
+
+
+def test_init_containers_that_cannot_start_or_fail_are_reported():
+    from ddpjob_operator import store
+    pod = {"metadata": {"name": "j-worker-0", "uid": "u", "creationTimestamp": "2026-11-22T00:00:00Z",
+                        "labels": {builders.LABEL_ROLE: builders.ROLE_WORKER}},
+           "spec": {}, "status": {"phase": "Pending", "startTime": "2026-11-22T00:00:01Z",
+                                  "initContainerStatuses": [{"name": "fetch-data", "state": {"waiting": {
+                                      "reason": "ImagePullBackOff", "message": "Back-off pulling image \"x\""}}}],
+                                  "containerStatuses": [{"name": "trainer", "state": {"waiting": {
+                                      "reason": "PodInitializing"}}}]}}
+    waiting = store.summarize_pod(pod).waiting
+    assert waiting.reason == "ImagePullBackOff" and waiting.message.startswith("init container fetch-data")
+    pod["status"] = {"phase": "Failed", "initContainerStatuses": [{"name": "fetch-data", "state": {
+        "terminated": {"exitCode": 3, "reason": "Error"}}}]}
+    summary = store.summarize_pod(pod)
+    assert summary.message == "init container fetch-data exited with code 3 (Error)" and summary.exit_code is None
