@@ -150,11 +150,12 @@ class Bench:
         await asyncio.to_thread(process.wait, 30)
         return handover, acted
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """SIGTERM the replicas while the emulator still answers (the leader releases the Lease)."""
         for process in self.replicas.values():
             process.terminate()
         for process in self.replicas.values():
-            process.wait(30)
+            await asyncio.to_thread(process.wait, 30)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -170,7 +171,7 @@ async def main(args: argparse.Namespace) -> None:
                         print(f"{mode} run {run}: handover {results[mode][-1][0]:.2f}s, "
                               f"first action {results[mode][-1][1]:.2f}s", flush=True)
             finally:
-                bench.close()
+                await bench.close()
     print(f"\nmachine: {cpu_model()}, {os.cpu_count()} cores, python {platform.python_version()}; "
           f"Lease {args.lease_duration}s / renew deadline {args.renew_deadline}s / retry {args.retry_period}s; "
           f"{args.repeats} runs per mode")
