@@ -1,0 +1,51 @@
+"""Review finding 6 (issue 11): agreeing on a stop must not stall the GPU. Needs CUDA (skipped otherwise).
+
+The 0.1 trainer built its per-step stop flag on the training device: a host-to-device copy and an
+`.item()` every step, i.e. a full device synchronisation. Now the flag is a CPU tensor on a Gloo
+group. Two ranks share one GPU here (Gloo does not mind), and every `should_stop()` runs under
+`torch.cuda.set_sync_debug_mode("error")`, which raises on any synchronising CUDA call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer_harness import PY, base_env, run, tail
+
+pytestmark = [pytest.mark.slow, pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+SCRIPT = """
+import torch, torch.distributed as dist
+from ddp_trainer.runtime import Job, JobEnv, StopRequest, init_process_group
+env = JobEnv.from_env()
+device = torch.device("cuda", 0)
+torch.cuda.set_device(device)
+init_process_group(env, device, backend="nccl" if env.world_size == 1 else "gloo")
+job = Job(env, device, StopRequest())
+x = torch.randn(2048, 2048, device=device)
+stopped_at = None
+torch.cuda.set_sync_debug_mode("error")
+for step in range(1, 41):
+    x = torch.tanh(x @ x)  # queued GPU work the stop check must not wait for
+    if env.rank == 1 and step == 10:
+        job.stop.requested = True  # what the SIGTERM handler does
+    if job.should_stop():
+        stopped_at = step
+        break
+torch.cuda.set_sync_debug_mode(0)
+print(f"rank {env.rank} stopped at {stopped_at}", flush=True)
+job.close()
+dist.destroy_process_group()
+"""
+
+
+def test_6_agreeing_on_a_stop_never_synchronises_the_device(tmp_path: Path) -> None:
+    script = tmp_path / "stop_on_gpu.py"
+    script.write_text(SCRIPT)
+    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    assert run(cmd, base_env(), tmp_path / "log", 120) == 0, tail(tmp_path / "log")
+    log = (tmp_path / "log").read_text()
+    assert "rank 0 stopped at 11" in log and "rank 1 stopped at 11" in log, tail(tmp_path / "log")
