@@ -18,6 +18,9 @@ from .validation import FieldError, InvalidJob, parse_spec
 # Pod status reasons set when the node or the control plane, not the program, ended the pod.
 DISRUPTION_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "NodeShutdown", "Shutdown", "Terminated",
                                 "DeletionByTaintManager", "DeletionByPodGC", "TerminationByKubelet"})
+# Container reasons the kubelet writes when the node, not the program, ended it: a node that comes back
+# after losing its containers reports them Failed, exit 137, ContainerStatusUnknown.
+CONTAINER_DISRUPTION_REASONS = frozenset({"ContainerStatusUnknown"})
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,8 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
         # The launcher's termination message (or the log tail); else the pod's own (an eviction's).
         message=terminated.get("message") or last_terminated.get("message") or status.get("message")
         or _init_container_failure(status),
-        disruption=disruption_condition or pod_reason in DISRUPTION_REASONS,
+        disruption=disruption_condition or pod_reason in DISRUPTION_REASONS
+        or terminated.get("reason") in CONTAINER_DISRUPTION_REASONS,
         terminating_since=terminating_since,
         node=spec.get("nodeName"),
         started_at=decisions.parse_time((state.get("running") or {}).get("startedAt") or terminated.get("startedAt")),

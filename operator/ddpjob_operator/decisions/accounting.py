@@ -25,9 +25,11 @@ from .. import builders, model
 from .common import Plan, describe_failure, fail, record_failure, rfc3339
 from .types import (CONSEQUENCE, DISRUPTION, MISSING, PERMANENT, REASON_BUDGET_EXHAUSTED, REASON_GANG_RESTART,
                     REASON_PERMANENT_ERROR, REASON_POD_DELETED, REASON_POD_VANISHED, REASON_RENDEZVOUS_CLOSED,
+                    REASON_STORE_LOST,
                     REASON_WORKER_DISRUPTED, REASON_WORKER_FAILED, RETRYABLE, FailureClass, WorkerObservation)
 
 CLOSED_ERROR = "RendezvousClosedError"
+STORE_UNREACHABLE = "RendezvousConnectionError"
 
 
 def rendezvous_failed(message: str | None) -> bool:
@@ -69,6 +71,10 @@ def _member_class(plan: Plan, spec: model.DDPJobSpec, w: WorkerObservation) -> F
     if w.terminating_since is not None:
         # The operator never deletes a live worker of the current generation below `replicas`: someone
         # else did (kubectl delete pod, the taint manager), whatever the exit code it then ended with.
+        return DISRUPTION
+    if rendezvous_failed(w.message) and STORE_UNREACHABLE in (w.message or ""):
+        # Its agent lost the rendezvous store, whose own pod status may not have arrived yet: a store
+        # loss (or the network to it), never the user's failure.
         return DISRUPTION
     kind = classify_exit(w.exit_code, w.reason, w.disruption, spec.failure_policy, w.message)
     if kind == RETRYABLE and rendezvous_failed(w.message) and _capacity_wait(plan):
@@ -134,7 +140,9 @@ def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
                                         f"{status.generation} with it)" if others else "")
     charged = cause == RETRYABLE
     budget_spent = charged and status.restarts + 1 > policy.max_restarts
-    reason = {DISRUPTION: root.reason or REASON_POD_DELETED, RETRYABLE: REASON_WORKER_FAILED,
+    store_lost = cause == DISRUPTION and STORE_UNREACHABLE in (root.message or "")
+    reason = {DISRUPTION: REASON_STORE_LOST if store_lost else root.reason or REASON_POD_DELETED,
+              RETRYABLE: REASON_WORKER_FAILED,
               PERMANENT: REASON_PERMANENT_ERROR, CONSEQUENCE: REASON_RENDEZVOUS_CLOSED}[cause]
     plan.record_incident(model.Incident(
         generation=status.generation, time=rfc3339(began), cause=cause, reason=reason,

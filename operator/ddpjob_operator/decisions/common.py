@@ -176,7 +176,9 @@ def force_stuck(plan: Plan) -> None:
     """Pods stuck Terminating (unreachable node) are force-deleted after the configured timeout."""
     limit = timedelta(seconds=plan.options.stuck_terminating_seconds)
     stuck: list[tuple[datetime, Action]] = [
-        (plan.now - limit if w.reason in NODE_LOST_REASONS else w.terminating_since,
+        # Not Ready as well: its node stopped answering (the taint manager also evicts from healthy
+        # nodes with a NoExecute maintenance taint, where the kubelet lets the worker checkpoint).
+        (plan.now - limit if w.reason in NODE_LOST_REASONS and not w.ready else w.terminating_since,
          DeleteWorker(w.name, REASON_STUCK_TERMINATING, force=True))
         for w in plan.observed.workers if w.terminating_since is not None]
     store = plan.observed.store

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from .. import builders, model
 from .accounting import backoff_seconds
 from .common import Plan, force_stuck, rfc3339, set_condition, set_phase, short_message, update_counts
-from .types import (CONDITION_UNSCHEDULABLE, REASON_OLD_GENERATION, REASON_RANGE_CHANGED, REASON_REPLACE,
+from .types import (CONDITION_UNSCHEDULABLE, DISRUPTION, REASON_OLD_GENERATION, REASON_RANGE_CHANGED, REASON_REPLACE,
                     REASON_SCALE_DOWN, REASON_SCALED, REASON_STORE_LOST, REASON_SUSPENDED, REASON_UNSCHEDULABLE,
                     CreateStore, CreateWorker, DeleteStore, DeleteWorker, WorkerObservation)
 
@@ -19,8 +19,9 @@ def _new_generation(plan: Plan, spec: model.DDPJobSpec, reason: str, message: st
     """Every live worker of the generation in use is stopped gracefully (they checkpoint on SIGTERM);
     new ones start in generation + 1, with a fresh rendezvous id. Never charged."""
     status = plan.status
-    plan.record_incident(model.Incident(generation=status.generation, time=rfc3339(plan.now), cause=reason,
-                                        reason=reason, charged=False, message=message,
+    plan.record_incident(model.Incident(generation=status.generation, time=rfc3339(plan.now),
+                                        cause=DISRUPTION if disruption else reason, reason=reason,
+                                        charged=False, message=message,
                                         ranks=sorted(w.index for w in plan.current() if w.live)))
     status.generation += 1
     if disruption:
