@@ -145,7 +145,9 @@ def main() -> None:
     if a.worker:
         worker(a)
         return
-    r = launch(a, sys.argv[1:])
+    argv = sys.argv[1:]
+    passthrough = [v for i, v in enumerate(argv) if not (v.startswith("--nproc") or (i and argv[i - 1] == "--nproc"))]
+    r = launch(a, passthrough)
     plain, lib = statistics.median(r["plain"]), statistics.median(r["library"])
     q = lambda xs, f: sorted(xs)[int(f * (len(xs) - 1))]  # noqa: E731
     print(f"world_size={r['world_size']} device={r['device']} precision={a.precision} hidden={a.hidden} "
