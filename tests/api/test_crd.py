@@ -74,7 +74,8 @@ def test_api_identity_and_subresources():
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns == {"Phase": ".status.phase", "Ready": ".status.readyReplicas",
                        "Desired": ".spec.replicas", "World": ".status.worldSize",
-                       "Restarts": ".status.restarts", "Age": ".metadata.creationTimestamp"}
+                       "Restarts": ".status.restarts", "Reconciled": ".status.lastReconcileTime",
+                       "Age": ".metadata.creationTimestamp"}
 
 
 def test_server_side_defaults_match_the_model():
