@@ -185,7 +185,7 @@ current-context: kmock
 
 @dataclass(frozen=True)
 class Request:
-    at: float  # time.monotonic() when it was answered
+    at: float  # time.monotonic() when it arrived
     agent: str
     method: str
     path: str
@@ -199,8 +199,9 @@ class RecordingCluster(Cluster):
     log: list[Request] = attrs.field(factory=list, init=False)
 
     async def _serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        arrived = time.monotonic()
         response = await super()._serve(request)
-        self.log.append(Request(time.monotonic(), request.headers.get("User-Agent", ""), str(request.method.value
+        self.log.append(Request(arrived, request.headers.get("User-Agent", ""), str(request.method.value
                                 if hasattr(request.method, "value") else request.method).upper(),
                                 request.url.path, response.status))
         return response
@@ -226,7 +227,8 @@ class Replica:
             "DDPJOB_OPERATOR_WATCH_NAMESPACES": NAMESPACE, "DDPJOB_OPERATOR_HEALTH_PORT": "0",
             "DDPJOB_OPERATOR_METRICS_PORT": str(self.metrics_port), "DDPJOB_OPERATOR_BIND_ADDRESS": "127.0.0.1",
             "DDPJOB_OPERATOR_LOG_LEVEL": "INFO", "DDPJOB_OPERATOR_RESYNC_SECONDS": "1",
-            "DDPJOB_OPERATOR_INCIDENT_SETTLE_SECONDS": "1", "DDPJOB_OPERATOR_RETRY_SECONDS": "0.2",
+            # A failed worker's peer runs on: replace it at once, so the times measure the failover.
+            "DDPJOB_OPERATOR_INCIDENT_SETTLE_SECONDS": "0.01", "DDPJOB_OPERATOR_RETRY_SECONDS": "0.2",
             "DDPJOB_OPERATOR_LEASE_NAME": LEASE_NAME,
             "DDPJOB_OPERATOR_LEASE_DURATION_SECONDS": str(LEASE_DURATION),
             "DDPJOB_OPERATOR_LEASE_RENEW_DEADLINE_SECONDS": str(RENEW_DEADLINE),
@@ -393,10 +395,13 @@ async def test_paused_leader_is_fenced_and_never_acts_after_the_standby_took_ove
     await pair.wait_standby(b)
     await pair.running_job()
     workers_before = set(pair.harness.pods("train"))
+    # op-a is idle: its last Event of the start (posted after the status write) has arrived.
+    await eventually(lambda: any(e["reason"] == "Running" for e in pair.harness.events("train")), 10,
+                     "the Running event")
 
     paused = a.signal(signal.SIGSTOP)  # a long GC pause, a frozen VM, a partition: op-a cannot renew
     await fail_worker(pair, "train", 1)  # op-a's watch has it buffered for when it runs again
-    await pair.wait_holder("op-b", timeout=LEASE_DURATION + 10)
+    took_over = await pair.wait_holder("op-b", timeout=LEASE_DURATION + 10)
     await wait_replaced(pair, "train", 1, timeout=10)
     await eventually(lambda: pair.harness.status("train").get("restarts") == 1, 10, "one restart charged")
 
@@ -410,6 +415,9 @@ async def test_paused_leader_is_fenced_and_never_acts_after_the_standby_took_ove
     await eventually(lambda: pair.harness.status("train").get("restarts") == 2, 10, "op-b charging it once")
     await wait_replaced(pair, "train", 0, timeout=10)
 
+    # Nothing from op-a arrived once it was stopped (a request already on the wire when SIGSTOP came
+    # would arrive then, legitimately: op-a led), and surely nothing once op-b led.
+    assert writes(pair.requests(a, took_over)) == [], "the old leader wrote after the standby took over"
     assert writes(pair.requests(a, paused)) == [], "the paused leader wrote after it was fenced"
     lease_writes = [r for r in pair.requests(a, resumed) if r.method != "GET"]
     assert all(r.status == 409 for r in lease_writes), lease_writes  # a renewal on the old version, if any
