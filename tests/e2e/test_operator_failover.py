@@ -48,8 +48,7 @@ def test_losing_the_leaders_node_hands_over_and_a_worker_crash_is_still_handled(
                     f"the API server down")
     job_node = sorted(standby_nodes)[0]
     # The whole job on the standby's node: losing the leader's node loses no worker, only its operator.
-    pin = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [job_node]}]}]}}}}
+    pin = {"nodeSelector": {"kubernetes.io/hostname": job_node}}  # workers (template) and store (storeTemplate)
     t = Training(namespace, digits_job("operator-node-loss", template=pin, rendezvous={"storeTemplate": pin},
                                        failure_policy={"maxRestarts": 3, "restartScope": "Pod",
                                                        "backoff": {"initialSeconds": 1, "maxSeconds": 10}})).start()
