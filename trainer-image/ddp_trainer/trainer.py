@@ -65,6 +65,8 @@ class Trainer:
         torch.manual_seed(cfg.data.seed)  # identical init everywhere (DDP broadcasts rank 0's anyway)
         model = self.workload.build_model(cfg)
         if cfg.model.sync_batchnorm:
+            if self.device.type != "cuda":
+                raise ConfigError(f"model.sync_batchnorm needs CUDA devices (torch's SyncBatchNorm), got {self.device}")
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         model = model.to(self.device)
         self.optimizer = self.workload.build_optimizer(model, cfg)
