@@ -45,6 +45,7 @@ def worker(a: argparse.Namespace) -> None:
                                      init_process_group, move_to, select_device)
 
     env = JobEnv.from_env()
+    Path(a.ckpt).mkdir(parents=True, exist_ok=True)  # progress.json goes here: the write cost is measured
     device = select_device(a.device, env)
     init_process_group(env, device)
     g = torch.Generator().manual_seed(0)
