@@ -122,6 +122,27 @@ def worker(a: argparse.Namespace) -> None:
     for r in range(a.rounds):  # interleaved, alternating which goes first
         for use in ((False, True) if r % 2 == 0 else (True, False)):
             results["library" if use else "plain"] += loop(use)
+    # The library's own per-step calls alone, timed, with 5 ms of (untimed) sleep standing in for a
+    # step's compute between them: the stop all_reduce started at one call completes meanwhile.
+    job = Job(env, device, StopRequest(), checkpoint_dir=None, reporter=ProgressReporter(a.ckpt, enabled=env.is_main))
+    sampler = ResumableDistributedSampler(a.samples, env.rank, env.world_size, seed=0)
+    calls, stops, reports = [], [], []
+    for i in range(1, 1001):
+        time.sleep(0.005)
+        dist.barrier()  # DDP's gradient all_reduce keeps ranks in step; so does this, untimed
+        t = time.perf_counter()
+        sampler.advance(a.batch_size)
+        job.should_save(i)
+        t1 = time.perf_counter()
+        job.should_stop()
+        t2 = time.perf_counter()
+        if i % a.log_every == 0:
+            job.report(step=i, total_steps=1000, loss=0.5)
+            reports.append(time.perf_counter() - t2)
+        calls.append(time.perf_counter() - t)
+        stops.append(t2 - t1)
+    job.close()
+    results["library_calls"], results["stop_calls"], results["report_calls"] = calls[100:], stops[100:], reports[10:]
     if env.is_main:
         Path(a.out).write_text(json.dumps({"world_size": env.world_size, "device": str(device), **results}))
     dist.destroy_process_group()
@@ -157,6 +178,10 @@ def main() -> None:
         print(f"{name:26s} median {statistics.median(xs) * 1e3:.3f} ms/step "
               f"(p10 {q(xs, 0.1) * 1e3:.3f}, p90 {q(xs, 0.9) * 1e3:.3f})")
     print(f"ratio library/plain: {lib / plain:.3f} (goal <= 1.01)")
+    calls = statistics.median(r["library_calls"])
+    print(f"the library's per-step calls alone (5 ms apart): median {calls * 1e6:.1f} us (p90 {q(r['library_calls'], 0.9) * 1e6:.1f}), "
+          f"{calls / plain * 100:.2f}% of the plain step; should_stop() median "
+          f"{statistics.median(r['stop_calls']) * 1e6:.1f} us, report() median {statistics.median(r['report_calls']) * 1e6:.1f} us")
 
 
 if __name__ == "__main__":
