@@ -98,8 +98,8 @@ async def test_eviction_is_a_disruption_not_charged(harness, operator):
     # The survivor would fail on its next collective: it is stopped gracefully, and the gang restarts
     # in a fresh generation once it is gone.
     await eventually(lambda: harness.status("evicted").get("generation") == 1, what="generation 1")
-    await harness.finish_terminating("evicted")
-    await harness.wait_workers("evicted", 2, generation="1")
+    await harness.settle("evicted", lambda: len(generation_of(harness, "evicted", "1")) == 2,
+                         what="2 workers of generation 1")
     status = harness.status("evicted")
     assert status["restarts"] == 0 and status["disruptions"] == 1 and status["phase"] != "Failed"
     assert status["incidents"][-1]["cause"] == "Disruption" and not status["incidents"][-1]["charged"]
