@@ -59,6 +59,10 @@ def short_message(text: str | None) -> str | None:
 
 
 def describe_failure(w: WorkerObservation) -> str:
+    if w.exit_code is None and not w.exited:
+        # Deleted or lost before it exited (its exit code, if any, was never seen).
+        how = f"was deleted ({w.reason})" if w.reason else "was deleted by someone else while running"
+        return f"worker {w.index} (pod {w.name}) {how}"
     code = "unknown exit code" if w.exit_code is None else f"exit code {w.exit_code}"
     described = f"worker {w.index} (pod {w.name}) failed with {code}, reason {w.reason or 'unknown'}"
     message = short_message(w.message)
