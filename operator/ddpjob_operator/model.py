@@ -686,6 +686,12 @@ class RunPolicy(APIModel):
         "Which pods to delete when the job ends: None, Running (still running ones), All."))
     success_policy: Literal["AllWorkers", "RankZero"] = Field(default="AllWorkers", description=(
         "AllWorkers: succeed when every worker exited 0. RankZero: succeed when worker 0 exited 0."))
+    progress_deadline_seconds: int | None = Field(default=None, ge=10, le=604800, description=(
+        "Hang detection (off when unset): when the reported step has not advanced for this long, the job gets a "
+        "Stalled condition and a Warning event naming the ranks that stopped reporting, and every worker is "
+        "restarted in a new rendezvous generation, charged to failurePolicy.maxRestarts (reason Stalled). The "
+        "clock starts at the first step a generation reports, so data loading and compilation are not hangs. "
+        "Must exceed the time between two of the trainer's reports (10..604800)."))
     scheduling_policy: SchedulingPolicy | None = Field(default=None, description=(
         "Gang scheduling with Volcano or the scheduler-plugins coscheduling plugin: the workers start "
         "together or not at all. (Kueue needs no policy here: label the DDPJob kueue.x-k8s.io/queue-name; "
@@ -826,10 +832,21 @@ class RankStatus(APIModel):
 
 
 class Progress(APIModel):
+    """What the trainer last reported (docs/launch-contract.md, "Progress"), kept after the job ends."""
+
     step: int | None = Field(default=None, description="Last optimizer step the trainer reported.")
+    total_steps: int | None = Field(default=None, description=(
+        "Planned optimizer steps at the current world size, when the trainer knows them."))
+    percent: int | None = Field(default=None, description="step / totalSteps in percent (the PROGRESS column).")
+    eta: str | None = Field(default=None, description=(
+        "Estimated time left at the recent step rate, e.g. 12m30s (the ETA column); empty when unknown."))
     epoch: int | None = Field(default=None, description="Epoch of that step.")
-    loss: float | None = Field(default=None, description="Training loss at that step.")
+    loss: float | None = Field(default=None, description="Training loss at that step, averaged over ranks.")
+    samples_per_second: float | None = Field(default=None, description="Training throughput over all ranks.")
     last_checkpoint_step: int | None = Field(default=None, description="Step of the newest checkpoint.")
+    world_size: int | None = Field(default=None, description="Training processes that reported the step.")
+    updated_time: str | None = Field(default=None, description=(
+        "When the operator last received a report (RFC 3339); at most about 10 s old while training runs."))
 
 
 class Incident(APIModel):

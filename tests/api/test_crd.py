@@ -75,7 +75,13 @@ def test_api_identity_and_subresources():
     assert columns == {"Phase": ".status.phase", "Ready": ".status.readyReplicas",
                        "Desired": ".spec.replicas", "World": ".status.worldSize",
                        "Restarts": ".status.restarts", "Reconciled": ".status.lastReconcileTime",
-                       "Age": ".metadata.creationTimestamp"}
+                       "Age": ".metadata.creationTimestamp",
+                       # issue 12: progress and ETA by default, step, loss and throughput with -o wide
+                       "Progress%": ".status.progress.percent", "ETA": ".status.progress.eta",
+                       "Step": ".status.progress.step", "Loss": ".status.progress.loss",
+                       "Samples/s": ".status.progress.samplesPerSecond"}
+    wide = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1}
+    assert wide == {"Step", "Loss", "Samples/s"}
 
 
 def test_server_side_defaults_match_the_model():

@@ -21,13 +21,14 @@ from .accounting import (account_incident, backoff_seconds, classify_exit, rende
 from .common import (MESSAGE_LIMIT, Plan, parse_time, rfc3339, set_condition, set_phase, short_message)
 from .completion import cannot_start, deadline_passed, finished, invalid_spec, rejected, succeeded
 from .generations import replace_and_create, resized, store_lost, suspend
+from .progress import format_eta, progress_status, record_progress, stalled
 from .volumes import checkpoint_volume
 from .types import *  # noqa: F403 - the layer's vocabulary is part of its interface
 from .types import (CONDITION_SPEC_REJECTED, PHASE_CONDITIONS, REASON_RESUMED, TERMINAL_PHASES, CreateWorker,
                     Decision, DeleteStore, DeleteWorker, JobView, Observed, Options)
 
 __all__ = ["decide", "accounting", "classify_exit", "backoff_seconds", "rendezvous_failed", "rendezvous_closed",
-           "parse_time", "rfc3339", "set_condition", "short_message", "MESSAGE_LIMIT"]
+           "parse_time", "rfc3339", "set_condition", "short_message", "MESSAGE_LIMIT", "format_eta", "progress_status"]
 
 
 def accounting(status: model.DDPJobStatus) -> tuple[object, ...]:
@@ -41,6 +42,7 @@ def decide(job: JobView, observed: Observed, options: Options = Options()) -> De
     plan = Plan(job, observed, options)
     if job.deleting:
         return Decision(status=job.status)  # ownerReferences garbage-collect the children
+    record_progress(plan)
     if job.spec is None:
         invalid_spec(plan)
     elif job.status.phase in TERMINAL_PHASES:
@@ -74,8 +76,9 @@ def _active(plan: Plan, spec: model.DDPJobSpec) -> None:
     if status.start_time is None:
         status.start_time = rfc3339(plan.now)  # written before the workers it starts (see accounting)
     # Success first: a finished rendezvous is closed, nothing may join it any more. Then what ends
-    # the job, then what moves it to a fresh generation, then the incident, then the desired pods.
-    for step in (succeeded, deadline_passed, rejected, cannot_start, account_incident, store_lost, resized):
+    # the job, then what moves it to a fresh generation, then the incident, then a stalled step (hang
+    # detection, decisions/progress.py), then the desired pods.
+    for step in (succeeded, deadline_passed, rejected, cannot_start, account_incident, store_lost, resized, stalled):
         if step(plan, spec):
             return
     replace_and_create(plan, spec)

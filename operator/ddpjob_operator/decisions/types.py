@@ -49,6 +49,8 @@ REASON_POD_REJECTED = "PodRejected"
 REASON_NAME_CONFLICT = "NameConflict"
 REASON_QUOTA = "QuotaExceeded"
 REASON_GANG_SCHEDULER_MISSING = "GangSchedulerNotInstalled"
+REASON_STALLED = "Stalled"  # the step stopped advancing for runPolicy.progressDeadlineSeconds
+REASON_PROGRESSING = "Progressing"
 
 # Container waiting reasons that never clear by themselves (a wrong image, a missing secret); a pod
 # stuck in one past Options.cannot_start_seconds fails the job instead of leaving it Pending forever.
@@ -70,6 +72,8 @@ CONDITION_CREATE_BLOCKED = "CreateBlocked"
 # Whether every worker can mount the checkpoint claim (validation.checkpoint_sharing): False warns of a
 # ReadWriteOnce claim that workers on different nodes cannot all attach.
 CONDITION_CHECKPOINT_SHARED = "CheckpointVolumeShared"
+# Hang detection (decisions/progress.py): True from a stall until a later generation advances again.
+CONDITION_STALLED = "Stalled"
 # Pod phases of a worker that has stopped on its own.
 EXITED = ("Succeeded", "Failed")
 MISSING = "Missing"
@@ -159,11 +163,41 @@ class CreateRejected:
 
 
 @dataclass(frozen=True)
+class RankReport:
+    """What one worker (replica index) last reported, in the generation of its pod."""
+
+    index: int
+    generation: int
+    step: int
+    last_seen: datetime  # its last report (a heartbeat repeats the step)
+
+
+@dataclass(frozen=True)
+class ProgressObservation:
+    """The trainer's reports as the operator (or the local runner) received them: the job-level values
+    to show (already rate-limited by the caller) and, for hang detection, when the step last advanced."""
+
+    generation: int  # of the reports below; older generations' reports are never used for a stall
+    step: int
+    last_advance: datetime  # when this generation's step last grew (its first report starts the clock)
+    total_steps: int | None = None
+    epoch: int | None = None
+    loss: float | None = None
+    samples_per_second: float | None = None
+    last_checkpoint_step: int | None = None
+    world_size: int | None = None
+    steps_per_second: float | None = None  # the recent step rate (for the ETA)
+    updated_at: datetime | None = None  # the newest report shown
+    ranks: tuple[RankReport, ...] = ()  # per worker; empty where reports carry no worker (local runs)
+
+
+@dataclass(frozen=True)
 class Observed:
     workers: tuple[WorkerObservation, ...]
     store: StoreObservation | None
     now: datetime
     rejected: tuple[CreateRejected, ...] = ()
+    progress: ProgressObservation | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +209,9 @@ class Options:
     # An incident stays open this long after its first failure for the exits it causes (a peer's
     # trainer fails on its next collective) to be counted with it, not as incidents of their own.
     incident_settle_seconds: float = 10.0
+    # A worker whose last progress report is older than this "stopped reporting" (reporters heartbeat
+    # every few seconds): the stall event names such ranks.
+    report_silence_seconds: float = 15.0
 
 
 # ---------------------------------------------------------------- actions
