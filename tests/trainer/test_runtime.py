@@ -85,6 +85,44 @@ def test_progress_posts_to_the_url_and_survives_a_dead_endpoint(tmp_path: Path, 
     assert caplog.text.count("progress POST") == 1  # logged once, training unaffected
 
 
+def test_progress_http_sends_the_token_retries_a_503_and_heartbeats(tmp_path: Path) -> None:
+    """Issue 12's endpoint: a bearer token read at each send, a standby's 503 retried at once, and
+    the newest report again every heartbeat while nothing new comes."""
+    seen: list[tuple[int, str, dict]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            code = 503 if not seen else 204
+            seen.append((code, self.headers.get("Authorization", ""), body))
+            self.send_response(code)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token = tmp_path / "token"
+    token.write_text("secret-1\n")
+    try:
+        env = {"RANK": "3", "LOCAL_RANK": "0", "DDPJOB_PROGRESS_URL": f"http://127.0.0.1:{server.server_port}/p",
+               "DDPJOB_PROGRESS_TOKEN_FILE": str(token), "DDPJOB_CHECKPOINT_DIR": str(tmp_path)}
+        reporter = ProgressReporter.from_env(env)
+        reporter.heartbeat_s = 0.2
+        reporter.report(step=5, total_steps=10, loss=0.5)
+        time.sleep(0.3)
+        token.write_text("secret-2\n")  # rotated by the kubelet
+        time.sleep(0.5)
+        reporter.close()
+    finally:
+        server.shutdown()
+    assert [c for c, _, _ in seen[:2]] == [503, 204] and len(seen) >= 4, seen
+    assert {b["step"] for _, _, b in seen} == {5} and seen[0][2]["rank"] == 3
+    assert seen[0][1] == "Bearer secret-1" and seen[-1][1] == "Bearer secret-2"
+    assert not (tmp_path / "progress.json").exists()  # the file is global rank 0's
+
+
 def test_sampler_state_resumes_at_another_world_size_and_refuses_another_seed() -> None:
     n, batch = 100, 5
     before = [ResumableDistributedSampler(n, r, 2, seed=3) for r in range(2)]

@@ -237,17 +237,17 @@ class Trainer:
                      self.progress.step, m["loss"], f"{m['accuracy']:.4f}" if m["accuracy"] is not None else "n/a")
 
     def _log_progress(self) -> None:
-        """Every rank (a collective): the window's training loss averaged over steps and ranks."""
+        """Every rank (a collective): the window's training loss averaged over steps and ranks; every rank
+        reports (the file is rank 0's, the endpoint hears from local rank 0 of each pod)."""
         start, samples, loss_total, steps = self._window
         loss = self.job.mean(loss_total / max(steps, 1))  # one small all_reduce per log interval
         now = time.perf_counter()
         self._window = (now, 0, torch.zeros((), device=self.device), 0)
-        if not self.env.is_main:
-            return
         rate = samples / max(now - start, 1e-9)
         p = self.progress
-        lr = self.optimizer.param_groups[0]["lr"]
-        print(f"step={p.step} epoch={p.epoch} loss={loss:.4f} samples_per_s={rate:.1f} lr={lr:.6g}", flush=True)
+        if self.env.is_main:
+            lr = self.optimizer.param_groups[0]["lr"]
+            print(f"step={p.step} epoch={p.epoch} loss={loss:.4f} samples_per_s={rate:.1f} lr={lr:.6g}", flush=True)
         self.job.report(step=p.step, total_steps=self._total_steps(), loss=loss, epoch=p.epoch,
                         samples_per_second=rate)
 

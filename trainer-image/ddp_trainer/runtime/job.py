@@ -45,7 +45,9 @@ class Job:
             self.checkpoints = CheckpointManager(self.checkpoint_dir, keep if keep is not None else env.checkpoint_keep,
                                                  is_writer=env.is_main, async_save=async_save)
         self.reporter = reporter if reporter is not None else ProgressReporter(
-            self.checkpoint_dir, os.environ.get("DDPJOB_PROGRESS_URL") or None, enabled=env.is_main)
+            self.checkpoint_dir, os.environ.get("DDPJOB_PROGRESS_URL") or None, enabled=env.is_main,
+            http_enabled=env.local_rank == 0, token_file=os.environ.get("DDPJOB_PROGRESS_TOKEN_FILE") or None,
+            rank=env.rank)
         self._owns_pg = owns_process_group
         self._closed = False
 
@@ -125,7 +127,8 @@ class Job:
         return self.stop.agreed()
 
     def report(self, *, step: int, total_steps: int | None = None, loss: float | None = None, **fields: Any) -> None:
-        """Non-blocking progress report (rank 0; others no-op); adds world_size and last_checkpoint_step."""
+        """Non-blocking progress report; call it on every rank (the file is rank 0's, the endpoint gets
+        local rank 0 of every pod). Adds world_size and last_checkpoint_step."""
         fields.setdefault("world_size", self.env.world_size)
         fields.setdefault("last_checkpoint_step", self.last_checkpoint_step)
         self.reporter.report(step=step, total_steps=total_steps, loss=loss, **fields)

@@ -5,13 +5,16 @@
 
 `report()` only stores the newest values and wakes a background thread (latest wins: the backlog is
 never more than one report, whatever the rate), so it costs microseconds and never waits for a
-disk or a network. Only global rank 0 reports; other ranks, and processes with neither transport
-configured, do nothing. Transports:
+disk or a network. Call it on every rank; each transport is used only where it applies, and a
+process with none configured does nothing. Transports (docs/launch-contract.md, "Progress"):
 
-- file: `<DDPJOB_CHECKPOINT_DIR>/progress.json`, written atomically (what `ddpjob run --local` and
-  the operator read; keys in docs/launch-contract.md);
-- HTTP: a JSON POST to `$DDPJOB_PROGRESS_URL` when set (timeout 2 s, failures logged once and
-  dropped: progress is advisory and must never stop training).
+- file (global rank 0): `<DDPJOB_CHECKPOINT_DIR>/progress.json`, written atomically (what
+  `ddpjob run --local` reads);
+- HTTP (local rank 0 of every pod): a JSON POST to `$DDPJOB_PROGRESS_URL` when set, with
+  `Authorization: Bearer <$DDPJOB_PROGRESS_TOKEN_FILE>` (read at each send: the kubelet rotates it),
+  timeout 2 s, body at most 4 KiB; the newest report is sent again every 5 s while nothing new comes
+  (a heartbeat); a 503 is retried once at once, other failures are logged once and dropped: progress
+  is advisory and must never stop training.
 
 `flush()` (also called by `close()`) writes the newest report synchronously, for the end of a run.
 """
@@ -23,6 +26,7 @@ import logging
 import os
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,15 +37,25 @@ from .checkpoint import atomic_write_json
 log = logging.getLogger(__name__)
 PROGRESS_FILE = "progress.json"
 URL_ENV = "DDPJOB_PROGRESS_URL"
+TOKEN_ENV = "DDPJOB_PROGRESS_TOKEN_FILE"
+MAX_BODY = 4096
+CORE_KEYS = ("step", "total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "loss",
+             "samples_per_second", "time")
 
 
 class ProgressReporter:
     def __init__(self, directory: str | os.PathLike | None = None, url: str | None = None, *,
-                 enabled: bool = True, http_timeout_s: float = 2.0) -> None:
-        self.path = Path(directory) / PROGRESS_FILE if directory else None
-        self.url = url or None
-        self.enabled = enabled and (self.path is not None or self.url is not None)
-        self.http_timeout_s = http_timeout_s
+                 enabled: bool = True, http_enabled: bool | None = None, token_file: str | None = None,
+                 rank: int | None = None, http_timeout_s: float = 2.0, heartbeat_s: float = 5.0) -> None:
+        """`enabled` switches the file transport (global rank 0), `http_enabled` the HTTP one (local
+        rank 0 of each pod; defaults to `enabled`)."""
+        self.path = Path(directory) / PROGRESS_FILE if directory and enabled else None
+        http = enabled if http_enabled is None else http_enabled
+        self.url = (url or None) if http else None
+        self.token_file, self.rank = token_file, rank
+        self.enabled = self.path is not None or self.url is not None
+        self.http_timeout_s, self.heartbeat_s = http_timeout_s, heartbeat_s
+        self._last_sent: dict[str, Any] | None = None
         self._latest: dict[str, Any] | None = None
         self._cond = threading.Condition()
         self._closed = False
@@ -53,7 +67,8 @@ class ProgressReporter:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ProgressReporter":
         e = os.environ if env is None else env
         return cls(e.get("DDPJOB_CHECKPOINT_DIR") or None, e.get(URL_ENV) or None,
-                   enabled=e.get("RANK", "0") == "0")
+                   enabled=e.get("RANK", "0") == "0", http_enabled=e.get("LOCAL_RANK", "0") == "0",
+                   token_file=e.get(TOKEN_ENV) or None, rank=int(e.get("RANK", "0") or 0))
 
     def report(self, *, step: int, total_steps: int | None = None, loss: float | None = None,
                **fields: Any) -> None:
@@ -62,7 +77,7 @@ class ProgressReporter:
         if not self.enabled:
             return
         values = {"step": int(step), "total_steps": total_steps, "loss": None if loss is None else float(loss),
-                  **fields, "time": time.time()}
+                  "rank": self.rank, **fields, "time": time.time()}
         with self._cond:
             self._latest = values
             if self._thread is None and not self._closed:
@@ -73,12 +88,17 @@ class ProgressReporter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while self._latest is None and not self._closed:
-                    self._cond.wait()
+                if self._latest is None and not self._closed:
+                    # With an endpoint, wake up for the heartbeat; otherwise sleep until a report.
+                    self._cond.wait(self.heartbeat_s if self.url is not None else None)
                 values, self._latest = self._latest, None
-                if values is None:  # closed and drained
+                if values is None and self._closed:
                     return
-            self._send(values)
+            if values is not None:
+                self._send(values)
+            elif self._last_sent is not None:  # nothing new for heartbeat_s: the newest again
+                with self._write_lock:
+                    self._post(self._last_sent)
 
     def _send(self, values: dict[str, Any]) -> None:
         with self._write_lock:
@@ -88,13 +108,33 @@ class ProgressReporter:
                 except OSError as e:
                     self._warn_once("file", f"cannot write {self.path}: {e}")
             if self.url is not None:
-                try:
-                    req = urllib.request.Request(self.url, data=json.dumps(values).encode(), method="POST",
-                                                 headers={"Content-Type": "application/json"})
-                    with urllib.request.urlopen(req, timeout=self.http_timeout_s) as resp:
-                        resp.read()
-                except Exception as e:  # noqa: BLE001 - any transport failure is dropped the same way
-                    self._warn_once("http", f"progress POST to {self.url} failed: {e}")
+                self._last_sent = values
+                self._post(values)
+
+    def _post(self, values: dict[str, Any]) -> None:
+        body = json.dumps(values).encode()
+        if len(body) > MAX_BODY:  # the endpoint refuses more: keep the fields it knows
+            body = json.dumps({k: values.get(k) for k in CORE_KEYS}).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.token_file:
+            try:
+                headers["Authorization"] = "Bearer " + Path(self.token_file).read_text().strip()
+            except OSError as e:
+                self._warn_once("token", f"cannot read the progress token {self.token_file}: {e}")
+        for attempt in (1, 2):  # a 503 (a standby operator replica) once more, on a new connection
+            try:
+                req = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
+                with urllib.request.urlopen(req, timeout=self.http_timeout_s) as resp:
+                    resp.read()
+                return
+            except urllib.error.HTTPError as e:
+                if e.code == 503 and attempt == 1:
+                    continue
+                self._warn_once("http", f"progress POST to {self.url} failed: HTTP {e.code} {e.reason}")
+                return
+            except Exception as e:  # noqa: BLE001 - any transport failure is dropped the same way
+                self._warn_once("http", f"progress POST to {self.url} failed: {e}")
+                return
 
     def _warn_once(self, key: str, msg: str) -> None:
         if key not in self._warned:
