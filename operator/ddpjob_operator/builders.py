@@ -273,6 +273,29 @@ def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: 
     return env
 
 
+# ---------------------------------------------------------------- progress reporting (issue 12)
+
+# Where the trainer POSTs its progress, and the file holding the pod's projected service-account token
+# it authenticates with (audience: the operator's; the operator checks it with a TokenReview).
+PROGRESS_URL_ENV = "DDPJOB_PROGRESS_URL"
+PROGRESS_TOKEN_ENV = "DDPJOB_PROGRESS_TOKEN_FILE"
+PROGRESS_TOKEN_VOLUME = "ddpjob-progress-token"
+PROGRESS_TOKEN_DIR = "/var/run/secrets/ddpjob/progress"
+PROGRESS_TOKEN_SECONDS = 3600  # the kubelet rotates it at 80% of this
+
+
+@dataclass(frozen=True)
+class ProgressEndpoint:
+    """The operator's progress endpoint as worker pods reach it (its Service) and the token audience."""
+
+    base_url: str
+    audience: str
+
+
+def progress_url(base_url: str, namespace: str, job_name: str) -> str:
+    return f"{base_url.rstrip('/')}/v1/namespaces/{namespace}/ddpjobs/{job_name}/progress"
+
+
 # ---------------------------------------------------------------- manifests
 
 
@@ -351,7 +374,7 @@ def worker_tolerations(spec: model.DDPJobSpec) -> list[dict[str, Any]]:
 
 
 def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: int,
-               attempt: int = 0) -> dict[str, Any]:
+               attempt: int = 0, progress: ProgressEndpoint | None = None) -> dict[str, Any]:
     name = worker_name(job.name, index)
     template = spec.template
     endpoint = store_endpoint(job.name, job.namespace, spec.rendezvous.port)
@@ -364,6 +387,9 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
                           local_addr=POD_IP_REFERENCE, master_addr=worker_address(job.name, job.namespace, 0))
     # First: `$(DDPJOB_POD_IP)` in later env values (PET_LOCAL_ADDR) only expands to earlier variables.
     pod_ip = {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    if progress is not None:
+        contract[PROGRESS_URL_ENV] = progress_url(progress.base_url, job.namespace, job.name)
+        contract[PROGRESS_TOKEN_ENV] = f"{PROGRESS_TOKEN_DIR}/token"
     env = [pod_ip] + [{"name": k, "value": v} for k, v in contract.items()] + [e.wire() for e in spec.env]
 
     mounts = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
@@ -374,6 +400,11 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
         assert spec.checkpoint is not None
         mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path})
         volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}})
+    if progress is not None:
+        # A token only the operator accepts (its audience), bound to this pod: no RBAC for the pod.
+        mounts.append({"name": PROGRESS_TOKEN_VOLUME, "mountPath": PROGRESS_TOKEN_DIR, "readOnly": True})
+        volumes.append({"name": PROGRESS_TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": {
+            "audience": progress.audience, "expirationSeconds": PROGRESS_TOKEN_SECONDS, "path": "token"}}]}})
     mounts += list(template.volume_mounts or [])
     volumes += list(template.volumes or [])
 

@@ -13,9 +13,11 @@ are timers. kopf adds no finalizers (no timers, daemons or deletion handlers are
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
+import json
 import logging
+import pickle
+import sys
 import time
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Iterable, Mapping
@@ -23,7 +25,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 import aiohttp
 import kopf
 
-from . import builders, decisions, kube, leader, model, store
+from . import builders, decisions, kube, leader, model, progress, store
 from .metrics import Metrics
 from .settings import Settings
 
@@ -42,8 +44,63 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+# Never read, and most of a stored job's metadata: `kubectl apply` copies the whole manifest into
+# this annotation, the API server adds managedFields. Not kept for every job (bench/operator_memory.py).
+_UNREAD_METADATA = ("managedFields",)
+_UNREAD_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+
+
+def _compact(value: Any) -> Any:
+    """A deep copy of a JSON value with its keys and short strings interned: thousands of job
+    snapshots share one "lastTransitionTime", "True", "Running"... instead of one each."""
+    if isinstance(value, Mapping):
+        return {sys.intern(k): _compact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_compact(v) for v in value]
+    if isinstance(value, str) and len(value) <= 32:
+        return sys.intern(value)
+    return value
+
+
 def _snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: copy.deepcopy(dict(body.get(key) or {})) for key in ("metadata", "spec", "status")}
+    snapshot = {key: _compact(body.get(key) or {}) for key in ("metadata", "spec", "status")}
+    meta = snapshot["metadata"]
+    for key in _UNREAD_METADATA:
+        meta.pop(key, None)
+    for key in _UNREAD_ANNOTATIONS:
+        (meta.get("annotations") or {}).pop(key, None)
+    return snapshot
+
+
+class WrittenStatuses:
+    """job uid -> the status this process last wrote, kept as its compact wire JSON (about 1 KiB,
+    against about 9 KiB for the model) and read back with pydantic's JSON parser (exact: the wire
+    form round-trips; about 15 us)."""
+
+    def __init__(self) -> None:
+        self._wire: dict[str, bytes] = {}
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._wire
+
+    def __len__(self) -> int:
+        return len(self._wire)
+
+    def __getitem__(self, uid: str) -> model.DDPJobStatus:
+        return model.DDPJobStatus.model_validate_json(self._wire[uid])
+
+    def __setitem__(self, uid: str, status: model.DDPJobStatus) -> None:
+        self._wire[uid] = json.dumps(status.wire(), separators=(",", ":")).encode()
+
+    def get(self, uid: str) -> model.DDPJobStatus | None:
+        return self[uid] if uid in self._wire else None
+
+    def pop(self, uid: str, default: None = None) -> model.DDPJobStatus | None:
+        raw = self._wire.pop(uid, None)
+        return default if raw is None else model.DDPJobStatus.model_validate_json(raw)
+
+    def clear(self) -> None:
+        self._wire.clear()
 
 
 class Controller:
@@ -56,16 +113,27 @@ class Controller:
                                          incident_settle_seconds=settings.incident_settle_seconds)
         self.jobs: dict[JobKey, dict[str, Any]] = {}
         self.pods: Mapping[tuple[str, str], Any] = {}  # kopf's index: (namespace, job uid) -> PodSummary
-        self.written: dict[str, model.DDPJobStatus] = {}  # job uid -> the status this process last wrote
+        self.written = WrittenStatuses()  # job uid -> the status this process last wrote
         self.shared_ready: set[str] = set()  # job uids whose Services / claim exist
         # Creations the API server refused, per job uid and object name, until one succeeds.
         self.rejected: dict[str, dict[str, decisions.CreateRejected]] = {}
-        self._specs: dict[str, tuple[tuple[str, Any], store.ParsedSpec]] = {}  # uid -> (generation, parsed)
+        self._specs: dict[str, tuple[tuple[str, Any], bytes]] = {}  # uid -> (generation, parsed and pickled)
         self._running: dict[JobKey, asyncio.Task[None]] = {}
         self._dirty: set[JobKey] = set()
         self._timers: dict[JobKey, tuple[float, asyncio.TimerHandle]] = {}
         self._resync: asyncio.TimerHandle | None = None
         self._side_tasks: set[asyncio.Task[None]] = set()
+        # Progress reports (progress.py): kept per job, published into the status at a bounded rate.
+        self.progress = progress.ProgressTracker(settings.progress_write_seconds)
+        self.progress_endpoint = builders.ProgressEndpoint(settings.progress_url, settings.progress_audience) \
+            if settings.progress_url else None
+        self.progress_server = progress.ProgressServer(
+            self.progress, progress.TokenReviewer(api.token_review, settings.progress_audience),
+            find_worker=lambda ns, name, who: progress.find_worker_in(self.pods, self.jobs, ns, name, who,
+                                                                      builders.ROLE_WORKER),
+            leading=self.leading, accepted=self._progress_reported,
+            count=lambda result: metrics.progress_reports.labels(result=result).inc(), clock=clock)
+        metrics.registry.register(progress.TrackerCollector(self.progress, clock))
 
     # ------------------------------------------------------------ lifecycle
 
@@ -73,6 +141,8 @@ class Controller:
         if self.settings.metrics_port:
             self.metrics.serve(self.settings.metrics_port, self.settings.bind_address)
         self._schedule_resync()
+        if self.settings.progress_port:
+            self._spawn(self.progress_server.start(self.settings.progress_port, self.settings.bind_address))
         if self.elector is None:
             self.metrics.leader.set(1)
         else:
@@ -112,6 +182,7 @@ class Controller:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        await self.progress_server.stop()
         if self.elector is not None:
             await self.elector.stop()  # hand the Lease over at once (SIGTERM)
         self.metrics.stop()
@@ -136,10 +207,11 @@ class Controller:
             self._specs.pop(uid, None)
             self.shared_ready.discard(uid)
             self.rejected.pop(uid, None)
+            self.progress.forget(uid)
             self.metrics.job_phase(uid, None)
             self._cancel_timer(key)
             return
-        snapshot, previous = _snapshot(body), self.jobs.get(key)
+        snapshot, previous = self._without_parsed_spec(_snapshot(body)), self.jobs.get(key)
         self.jobs[key] = snapshot
         if previous is not None and previous["metadata"].get("generation") != snapshot["metadata"].get("generation"):
             self.rejected.pop(snapshot["metadata"].get("uid", ""), None)  # the user changed the spec: try again
@@ -223,6 +295,7 @@ class Controller:
         now = self.clock()
         pods = await self._with_mount_failures(key[0], tuple(self.pods.get((key[0], uid), ())), now)
         observed = store.observe(pods, now, tuple(self.rejected.get(uid, {}).values()))
+        observed = dataclasses.replace(observed, progress=self.progress.observation(uid, now))
         decision = decisions.decide(view, observed, self.options)
         decision = dataclasses.replace(decision, status=self._heartbeat(decision.status, now))
         # Diff against what the server holds: our last write, or the stored status after a restart.
@@ -278,20 +351,52 @@ class Controller:
         self._count(view.status, status)
         return True
 
-    def _parsed_spec(self, uid: str, body: Mapping[str, Any]) -> store.ParsedSpec:
-        """The spec only changes with metadata.generation; parse it once per generation."""
+    def _parsed_spec(self, uid: str, body: dict[str, Any]) -> store.ParsedSpec:
+        """The spec only changes with metadata.generation; parse it once per generation (the CEL
+        rules cost milliseconds). Kept pickled, a sixth of the model's memory, and unpickling runs no
+        validators (tens of microseconds); the job's snapshot then drops its spec (spec None)."""
         key = (uid, body["metadata"].get("generation"))
         cached = self._specs.get(uid)
         if cached is None or cached[0] != key:
-            cached = (key, store.parse_body_spec(body))
-            self._specs[uid] = cached
-        return cached[1]
+            parsed = store.parse_body_spec(body)
+            self._specs[uid] = (key, pickle.dumps(parsed, pickle.HIGHEST_PROTOCOL))
+            body["spec"] = None
+            return parsed
+        return pickle.loads(cached[1])  # type: ignore[no-any-return]
+
+    def _without_parsed_spec(self, snapshot: dict[str, Any]) -> dict[str, Any]:
+        """A snapshot of a generation whose spec is parsed already keeps no copy of it."""
+        uid, generation = snapshot["metadata"].get("uid", ""), snapshot["metadata"].get("generation")
+        cached = self._specs.get(uid)
+        if cached is not None and cached[0] == (uid, generation):
+            snapshot["spec"] = None
+        return snapshot
 
     def _count(self, old: model.DDPJobStatus, new: model.DDPJobStatus) -> None:
         if new.restarts > old.restarts:
             self.metrics.restarts.inc(new.restarts - old.restarts)
         if new.disruptions > old.disruptions:
             self.metrics.disruptions.inc(new.disruptions - old.disruptions)
+        stalls = [i for i in new.incidents if i.reason == decisions.REASON_STALLED and i not in old.incidents]
+        if stalls:
+            self.metrics.stalls.inc(len(stalls))
+
+    def _progress_reported(self, namespace: str, name: str, uid: str) -> None:
+        """A report was accepted: reconcile the job when its progress may be published (coalesced: the
+        earliest timer wins, so a job gets at most one progress write per progress_write_seconds)."""
+        due = self.progress.due_in(uid, self.clock())
+        if due is not None and self.leading():
+            self.requeue((namespace, name), due)
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        async def run() -> None:
+            try:
+                await work
+            except Exception:  # noqa: BLE001 - e.g. the progress port is taken: say so, keep operating
+                logger.exception("background task failed")
+        task = asyncio.get_running_loop().create_task(run())
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
 
     async def execute(self, view: decisions.JobView, actions: tuple[decisions.Action, ...], now: datetime,
                       pod_uids: Mapping[str, str]) -> None:
@@ -311,7 +416,8 @@ class Controller:
             if await self._ensure_shared(job, spec, now) and \
                     (not creates_store or await self._create(job, builders.store_pod(job, spec), now)):
                 await self._all(self._create(job, builders.worker_pod(
-                    job, spec, index=a.index, generation=a.generation, attempt=a.attempt), now) for a in workers)
+                    job, spec, index=a.index, generation=a.generation, attempt=a.attempt,
+                    progress=self.progress_endpoint), now) for a in workers)
         if any(isinstance(a, decisions.DeleteJob) for a in actions):
             await self.api.delete(kube.DDPJOBS, job.namespace, job.name)
         # Events after the pod calls: they are informational and must not queue ahead of them.

@@ -228,6 +228,14 @@ class Kube:
                 return False
             raise
 
+    async def token_review(self, token: str, audiences: list[str]) -> dict[str, Any]:
+        """TokenReview (authentication.k8s.io/v1): whether the API server vouches for `token` with one of
+        `audiences`, and whose it is (the progress endpoint's authentication)."""
+        _, reviewed = await self._call("POST", "/apis/authentication.k8s.io/v1/tokenreviews", body={
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "spec": {"token": token, "audiences": list(audiences)}})
+        return reviewed or {}
+
     async def post_event(self, involved: dict[str, str], type_: str, reason: str, message: str,
                          timestamp: str) -> None:
         namespace = involved["namespace"]

@@ -30,6 +30,11 @@ class Metrics:
                             registry=self.registry)
         self.leader_changes = Counter("ddpjob_leader_changes", "Changes of the operator Lease's holder this "
                                       "replica has seen (its own acquisitions included)", registry=self.registry)
+        self.progress_reports = Counter("ddpjob_progress_reports", "Progress reports received, by result (accepted, "
+                                        "unauthenticated, forbidden, invalid, too_large, rate_limited, standby, "
+                                        "unavailable)", ["result"], registry=self.registry)
+        self.stalls = Counter("ddpjob_stalls", "Stalls detected (runPolicy.progressDeadlineSeconds passed without a "
+                              "step)", registry=self.registry)
         self._phase_of: dict[str, str] = {}
         for phase in PHASES:
             self.jobs.labels(phase=phase).set(0)

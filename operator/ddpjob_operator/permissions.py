@@ -69,11 +69,21 @@ LEADER_ELECTION_PERMISSIONS: tuple[Permission, ...] = (
 )
 
 
+# The progress endpoint (progress.py) authenticates trainers' projected service-account tokens with the
+# TokenReview API: create only (a review stores nothing and reads nothing else). TokenReviews are
+# cluster-scoped, so the chart grants this one verb with a ClusterRole of its own, also in watchNamespaces
+# mode (what Kubernetes' own system:auth-delegator grants, minus SubjectAccessReviews). Training pods
+# themselves need no RBAC.
+PROGRESS_PERMISSIONS: tuple[Permission, ...] = (
+    Permission("authentication.k8s.io", "tokenreviews", ("create",)),
+)
+
+
 def allows(api_group: str, resource: str, verb: str) -> bool:
     """Whether the chart grants `verb` on `resource` (with "/subresource") in `api_group`: the job
-    permissions, or the leader election ones (in the operator's namespace)."""
+    permissions, the leader election ones (in the operator's namespace) or the progress endpoint's."""
     return any(p.api_group == api_group and p.resource == resource and verb in p.verbs
-               for p in PERMISSIONS + LEADER_ELECTION_PERMISSIONS)
+               for p in PERMISSIONS + LEADER_ELECTION_PERMISSIONS + PROGRESS_PERMISSIONS)
 
 
 def rbac_rules(permissions: tuple[Permission, ...] = PERMISSIONS) -> list[dict[str, list[str]]]:
@@ -86,8 +96,9 @@ def render_rules_yaml() -> str:
     header = ("# Generated from operator/ddpjob_operator/permissions.py by `make chart-files`. "
               "Do not edit.\n"
               "# jobs: the ClusterRole (or a Role per watched namespace); leaderElection: a Role in the "
-              "release namespace.\n")
-    rules = {"jobs": rbac_rules(PERMISSIONS), "leaderElection": rbac_rules(LEADER_ELECTION_PERMISSIONS)}
+              "release namespace;\n# progress: a ClusterRole of its own (TokenReviews are cluster-scoped).\n")
+    rules = {"jobs": rbac_rules(PERMISSIONS), "leaderElection": rbac_rules(LEADER_ELECTION_PERMISSIONS),
+             "progress": rbac_rules(PROGRESS_PERMISSIONS)}
     return header + yaml.safe_dump(rules, sort_keys=False, width=100)
 
 

@@ -46,6 +46,12 @@ class Settings:
     lease_renew_deadline_seconds: float = 10.0
     lease_retry_period_seconds: float = 2.0
     identity: str = ""  # holderIdentity: POD_NAME (the chart's downward API), else <hostname>-<pid>
+    # The progress endpoint (progress.py): trainers POST their progress there. 0: off.
+    progress_port: int = 0
+    # What worker pods get as DDPJOB_PROGRESS_URL's base (the chart: its Service); empty: workers get none.
+    progress_url: str = ""
+    progress_audience: str = "progress.elastic.ddp.dev"  # the projected token's audience, checked by TokenReview
+    progress_write_seconds: float = 5.0  # a job's status.progress is written at most this often
 
     @property
     def leader_election(self) -> bool:
@@ -107,6 +113,21 @@ def _whole_seconds(raw: str) -> int:
     return value
 
 
+def _url(raw: str) -> str:
+    url = raw.strip().rstrip("/")
+    if url and not re.match(r"^https?://[^\s/]+(:[0-9]+)?(/[^\s]*)?$", url):
+        raise ValueError("must be an http(s) URL such as http://ddpjob-operator-progress.ddpjob-system.svc:8090, "
+                         "or empty (workers then report to nobody)")
+    return url
+
+
+def _audience(raw: str) -> str:
+    audience = raw.strip()
+    if not audience or any(c.isspace() for c in audience):
+        raise ValueError("must be a non-empty audience without spaces, e.g. progress.elastic.ddp.dev")
+    return audience
+
+
 def _lease_name(raw: str) -> str:
     name = raw.strip()
     if name and (len(name) > 253 or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name)):
@@ -141,6 +162,10 @@ PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "LEASE_DURATION_SECONDS": ("lease_duration_seconds", _whole_seconds),
     "LEASE_RENEW_DEADLINE_SECONDS": ("lease_renew_deadline_seconds", _seconds),
     "LEASE_RETRY_PERIOD_SECONDS": ("lease_retry_period_seconds", _seconds),
+    "PROGRESS_PORT": ("progress_port", _port),
+    "PROGRESS_URL": ("progress_url", _url),
+    "PROGRESS_AUDIENCE": ("progress_audience", _audience),
+    "PROGRESS_WRITE_SECONDS": ("progress_write_seconds", _seconds),
 }
 
 

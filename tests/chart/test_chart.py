@@ -38,6 +38,7 @@ CUSTOMIZED = {
     "priorityClassName": "system-cluster-critical",
     "podAnnotations": {"example.com/team": "ml"},
     "podLabels": {"team": "ml"},
+    "progress": {"enabled": False},
 }
 VALUE_SETS = {"default": {}, "namespaced": NAMESPACED, "customized": CUSTOMIZED}
 
@@ -57,6 +58,12 @@ POD_NAME = "ddpjob-operator-7d9f8b6c5-x2x7q"
 LEASE_ENV = {"DDPJOB_OPERATOR_LEASE_NAME": "ddpjob-operator", "DDPJOB_OPERATOR_LEASE_DURATION_SECONDS": "15",
              "DDPJOB_OPERATOR_LEASE_RENEW_DEADLINE_SECONDS": "10", "DDPJOB_OPERATOR_LEASE_RETRY_PERIOD_SECONDS": "2"}
 LEASE_SETTINGS = {"lease_name": "ddpjob-operator", "lease_namespace": RELEASE_NAMESPACE, "identity": POD_NAME}
+PROGRESS_URL = f"http://ddpjob-operator-progress.{RELEASE_NAMESPACE}.svc:8090"
+PROGRESS_ENV = {"DDPJOB_OPERATOR_PROGRESS_PORT": "8090", "DDPJOB_OPERATOR_PROGRESS_URL": PROGRESS_URL,
+                "DDPJOB_OPERATOR_PROGRESS_AUDIENCE": "progress.elastic.ddp.dev",
+                "DDPJOB_OPERATOR_PROGRESS_WRITE_SECONDS": "5"}
+PROGRESS_SETTINGS = {"progress_port": 8090, "progress_url": PROGRESS_URL,
+                     "progress_audience": "progress.elastic.ddp.dev", "progress_write_seconds": 5.0}
 
 
 def _env(release) -> dict[str, str]:
@@ -124,10 +131,11 @@ def test_every_rendered_manifest_is_a_valid_kubernetes_object(values_name):
         kubernetes_validate.validate(manifest, version, strict=True)
     kinds = sorted(m["kind"] for m in release.manifests)
     expected = {
-        "default": ["ClusterRole", "ClusterRoleBinding", "Deployment", "PodDisruptionBudget", "Role",
-                    "RoleBinding", "Service", "ServiceAccount"],
-        "namespaced": ["Deployment", "PodDisruptionBudget", "Role", "Role", "Role", "RoleBinding", "RoleBinding",
-                       "RoleBinding", "Service", "ServiceAccount"],
+        "default": ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Deployment",
+                    "PodDisruptionBudget", "Role", "RoleBinding", "Service", "Service", "ServiceAccount"],
+        # The progress endpoint's TokenReview grant is cluster-scoped by nature (a ClusterRole of its own).
+        "namespaced": ["ClusterRole", "ClusterRoleBinding", "Deployment", "PodDisruptionBudget", "Role", "Role",
+                       "Role", "RoleBinding", "RoleBinding", "RoleBinding", "Service", "Service", "ServiceAccount"],
         "customized": ["ClusterRole", "ClusterRoleBinding", "Deployment", "PodDisruptionBudget", "Role",
                        "RoleBinding"],
     }[values_name]
@@ -165,7 +173,7 @@ def test_deployment_is_hardened_with_two_replicas():
     assert set(container["resources"]) == {"requests", "limits"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"health": 8080, "metrics": 9090}
+    assert ports == {"health": 8080, "metrics": 9090, "progress": 8090}
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     assert pod["serviceAccountName"] == release.one("ServiceAccount")["metadata"]["name"]
@@ -173,18 +181,31 @@ def test_deployment_is_hardened_with_two_replicas():
 
 def test_metrics_service_targets_the_operator_pod():
     release = install_dry_run()
-    service = release.one("Service")
+    services = {s["metadata"]["name"]: s for s in release.of_kind("Service")}
+    service = services["ddpjob-operator-metrics"]
     pod_labels = release.one("Deployment")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics",
                                          "protocol": "TCP"}]
+    # Issue 12: trainers reach the progress endpoint through its own Service (DDPJOB_PROGRESS_URL).
+    progress = services["ddpjob-operator-progress"]
+    assert progress["spec"]["selector"].items() <= pod_labels.items()
+    assert progress["spec"]["ports"] == [{"name": "progress", "port": 8090, "targetPort": "progress",
+                                          "protocol": "TCP"}]
+
+
+def test_progress_can_be_turned_off():
+    release = install_dry_run({"progress": {"enabled": False}})
+    assert "ddpjob-operator-progress" not in {s["metadata"]["name"] for s in release.of_kind("Service")}
+    assert not any(k.startswith("DDPJOB_OPERATOR_PROGRESS") for k in _env(release))
+    assert len(release.of_kind("ClusterRole")) == 1  # no TokenReview grant
 
 
 def test_default_values_configure_a_cluster_wide_operator():
     release = install_dry_run()
     assert _env(release) == {"DDPJOB_OPERATOR_WATCH_NAMESPACES": "", "DDPJOB_OPERATOR_LOG_LEVEL": "INFO",
                              "DDPJOB_OPERATOR_HEALTH_PORT": "8080", "DDPJOB_OPERATOR_METRICS_PORT": "9090",
-                             **LEASE_ENV}
+                             **PROGRESS_ENV, **LEASE_ENV}
     assert _downward(release) == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
 
 
@@ -212,14 +233,14 @@ def test_non_default_values_reach_the_pod():
 
 
 @pytest.mark.parametrize(("values", "expected"), [
-    ({}, settings.Settings(**LEASE_SETTINGS)),
-    (NAMESPACED, settings.Settings(watch_namespaces=("team-a", "team-b"), **LEASE_SETTINGS)),
+    ({}, settings.Settings(**LEASE_SETTINGS, **PROGRESS_SETTINGS)),
+    (NAMESPACED, settings.Settings(watch_namespaces=("team-a", "team-b"), **LEASE_SETTINGS, **PROGRESS_SETTINGS)),
     (CUSTOMIZED, settings.Settings(log_level="DEBUG", health_port=8181, metrics_port=0,
                                    resync_seconds=15.0, **LEASE_SETTINGS)),
     ({"replicaCount": 1, "leaderElection": {"leaseDurationSeconds": 30, "renewDeadlineSeconds": 20.5,
                                             "retryPeriodSeconds": 4}},
      settings.Settings(lease_duration_seconds=30, lease_renew_deadline_seconds=20.5, lease_retry_period_seconds=4.0,
-                       **LEASE_SETTINGS)),
+                       **LEASE_SETTINGS, **PROGRESS_SETTINGS)),
 ], ids=["default", "namespaced", "customized", "one-replica-slow-lease"])
 def test_rendered_environment_is_what_the_operator_reads(values, expected):
     """The operator's own settings parser accepts the chart's environment and gets the values."""
@@ -256,6 +277,8 @@ def test_watch_namespaces_reach_the_operator_and_the_notes():
      "retryPeriodSeconds (10) < renewDeadlineSeconds (10) < leaseDurationSeconds (15) must hold"),
     ({"podDisruptionBudget": {"enabled": "yes"}}, "at '/podDisruptionBudget/enabled'"),
     ({"image": {"tags": "v1"}}, "at '/image': additional properties 'tags' not allowed"),
+    ({"progress": {"writeSeconds": 30}}, "at '/progress/writeSeconds': maximum"),
+    ({"progress": {"port": 80}}, "at '/progress/port': minimum"),
 ], ids=lambda v: str(v) if isinstance(v, dict) else "")
 def test_bad_values_fail_at_install_naming_the_field(values, message):
     with pytest.raises(helm.HelmError) as failure:

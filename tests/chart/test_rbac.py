@@ -26,7 +26,25 @@ def _grants(rules: list[dict]) -> set[tuple[str, str, str]]:
 
 REQUIRED = {(p.api_group, p.resource, verb) for p in permissions.PERMISSIONS for verb in p.verbs}
 LEASE = {(p.api_group, p.resource, verb) for p in permissions.LEADER_ELECTION_PERMISSIONS for verb in p.verbs}
+PROGRESS = {(p.api_group, p.resource, verb) for p in permissions.PROGRESS_PERMISSIONS for verb in p.verbs}
 LEADER_ROLE = "ddpjob-operator-leader-election"
+PROGRESS_ROLE = "ddpjob-operator-progress"
+
+
+def _jobs_cluster_roles(release) -> list[dict]:
+    return [r for r in release.of_kind("ClusterRole") if r["metadata"]["name"] != PROGRESS_ROLE]
+
+
+def _progress_role(release) -> dict:
+    """The progress endpoint's ClusterRole: exactly TokenReview create, bound to the operator."""
+    roles = [r for r in release.of_kind("ClusterRole") if r["metadata"]["name"] == PROGRESS_ROLE]
+    bindings = [b for b in release.of_kind("ClusterRoleBinding") if b["metadata"]["name"] == PROGRESS_ROLE]
+    assert len(roles) == len(bindings) == 1, (roles, bindings)
+    assert bindings[0]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                      "name": PROGRESS_ROLE}
+    account = release.one("ServiceAccount")["metadata"]["name"]
+    assert bindings[0]["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": RELEASE_NAMESPACE}]
+    return roles[0]
 
 
 def _leader_election_role(release) -> dict:
@@ -69,9 +87,10 @@ def test_cluster_wide_mode_grants_exactly_the_permissions():
     release = install_dry_run()
     assert _grants(_leader_election_role(release)["rules"]) == LEASE
     assert len(release.of_kind("Role")) == len(release.of_kind("RoleBinding")) == 1  # only the Lease's
-    role = release.one("ClusterRole")
+    assert _grants(_progress_role(release)["rules"]) == PROGRESS
+    [role] = _jobs_cluster_roles(release)
     assert _grants(role["rules"]) == REQUIRED
-    binding = release.one("ClusterRoleBinding")
+    [binding] = [b for b in release.of_kind("ClusterRoleBinding") if b["metadata"]["name"] != PROGRESS_ROLE]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": role["metadata"]["name"]}
     account = release.one("ServiceAccount")["metadata"]
@@ -82,7 +101,9 @@ def test_cluster_wide_mode_grants_exactly_the_permissions():
 def test_watch_namespaces_mode_grants_exactly_the_permissions_in_each_namespace_only():
     namespaces = ["team-a", "team-b", "research"]
     release = install_dry_run({"watchNamespaces": namespaces})
-    assert release.of_kind("ClusterRole") == [] and release.of_kind("ClusterRoleBinding") == []
+    # Nothing cluster-wide but the progress endpoint's TokenReview create (cluster-scoped by nature).
+    assert _jobs_cluster_roles(release) == [] and len(release.of_kind("ClusterRoleBinding")) == 1
+    assert _grants(_progress_role(release)["rules"]) == PROGRESS
     assert _grants(_leader_election_role(release)["rules"]) == LEASE
     roles = {r["metadata"]["namespace"]: r for r in release.of_kind("Role") if r["metadata"]["name"] != LEADER_ROLE}
     bindings = {b["metadata"]["namespace"]: b for b in release.of_kind("RoleBinding")
@@ -101,7 +122,7 @@ def test_watch_namespaces_mode_grants_exactly_the_permissions_in_each_namespace_
 def test_one_replica_still_gets_the_lease_role():
     release = install_dry_run({"replicaCount": 1})
     assert _grants(_leader_election_role(release)["rules"]) == LEASE
-    assert _grants(release.one("ClusterRole")["rules"]) == REQUIRED
+    assert _grants(_jobs_cluster_roles(release)[0]["rules"]) == REQUIRED
 
 
 def test_no_object_grants_anything_else():
@@ -113,3 +134,13 @@ def test_no_object_grants_anything_else():
                 assert "aggregationRule" not in manifest
                 assert not any(key.startswith("rbac.authorization.k8s.io/aggregate")
                                for key in manifest["metadata"]["labels"])
+
+
+def test_progress_permission_is_exactly_tokenreview_create():
+    """Least privilege for issue 12: the endpoint reviews tokens, nothing else; training pods get no RBAC."""
+    assert PROGRESS == {("authentication.k8s.io", "tokenreviews", "create")}
+    assert not PROGRESS & (REQUIRED | LEASE)
+    assert not permissions.allows("authorization.k8s.io", "subjectaccessreviews", "create")
+    assert not permissions.allows("", "serviceaccounts/token", "create")
+    assert install_dry_run({"progress": {"enabled": False}}).of_kind("ClusterRoleBinding")[0]["metadata"]["name"] \
+        != PROGRESS_ROLE

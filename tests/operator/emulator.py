@@ -64,6 +64,7 @@ DDPJOBS = kmock.resource(model.GROUP, model.VERSION, model.PLURAL)
 POD_GROUPS = tuple(kmock.resource(*api_version.split("/"), "podgroups")
                    for api_version, _ in model.GANG_SCHEDULERS.values())
 LEASES = kmock.resource("coordination.k8s.io", "v1", "leases")
+TOKEN_REVIEWS = kmock.resource("authentication.k8s.io", "v1", "tokenreviews")
 OPERATOR_AGENTS = ("kopf/", kube.USER_AGENT)
 
 # Watch events kept per resource so that a watch can resume from a resourceVersion; older ones
@@ -336,6 +337,9 @@ class Cluster(kmock.KubernetesEmulator):
     # Until this time.monotonic() moment every operator request but its open watches is answered 503,
     # as by an API server that lost etcd or is restarting behind its load balancer.
     unavailable_until: float = attrs.field(default=0.0, init=False)
+    # Service-account tokens the emulated API server vouches for (TokenReview): token -> (namespace, service
+    # account, pod name, pod uid, audiences). `issue_token` adds one, as the kubelet's TokenRequest would.
+    tokens: dict[str, tuple[str, str, str, str, tuple[str, ...]]] = attrs.field(factory=dict, init=False)
 
     def register_resources(self) -> None:
         definition = crd.build_crd()["spec"]  # the DDPJob as the generated CRD declares it
@@ -361,6 +365,9 @@ class Cluster(kmock.KubernetesEmulator):
         self.resources[LEASES] = kmock.ResourceInfo(
             kind="Lease", singular="lease", namespaced=True,
             verbs={"list", "watch", "get", "create", "update", "patch", "delete"})
+        # TokenReview: create only, cluster-scoped, nothing stored (the progress endpoint's authentication).
+        self.resources[TOKEN_REVIEWS] = kmock.ResourceInfo(kind="TokenReview", singular="tokenreview",
+                                                           namespaced=False, verbs={"create"})
         # Discoverable like on a real server (kopf waits for them), though the operator never calls them.
         self.resources[kmock.resource("", "v1", "namespaces")] = kmock.ResourceInfo(
             kind="Namespace", singular="namespace", namespaced=False, verbs={"list", "watch", "get"})
@@ -418,6 +425,8 @@ class Cluster(kmock.KubernetesEmulator):
                 code, body = 200, await self._get_object(request)
             elif method == "GET":
                 code, body = 200, await self._list(request)
+            elif method == "POST" and not named and resource == TOKEN_REVIEWS:
+                code, body = 201, self._review_token(request)
             elif method == "POST" and not named:
                 code, body = 201, await self._create(request)
             elif method == "POST" and named and sub == "eviction":
@@ -463,6 +472,39 @@ class Cluster(kmock.KubernetesEmulator):
         self.calls.add((request.resource.group or "", resource, verb))
         if "Authorization" in request.headers:
             self.credentials.append(request.headers["Authorization"])
+
+    def _review_token(self, request: rendering.Request) -> dict[str, Any]:
+        """A TokenReview as the API server answers it for a pod-bound projected service-account token:
+        authenticated only for one of the token's audiences, with the pod in user.extra."""
+        spec = (request.data or {}).get("spec") or {}
+        wanted = list(spec.get("audiences") or ["https://kubernetes.default.svc"])
+        issued = self.tokens.get(spec.get("token") or "")
+        status: dict[str, Any] = {"authenticated": False, "error": "[invalid bearer token, token lookup failed]"}
+        if issued is not None:
+            namespace, account, pod, uid, audiences = issued
+            common = [a for a in wanted if a in audiences]
+            if not common:
+                status = {"authenticated": False, "error": "[invalid bearer token, token audiences "
+                                                           f"{list(audiences)} is invalid for the target audiences "
+                                                           f"{wanted}]"}
+            elif self.get(PODS, namespace, pod) is None or self.get(PODS, namespace, pod)["metadata"]["uid"] != uid:
+                status = {"authenticated": False, "error": f"[pod {pod} bound to the token no longer exists]"}
+            else:
+                status = {"authenticated": True, "audiences": common, "user": {
+                    "username": f"system:serviceaccount:{namespace}:{account}",
+                    "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, account)),
+                    "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"],
+                    "extra": {"authentication.kubernetes.io/pod-name": [pod],
+                              "authentication.kubernetes.io/pod-uid": [uid]}}}
+        return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "metadata": {},
+                "spec": spec, "status": status}
+
+    def issue_token(self, namespace: str, pod: str, audiences: tuple[str, ...], account: str = "default") -> str:
+        """A projected service-account token bound to the pod as it exists now (its uid)."""
+        token = f"sa-token-{uuid.uuid4().hex}"
+        uid = self._pod(namespace, pod)["metadata"]["uid"]
+        self.tokens[token] = (namespace, account, pod, uid, tuple(audiences))
+        return token
 
     # ------------------------------------------------------------ storage
 

@@ -93,8 +93,10 @@ def test_worker_env_matches_the_launch_contract():
     env = env_for(spec(minReplicas=1, checkpoint={"claimName": "ck", "intervalSteps": 7, "keep": 4}))
     contract = (ROOT / "docs" / "launch-contract.md").read_text()
     documented = set(re.findall(r"`(DDPJOB_[A-Z_]+)`", contract))
-    # The pod IP comes from the downward API and the termination log path from the local runner.
-    assert {k for k in env if k.startswith("DDPJOB_")} | {builders.POD_IP_ENV, builders.TERMINATION_LOG_ENV} \
+    # The pod IP comes from the downward API, the termination log path from the local runner, and the
+    # progress endpoint and token file only with an operator progress endpoint (worker_pod, below).
+    assert {k for k in env if k.startswith("DDPJOB_")} | {builders.POD_IP_ENV, builders.TERMINATION_LOG_ENV,
+                                                          builders.PROGRESS_URL_ENV, builders.PROGRESS_TOKEN_ENV} \
         == documented
     assert env["DDPJOB_REPLICA_INDEX"] == "1" and env["DDPJOB_GENERATION"] == "3"
     assert env["DDPJOB_CHECKPOINT_DIR"] == "/checkpoints"
@@ -613,3 +615,26 @@ def test_no_scheduling_policy_no_pod_group():
 ])
 def test_gang_resources_multiply_quantities(quantity, factor, expected):
     assert builders._times(quantity, factor) == expected
+
+
+def test_worker_pod_progress_endpoint_and_projected_token():
+    """Issue 12: with an operator progress endpoint, workers get its URL and a projected token whose
+    audience only the operator accepts; without one, neither (the client is then a no-op over HTTP)."""
+    endpoint = builders.ProgressEndpoint("http://ddpjob-progress.ddpjob-system.svc:8090", "progress.elastic.ddp.dev")
+    pod = builders.worker_pod(JOB, spec(), index=0, generation=0, progress=endpoint)
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[builders.PROGRESS_URL_ENV] == \
+        "http://ddpjob-progress.ddpjob-system.svc:8090/v1/namespaces/team-a/ddpjobs/digits/progress"
+    assert env[builders.PROGRESS_TOKEN_ENV] == "/var/run/secrets/ddpjob/progress/token"
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == builders.PROGRESS_TOKEN_VOLUME)
+    assert volume["projected"]["sources"] == [{"serviceAccountToken": {
+        "audience": "progress.elastic.ddp.dev", "expirationSeconds": 3600, "path": "token"}}]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == builders.PROGRESS_TOKEN_VOLUME)
+    assert mount == {"name": builders.PROGRESS_TOKEN_VOLUME, "mountPath": builders.PROGRESS_TOKEN_DIR,
+                     "readOnly": True}
+    # No RBAC for the pod: the token is the pod's own service account's, bound to the pod.
+    assert "serviceAccountName" not in pod["spec"]
+    plain = builders.worker_pod(JOB, spec(), index=0, generation=0)
+    assert builders.PROGRESS_URL_ENV not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}
+    assert builders.PROGRESS_TOKEN_VOLUME not in {v["name"] for v in plain["spec"]["volumes"]}

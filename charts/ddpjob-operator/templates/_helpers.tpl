@@ -52,3 +52,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "ddpjob-operator.leaseName" -}}
 {{- include "ddpjob-operator.fullname" . }}
 {{- end }}
+
+{{/* The progress endpoint's rules (TokenReviews are cluster-scoped: a ClusterRole of their own). */}}
+{{- define "ddpjob-operator.progressRules" -}}
+{{- (.Files.Get "files/rbac-rules.yaml" | fromYaml).progress | toYaml }}
+{{- end }}
+
+{{/* What worker pods get as the base of DDPJOB_PROGRESS_URL: the progress Service. */}}
+{{- define "ddpjob-operator.progressUrl" -}}
+{{- printf "http://%s-progress.%s.svc:%v" (include "ddpjob-operator.fullname" .) .Release.Namespace .Values.progress.port }}
+{{- end }}

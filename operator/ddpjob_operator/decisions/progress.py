@@ -80,7 +80,7 @@ def stalled(plan: Plan, spec: model.DDPJobSpec) -> bool:
         plan.wake_at(expires)
         return False
 
-    silent = silent_ranks(plan, spec, p)
+    silent = silent_ranks(plan, spec, p, deadline)
     if p.ranks:
         who = (f"ranks that stopped reporting: {', '.join(f'worker {i}' for i in silent)}" if silent else
                "every worker still reports, so a collective, the data loader or the step itself hangs")
@@ -112,10 +112,11 @@ def stalled(plan: Plan, spec: model.DDPJobSpec) -> bool:
     return True
 
 
-def silent_ranks(plan: Plan, spec: model.DDPJobSpec, p: ProgressObservation) -> list[int]:
-    """Workers of the generation in use with no report, or none for report_silence_seconds."""
+def silent_ranks(plan: Plan, spec: model.DDPJobSpec, p: ProgressObservation, deadline: float) -> list[int]:
+    """Workers of the generation in use with no report, or none for report_silence_seconds (at most 3/4 of
+    the deadline, so a rank that froze when the step stopped is always named)."""
     if not p.ranks:
         return []
-    limit = timedelta(seconds=plan.options.report_silence_seconds)
+    limit = timedelta(seconds=min(plan.options.report_silence_seconds, 0.75 * deadline))
     seen = {r.index: r.last_seen for r in p.ranks if r.generation == p.generation}
     return [i for i in range(spec.replicas) if i not in seen or plan.now - seen[i] > limit]

@@ -1,0 +1,462 @@
+"""The progress endpoint: trainers POST their progress here; the operator shows it in the status and
+detects hangs (decisions/progress.py).
+
+    POST /v1/namespaces/<namespace>/ddpjobs/<job>/progress
+    Authorization: Bearer <the pod's projected service-account token, audience DDPJOB_OPERATOR_PROGRESS_AUDIENCE>
+    {"step": 120, "total_steps": 1000, "loss": 0.42, "epoch": 1, "samples_per_second": 812.0, ...}
+
+Authentication: the token is checked with the TokenReview API (authentication.k8s.io/v1, the only
+permission this needs) against the operator's own audience, so a token meant for the API server, or
+for anything else, is refused, and a progress token is useless against the API server. Results are
+cached for a minute (by the token's SHA-256), so a pod reporting every few seconds costs one review a
+minute. Authorization: the review names the pod the token is bound to (user.extra
+authentication.kubernetes.io/pod-name and pod-uid); that exact pod (name and uid) must be a worker of
+the job in the URL, in the operator's pod index. Training pods therefore need no RBAC, and a pod can
+only write its own job's progress. The report is attributed to the pod's replica index and generation
+(its labels), never to what the body claims.
+
+Answers: 204 accepted; 400 malformed JSON; 401 no or invalid token (counted); 403 a token of a pod
+that is not a worker of this job (counted); 404 unknown path; 413 body over 4 KiB; 422 invalid fields;
+429 over the per-pod rate; 503 this replica is a standby (the client retries at once: another
+connection reaches another replica). Nothing a client sends can raise out of the handler.
+
+Status writes are bounded: the tracker publishes a job's progress at most every
+DDPJOB_OPERATOR_PROGRESS_WRITE_SECONDS (default 5), and publishing only triggers the job's ordinary
+reconcile, which merges `status.progress` into its one status patch (accounting writes are untouched:
+they go on record first, as always). 100 running jobs cost at most 20 status writes a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Callable, Iterable, Mapping
+
+import aiohttp.web
+from prometheus_client.core import GaugeMetricFamily
+
+from . import decisions
+
+logger = logging.getLogger("ddpjob_operator.progress")
+
+DEFAULT_AUDIENCE = "progress.elastic.ddp.dev"
+MAX_BODY_BYTES = 4096
+TOKEN_CACHE_SECONDS = 60.0
+NEGATIVE_CACHE_SECONDS = 10.0
+TOKEN_CACHE_ENTRIES = 10_000
+RATE_PER_POD = 2.0  # reports a second, sustained (the client heartbeats every 5 s and reports per log interval)
+BURST_PER_POD = 10.0
+REVIEWS_PER_SECOND = 50.0  # TokenReviews the operator sends at most (unique tokens; cached ones cost none)
+RATE_WINDOW_SECONDS = 120.0  # the step rate behind the ETA is measured over about this long
+POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
+POD_UID_KEY = "authentication.kubernetes.io/pod-uid"
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+
+RESULTS = ("accepted", "unauthenticated", "forbidden", "invalid", "too_large", "rate_limited", "standby",
+           "unavailable")
+
+
+class BadReport(ValueError):
+    def __init__(self, status: int, message: str):
+        self.status = status
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Report:
+    step: int
+    total_steps: int | None = None
+    epoch: int | None = None
+    loss: float | None = None
+    samples_per_second: float | None = None
+    world_size: int | None = None
+    last_checkpoint_step: int | None = None
+    rank: int | None = None  # the global rank that sent it; rank 0's values are the job's
+
+
+_INTS = ("total_steps", "epoch", "world_size", "last_checkpoint_step", "rank")
+_FLOATS = ("loss", "samples_per_second")
+MAX_INT = 2**53
+
+
+def parse_report(raw: bytes) -> Report:
+    """A report body -> Report; BadReport(400 or 422) naming the field. Unknown keys are ignored."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadReport(400, f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadReport(400, "the body must be a JSON object such as {\"step\": 120}")
+    values: dict[str, Any] = {}
+    step = body.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < MAX_INT:
+        raise BadReport(422, f"step must be a whole number >= 0, got {step!r}")
+    values["step"] = step
+    for key in _INTS:
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_INT:
+            raise BadReport(422, f"{key} must be a whole number >= 0 or null, got {value!r}")
+        values[key] = value
+    for key in _FLOATS:
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise BadReport(422, f"{key} must be a finite number or null, got {value!r}")
+        if key == "samples_per_second" and value < 0:
+            raise BadReport(422, f"{key} must be >= 0, got {value!r}")
+        values[key] = float(value)
+    return Report(**values)
+
+
+# ---------------------------------------------------------------- rate limits
+
+
+class TokenBucket:
+    """Per-key token buckets with a monotonic clock; keys idle for a while are forgotten."""
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic,
+                 max_keys: int = 100_000):
+        self.rate, self.burst, self.clock, self.max_keys = rate, burst, clock, max_keys
+        self._buckets: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
+
+    def allow(self, key: str) -> bool:
+        now = self.clock()
+        tokens, at = self._buckets.pop(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        allowed = tokens >= 1.0
+        self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)
+        while len(self._buckets) > self.max_keys:
+            self._buckets.popitem(last=False)
+        return allowed
+
+
+# ---------------------------------------------------------------- authentication
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The pod a valid token is bound to."""
+
+    namespace: str
+    pod_name: str
+    pod_uid: str
+
+
+class Unauthenticated(Exception):
+    pass
+
+
+class TokenReviewer:
+    """TokenReview with the operator's audience, cached by the token's hash (never the token itself)."""
+
+    def __init__(self, review: Callable[[str, list[str]], Any], audience: str,
+                 clock: Callable[[], float] = time.monotonic):
+        self.review, self.audience, self.clock = review, audience, clock
+        self._cache: collections.OrderedDict[str, tuple[float, Identity | None, str]] = collections.OrderedDict()
+        self._limit = TokenBucket(REVIEWS_PER_SECOND, REVIEWS_PER_SECOND, clock)
+        self._in_flight: dict[str, asyncio.Future[tuple[Identity | None, str]]] = {}
+
+    async def authenticate(self, token: str) -> Identity:
+        """The token's pod; Unauthenticated (with why) when the API server does not vouch for it.
+        Raises the API client's errors when the review itself fails (the caller answers 503)."""
+        key = hashlib.sha256(token.encode()).hexdigest()
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] > self.clock():
+            identity, why = cached[1], cached[2]
+        elif key in self._in_flight:
+            identity, why = await asyncio.shield(self._in_flight[key])
+        else:
+            if not self._limit.allow("reviews"):
+                raise RateLimited("too many unknown tokens; try again later")
+            future: asyncio.Future[tuple[Identity | None, str]] = asyncio.get_running_loop().create_future()
+            self._in_flight[key] = future
+            try:
+                identity, why = await self._review(token)
+                future.set_result((identity, why))
+            except BaseException as exc:
+                future.set_exception(exc)
+                future.exception()  # retrieved: waiters re-raise it
+                raise
+            finally:
+                self._in_flight.pop(key, None)
+            ttl = TOKEN_CACHE_SECONDS if identity is not None else NEGATIVE_CACHE_SECONDS
+            self._cache[key] = (self.clock() + ttl, identity, why)
+            while len(self._cache) > TOKEN_CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+        if identity is None:
+            raise Unauthenticated(why)
+        return identity
+
+    async def _review(self, token: str) -> tuple[Identity | None, str]:
+        status = (await self.review(token, [self.audience]) or {}).get("status") or {}
+        if not status.get("authenticated"):
+            return None, status.get("error") or f"the token is not valid for audience {self.audience}"
+        if self.audience not in (status.get("audiences") or [self.audience]):
+            return None, f"the token is not valid for audience {self.audience}"
+        user = status.get("user") or {}
+        username, extra = user.get("username") or "", user.get("extra") or {}
+        pod_name, pod_uid = (extra.get(POD_NAME_KEY) or [None])[0], (extra.get(POD_UID_KEY) or [None])[0]
+        if not username.startswith(SERVICE_ACCOUNT_PREFIX) or not pod_name or not pod_uid:
+            return None, "the token is not a pod-bound service-account token (a projected token of a worker pod)"
+        namespace = username[len(SERVICE_ACCOUNT_PREFIX):].split(":", 1)[0]
+        return Identity(namespace, pod_name, pod_uid), ""
+
+
+class RateLimited(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- what the operator keeps
+
+
+@dataclass
+class _Rank:
+    generation: int
+    step: int
+    last_seen: datetime
+
+
+@dataclass
+class JobProgress:
+    generation: int = -1
+    step: int = -1
+    last_advance: datetime | None = None
+    latest: Report | None = None
+    received_at: datetime | None = None
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    history: collections.deque[tuple[datetime, int]] = field(default_factory=lambda: collections.deque(maxlen=64))
+    published: decisions.ProgressObservation | None = None
+    published_at: datetime | None = None
+    dirty: bool = False
+
+
+class ProgressTracker:
+    """Reports -> per-job state -> the decision layer's ProgressObservation, published at a bounded rate."""
+
+    def __init__(self, write_seconds: float = 5.0):
+        self.write_seconds = write_seconds
+        self.jobs: dict[str, JobProgress] = {}
+        self.names: dict[str, tuple[str, str]] = {}  # uid -> (namespace, name), for the metrics
+
+    def record(self, uid: str, key: tuple[str, str], index: int, generation: int, report: Report,
+               now: datetime) -> None:
+        self.names[uid] = key
+        job = self.jobs.setdefault(uid, JobProgress())
+        rank = job.ranks.get(index)
+        if rank is None or generation >= rank.generation:
+            job.ranks[index] = _Rank(generation, report.step, now)
+        if generation < job.generation:
+            return  # a pod of a generation left behind (still stopping): its rank's silence is all it tells
+        if generation > job.generation:
+            job.generation, job.step, job.last_advance, job.latest = generation, -1, None, None
+            job.history.clear()
+        if report.step > job.step:
+            job.step, job.last_advance = report.step, now
+            job.history.append((now, report.step))
+        # Rank 0's values are the job's (its loss is already averaged over ranks); otherwise the newest step.
+        if job.latest is None or report.rank == 0 or (job.latest.rank != 0 and report.step >= job.latest.step):
+            job.latest, job.received_at, job.dirty = report, now, True
+
+    def due_in(self, uid: str, now: datetime) -> float | None:
+        """Seconds until the job's new reports may be published (0: now); None when nothing is new."""
+        job = self.jobs.get(uid)
+        if job is None or not job.dirty:
+            return None
+        if job.published_at is None:
+            return 0.0
+        return max(0.0, (job.published_at + timedelta(seconds=self.write_seconds) - now).total_seconds())
+
+    def observation(self, uid: str, now: datetime) -> decisions.ProgressObservation | None:
+        """What the decision layer sees: the job-level values as last published (a publish happens here,
+        at most every write_seconds), with the live clock of the stall rule."""
+        job = self.jobs.get(uid)
+        if job is None or job.last_advance is None or job.latest is None:
+            return None
+        if job.dirty and (self.due_in(uid, now) or 0.0) <= 0.0:
+            latest = job.latest
+            job.published = decisions.ProgressObservation(
+                generation=job.generation, step=latest.step, last_advance=job.last_advance,
+                total_steps=latest.total_steps, epoch=latest.epoch, loss=latest.loss,
+                samples_per_second=latest.samples_per_second, last_checkpoint_step=latest.last_checkpoint_step,
+                world_size=latest.world_size, steps_per_second=self._rate(job), updated_at=job.received_at)
+            job.published_at, job.dirty = now, False
+        if job.published is None:
+            return None
+        ranks = tuple(decisions.RankReport(i, r.generation, r.step, r.last_seen) for i, r in sorted(job.ranks.items()))
+        return _replace(job.published, generation=job.generation, last_advance=job.last_advance, ranks=ranks)
+
+    @staticmethod
+    def _rate(job: JobProgress) -> float | None:
+        points = list(job.history)
+        if len(points) < 2:
+            return None
+        newest = points[-1]
+        oldest = next((p for p in points if (newest[0] - p[0]).total_seconds() <= RATE_WINDOW_SECONDS), points[0])
+        if oldest is newest:
+            oldest = points[-2]
+        seconds = (newest[0] - oldest[0]).total_seconds()
+        return (newest[1] - oldest[1]) / seconds if seconds > 0 else None
+
+    def forget(self, uid: str) -> None:
+        self.jobs.pop(uid, None)
+        self.names.pop(uid, None)
+
+    def collect(self, now: Callable[[], datetime]) -> Iterable[GaugeMetricFamily]:
+        """Per-job Prometheus gauges: step, samples/s, seconds since the step last advanced."""
+        labels = ["namespace", "ddpjob"]
+        step = GaugeMetricFamily("ddpjob_job_progress_step", "Last optimizer step a DDPJob reported", labels=labels)
+        rate = GaugeMetricFamily("ddpjob_job_samples_per_second", "Training throughput a DDPJob reported",
+                                 labels=labels)
+        since = GaugeMetricFamily("ddpjob_job_seconds_since_progress",
+                                  "Seconds since a DDPJob's step last advanced (in its newest generation)",
+                                  labels=labels)
+        moment = now()
+        for uid, job in list(self.jobs.items()):
+            if uid not in self.names or job.latest is None or job.last_advance is None:
+                continue
+            key = list(self.names[uid])
+            step.add_metric(key, job.latest.step)
+            if job.latest.samples_per_second is not None:
+                rate.add_metric(key, job.latest.samples_per_second)
+            since.add_metric(key, max(0.0, (moment - job.last_advance).total_seconds()))
+        return [step, rate, since]
+
+
+def _replace(observation: decisions.ProgressObservation, **changes: Any) -> decisions.ProgressObservation:
+    return dataclasses.replace(observation, **changes)
+
+
+class TrackerCollector:
+    """Adapts the tracker to prometheus_client's collector protocol."""
+
+    def __init__(self, tracker: ProgressTracker, clock: Callable[[], datetime]):
+        self.tracker, self.clock = tracker, clock
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        return self.tracker.collect(self.clock)
+
+
+# ---------------------------------------------------------------- the HTTP server
+
+
+@dataclass(frozen=True)
+class Worker:
+    """The operator's view of the pod a token is bound to, when it is a worker of the job in the URL."""
+
+    uid: str  # the job's
+    index: int
+    generation: int
+
+
+class ProgressServer:
+    """A small aiohttp app on its own port (DDPJOB_OPERATOR_PROGRESS_PORT), in the operator's loop.
+
+    `find_worker(namespace, job, identity)` -> Worker | None is the operator's pod index lookup;
+    `leading()` says whether this replica acts; `accepted(namespace, job, uid)` is called after each
+    accepted report (the controller schedules the job's reconcile when a publish is due)."""
+
+    def __init__(self, tracker: ProgressTracker, reviewer: TokenReviewer,
+                 find_worker: Callable[[str, str, Identity], Worker | None], leading: Callable[[], bool],
+                 accepted: Callable[[str, str, str], None], count: Callable[[str], None],
+                 clock: Callable[[], datetime]):
+        self.tracker, self.reviewer, self.find_worker = tracker, reviewer, find_worker
+        self.leading, self.accepted, self.count, self.clock = leading, accepted, count, clock
+        self.limiter = TokenBucket(RATE_PER_POD, BURST_PER_POD)
+        self.app = aiohttp.web.Application(client_max_size=MAX_BODY_BYTES)
+        self.app.router.add_post("/v1/namespaces/{namespace}/ddpjobs/{name}/progress", self.handle)
+        self.app.router.add_get("/healthz", self.healthz)
+        self._runner: aiohttp.web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def start(self, port: int, address: str = "0.0.0.0") -> None:
+        self._runner = aiohttp.web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = aiohttp.web.TCPSite(self._runner, address, port)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []  # the real port when 0 was asked for
+        self.port = sockets[0].getsockname()[1] if sockets else port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def healthz(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        return aiohttp.web.json_response({"leading": self.leading()})
+
+    def _answer(self, status: int, result: str, message: str = "") -> aiohttp.web.Response:
+        self.count(result)
+        if status == 204:
+            return aiohttp.web.Response(status=204)
+        headers = {"WWW-Authenticate": 'Bearer realm="ddpjob-progress"'} if status == 401 else None
+        return aiohttp.web.json_response({"error": message}, status=status, headers=headers)
+
+    async def handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        try:
+            return await self._handle(request)
+        except Exception:  # noqa: BLE001 - a client must never crash the operator
+            logger.exception("progress report failed")
+            return self._answer(500, "unavailable", "internal error")
+
+    async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        if not self.leading():
+            return self._answer(503, "standby", "this operator replica is a standby; retry (another connection "
+                                                "reaches the active one)")
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            return self._answer(413, "too_large", f"a report is at most {MAX_BODY_BYTES} bytes")
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return self._answer(401, "unauthenticated", "send the pod's projected service-account token: "
+                                                        "Authorization: Bearer <token>")
+        token = token.strip()
+        try:
+            identity = await self.reviewer.authenticate(token)
+        except Unauthenticated as exc:
+            return self._answer(401, "unauthenticated", str(exc))
+        except RateLimited as exc:
+            return self._answer(429, "rate_limited", str(exc))
+        except Exception as exc:  # noqa: BLE001 - the API server could not review it: try later
+            logger.warning("TokenReview failed: %s", exc)
+            return self._answer(503, "unavailable", "the token could not be reviewed now; retry later")
+        worker = self.find_worker(namespace, name, identity) if identity.namespace == namespace else None
+        if worker is None:
+            return self._answer(403, "forbidden", f"pod {identity.namespace}/{identity.pod_name} is not a worker of "
+                                                  f"DDPJob {namespace}/{name}")
+        if not self.limiter.allow(identity.pod_uid):
+            return self._answer(429, "rate_limited", f"at most {RATE_PER_POD:g} reports a second per pod")
+        try:
+            raw = await request.read()
+        except aiohttp.web.HTTPRequestEntityTooLarge:
+            return self._answer(413, "too_large", f"a report is at most {MAX_BODY_BYTES} bytes")
+        try:
+            report = parse_report(raw)
+        except BadReport as exc:
+            return self._answer(exc.status, "invalid", str(exc))
+        self.tracker.record(worker.uid, (namespace, name), worker.index, worker.generation, report, self.clock())
+        self.accepted(namespace, name, worker.uid)
+        return self._answer(204, "accepted")
+
+
+def find_worker_in(pods: Mapping[tuple[str, str], Any], jobs: Mapping[tuple[str, str], Mapping[str, Any]],
+                   namespace: str, name: str, identity: Identity, worker_role: str) -> Worker | None:
+    """The operator's pod index lookup: the identity's pod, by name and uid, among the job's workers."""
+    body = jobs.get((namespace, name))
+    if body is None:
+        return None
+    uid = (body.get("metadata") or {}).get("uid", "")
+    for pod in pods.get((namespace, uid), ()) or ():
+        if pod.name == identity.pod_name and pod.uid == identity.pod_uid and pod.role == worker_role:
+            return Worker(uid=uid, index=pod.index, generation=pod.generation)
+    return None
