@@ -131,6 +131,7 @@ class FaultConfig:
     exit_code: int = 1  # 1..255; >= 128 means: kill yourself with signal exit_code-128 (139: SIGSEGV)
     rank: int = 0  # global rank that fails
     generation: int = 0  # only when DDPJOB_GENERATION equals it; -1: in every generation
+    hang_at_step: int = 0  # 0: off; else the rank freezes itself (SIGSTOP) right after optimizer step N
 
     def __post_init__(self) -> None:
         _require(self.at_step >= 0, "fault.at_step", "must be >= 0", self.at_step)
@@ -138,6 +139,7 @@ class FaultConfig:
         _require(self.rank >= 0, "fault.rank", "must be >= 0", self.rank)
         _require(self.generation >= -1, "fault.generation", "must be >= -1 (-1: every generation)",
                  self.generation)
+        _require(self.hang_at_step >= 0, "fault.hang_at_step", "must be >= 0", self.hang_at_step)
 
 
 @dataclass
@@ -209,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--fault-exit-code", type=int, default=1, metavar="CODE",
                    help="exit with CODE; CODE >= 128 kills the process with signal CODE-128 "
                         "(139: SIGSEGV, 137: SIGKILL)")
+    f.add_argument("--fault-hang-at-step", type=int, default=0, metavar="N",
+                   help="freeze (SIGSTOP) right after optimizer step N, as a hung process: its peers block in the "
+                        "next collective (hang detection: runPolicy.progressDeadlineSeconds); 0: never")
     f.add_argument("--fault-rank", type=int, default=0, metavar="R", help="the global rank that fails (default 0)")
     g = f.add_mutually_exclusive_group()
     g.add_argument("--fault-generation", type=int, default=0, metavar="G",
@@ -261,5 +266,5 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] | None = 
         epochs=args.epochs, max_steps=args.max_steps, log_every=args.log_every, device=args.device,
         record_samples=args.record_samples,
         fault=FaultConfig(at_step=args.fault_at_step, exit_code=args.fault_exit_code, rank=args.fault_rank,
-                          generation=args.fault_generation),
+                          generation=args.fault_generation, hang_at_step=args.fault_hang_at_step),
     )

@@ -24,6 +24,20 @@ def due(fault: FaultConfig, rank: int, step: int, environ: Mapping[str, str] = o
     return fault.generation == -1 or environ.get("DDPJOB_GENERATION", "0") == str(fault.generation)
 
 
+def hang_due(fault: FaultConfig, rank: int, step: int, environ: Mapping[str, str] = os.environ) -> bool:
+    if not fault.hang_at_step or step != fault.hang_at_step or rank != fault.rank:
+        return False
+    return fault.generation == -1 or environ.get("DDPJOB_GENERATION", "0") == str(fault.generation)
+
+
+def hang(rank: int, step: int) -> None:
+    """`--fault-hang-at-step`: freeze this whole process (every thread, its progress heartbeat included)
+    with SIGSTOP, as a wedged process would; only SIGKILL (or SIGCONT) ends it."""
+    print(f"fault injection: rank {rank} at step {step}: hanging (SIGSTOP)", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def strike(fault: FaultConfig, rank: int, step: int) -> None:
     """End this process now, by exit code or by signal; never returns."""
     print(f"fault injection: rank {rank} at step {step}: "

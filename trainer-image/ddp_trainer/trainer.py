@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DataLoader, Subset
 
 from .config import ConfigError, TrainConfig
-from .fault import due as fault_due, strike as fault_strike
+from .fault import due as fault_due, hang as fault_hang, hang_due as fault_hang_due, strike as fault_strike
 from .runtime import Job, ResumableDistributedSampler, atomic_write_json, check_resume, move_to, worker_init_fn
 from .workloads import Workload, load_workload
 
@@ -162,6 +162,8 @@ class Trainer:
             self._log_progress()
         if fault_due(self.cfg.fault, self.env.rank, p.step):
             fault_strike(self.cfg.fault, self.env.rank, p.step)
+        if fault_hang_due(self.cfg.fault, self.env.rank, p.step):
+            fault_hang(self.env.rank, p.step)
         if self.job.should_save(p.step):
             self._save(final=False)
 

@@ -8,6 +8,7 @@ environment comes from builders.py; this module only maps pods onto local proces
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import signal
@@ -225,6 +226,12 @@ class LocalRunner:
         self.interrupted = False
         self._signals: list[int] = []
         self.created_at = clock()
+        # Progress as the decision layer sees it (hang detection, status.progress): from progress.json.
+        self._progress_stamp: object = None
+        self._progress: tuple[int, int, datetime | None] = (-1, -1, None)  # generation, step, last advance
+        self._progress_history: collections.deque[tuple[datetime, int]] = collections.deque(maxlen=64)
+        self._progress_raw: dict | None = None
+        self._progress_at: datetime | None = None
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -302,7 +309,46 @@ class LocalRunner:
             if w.deleted and now >= w.process.terminating_since + self._grace():
                 w.process.kill()  # the grace period is over, as the kubelet would do
             workers.append(self._observation(name, w, code))
-        return decisions.Observed(workers=tuple(workers), store=self._store_observation(now), now=now)
+        return decisions.Observed(workers=tuple(workers), store=self._store_observation(now), now=now,
+                                  progress=self._observe_progress(now))
+
+    def _observe_progress(self, now: datetime) -> decisions.ProgressObservation | None:
+        """The trainer's progress.json as the decision layer's ProgressObservation: a new report (its
+        `time` changed) belongs to the generation in use; the clock of hang detection is this runner's.
+        Locally there are no per-worker reports (only global rank 0 writes the file)."""
+        raw = read_report(self.checkpoint_dir, "progress.json")
+        stamp = raw.get("time") if isinstance(raw, dict) else None
+        if isinstance(raw, dict) and isinstance(raw.get("step"), int) and stamp != self._progress_stamp \
+                and not (isinstance(stamp, (int, float)) and stamp < self.created_at.timestamp()):
+            self._progress_stamp = stamp
+            generation, step, advanced = self._progress
+            if generation != self.status.generation:
+                generation, step, advanced = self.status.generation, -1, None
+                self._progress_history.clear()
+            if raw["step"] > step:
+                step, advanced = raw["step"], now
+                self._progress_history.append((now, step))
+            self._progress = (generation, step, advanced)
+            self._progress_raw, self._progress_at = raw, now
+        generation, step, advanced = self._progress
+        raw = self._progress_raw
+        if raw is None or advanced is None:
+            return None
+
+        def number(key: str, kind: type) -> object:
+            value = raw.get(key)
+            return value if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+                (kind is float or isinstance(value, int)) else None
+        history = list(self._progress_history)
+        rate = None
+        if len(history) >= 2 and (history[-1][0] - history[0][0]).total_seconds() > 0:
+            rate = (history[-1][1] - history[0][1]) / (history[-1][0] - history[0][0]).total_seconds()
+        return decisions.ProgressObservation(
+            generation=generation, step=raw["step"], last_advance=advanced, total_steps=number("total_steps", int),
+            epoch=number("epoch", int), loss=number("loss", float),
+            samples_per_second=number("samples_per_second", float),
+            last_checkpoint_step=number("last_checkpoint_step", int), world_size=number("world_size", int),
+            steps_per_second=rate, updated_at=self._progress_at)
 
     def _record_exit(self, name: str, w: WorkerProcess, code: int) -> None:
         w.exit_recorded = True
@@ -570,6 +616,7 @@ class LocalRunner:
 
     def snapshot(self, now: datetime) -> Snapshot:
         progress = read_report(self.checkpoint_dir, "progress.json") or {}
+        shown = self.status.progress
         ranks = {r.index: r for r in self.status.ranks}
         rows = []
         for index in sorted(set(ranks) | {w.index for w in self.workers.values()}):
@@ -589,7 +636,9 @@ class LocalRunner:
                         restarts=self.status.restarts, max_restarts=self.spec.failure_policy.max_restarts,
                         elapsed_s=(now - self.created_at).total_seconds(), step=progress.get("step"),
                         loss=progress.get("loss"), world_size=progress.get("world_size"),
-                        last_checkpoint_step=progress.get("last_checkpoint_step"), workers=tuple(rows))
+                        last_checkpoint_step=progress.get("last_checkpoint_step"), workers=tuple(rows),
+                        percent=shown.percent if shown else None, eta=shown.eta if shown else None,
+                        stalled=_stalled_message(self.status))
 
     def summary(self) -> Summary:
         phase = self.status.phase or "Pending"
@@ -609,5 +658,13 @@ class LocalRunner:
                        elapsed_s=(self.clock() - self.created_at).total_seconds(),
                        restarts=self.status.restarts, disruptions=self.status.disruptions,
                        worker_restarts={r.pod: r.restarts for r in self.status.ranks}, result=result,
+                       progress=self.status.progress,
+                       stalls=sum(1 for i in self.status.incidents if i.reason == decisions.REASON_STALLED),
                        checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None,
                        log_dir=str(self.log_dir))
+
+
+def _stalled_message(status: model.DDPJobStatus) -> str | None:
+    """The Stalled condition's message while it is True (hang detection)."""
+    condition = next((c for c in status.conditions if c.type == decisions.CONDITION_STALLED), None)
+    return condition.message if condition is not None and condition.status == "True" else None

@@ -11,6 +11,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from .. import model
+
 PLAIN_PROGRESS_EVERY_S = 10.0  # CI logs: training progress at most this often (state changes always)
 
 PHASE_STYLE = {"Succeeded": "bold green", "Failed": "bold red", "Restarting": "yellow",
@@ -40,6 +42,9 @@ class Snapshot:
     world_size: int | None = None
     last_checkpoint_step: int | None = None
     workers: tuple[WorkerRow, ...] = ()
+    percent: int | None = None  # status.progress.percent / eta, as `kubectl get ddpj` shows them
+    eta: str | None = None
+    stalled: str | None = None  # the Stalled condition's message while it is True
 
 
 @dataclass(frozen=True)
@@ -54,12 +59,22 @@ class Summary:
     result: dict | None  # the trainer's result.json, when it finished
     checkpoint_dir: str | None
     log_dir: str
+    progress: model.Progress | None = None  # the last status.progress (kept after the end)
+    stalls: int = 0  # hangs detected (runPolicy.progressDeadlineSeconds)
 
     def lines(self) -> list[str]:
         out = [f"job {self.job}: {self.phase} after {self.elapsed_s:.1f}s"
                + (f" ({self.message})" if self.message else ""),
                f"restarts charged to the budget: {self.restarts}, disruptions: {self.disruptions}"
                + "".join(f", {n}: {r}" for n, r in self.worker_restarts.items() if r)]
+        p = self.progress
+        if p is not None and p.step is not None:
+            total = f" of {p.total_steps} ({p.percent}%)" if p.total_steps else ""
+            out.append(f"progress: step {p.step}{total}, loss {_num(p.loss)}, samples/s {_num(p.samples_per_second, '.1f')}"
+                       f", last checkpoint step {_num(p.last_checkpoint_step, 'd')}"
+                       + (f", stalls detected: {self.stalls}" if self.stalls else ""))
+        elif self.stalls:
+            out.append(f"stalls detected: {self.stalls}")
         if self.result:
             acc = self.result.get("eval_accuracy")
             out.append(f"final metrics: step {self.result.get('step')}, epoch {self.result.get('epoch')}, "
@@ -129,8 +144,10 @@ class PlainView:
 
 
 def _progress_text(snap: Snapshot) -> str:
-    return (f"progress: step {snap.step} loss {_num(snap.loss)} world_size {snap.world_size or '-'} "
+    done = f" ({snap.percent}%, ETA {snap.eta or '-'})" if snap.percent is not None else ""
+    text = (f"progress: step {snap.step}{done} loss {_num(snap.loss)} world_size {snap.world_size or '-'} "
             f"last checkpoint step {_num(snap.last_checkpoint_step, 'd')}")
+    return text + (f"\nSTALLED: {snap.stalled}" if snap.stalled else "")
 
 
 class LiveView:

@@ -1,0 +1,32 @@
+"""Issue 12 end to end with the local runner: a rank hangs mid-training (`--fault-hang-at-step`, a real
+SIGSTOP of its trainer process), the step stops advancing, and after runPolicy.progressDeadlineSeconds the
+decision layer stalls the job: one charged incident (reason Stalled), a gang restart in a new generation
+that resumes from the checkpoint and trains to Succeeded. Real torchrun agents and the real trainer."""
+
+from __future__ import annotations
+
+import pytest
+
+from .harness import Run, manifest, write_manifest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+
+def test_hung_rank_is_stalled_restarted_and_the_job_succeeds(tmp_path):
+    args = ["--workload", "digits", "--epochs", "2", "--batch-size", "32", "--lr", "0.05", "--log-every", "5",
+            "--fault-hang-at-step", "25", "--fault-rank", "1"]
+    doc = manifest("hang", args=args, minReplicas=2, maxReplicas=2,
+                   runPolicy={"progressDeadlineSeconds": 10},
+                   # The frozen process only dies by SIGKILL: torchrun sends it after --shutdown-timeout.
+                   template={"terminationGracePeriodSeconds": 6})
+    run = Run(tmp_path, str(write_manifest(tmp_path, doc)))
+    code, out = run.wait(400)
+    assert code == 0, out
+    assert "fault injection: rank 1 at step 25: hanging (SIGSTOP)" in out or "Stalled" in out, out
+    assert "Warning Stalled: no training progress for 10s" in out, out
+    assert "restarting every worker in rendezvous generation 1" in out, out
+    assert "job hang: Succeeded" in out, out
+    # One charged restart, reported in the summary with the progress block.
+    assert "restarts charged to the budget: 1" in out and "stalls detected: 1" in out, out
+    assert "training resumed from the checkpoint of step 20" in out, out
+    assert run.leftovers() == []
