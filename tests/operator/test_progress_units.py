@@ -154,7 +154,7 @@ async def test_trainer_client_reports_to_the_real_endpoint_with_its_token(tmp_pa
         token.write_text("pod-token\n")
         url = f"http://127.0.0.1:{server.port}/v1/namespaces/ns/ddpjobs/job/progress"
         client = ProgressReporter(None, url, enabled=False, http_enabled=True, token_file=str(token), rank=0,
-                                  heartbeat_s=0.2)
+                                  heartbeat_s=0.2, min_interval_s=0.05)
         await asyncio.to_thread(client.report, step=7, total_steps=70, loss=0.25)
         await asyncio.sleep(0.5)
         assert counts.get("standby", 0) >= 2 and "accepted" not in counts  # 503 retried once, then dropped

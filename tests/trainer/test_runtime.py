@@ -110,6 +110,7 @@ def test_progress_http_sends_the_token_retries_a_503_and_heartbeats(tmp_path: Pa
                "DDPJOB_PROGRESS_TOKEN_FILE": str(token), "DDPJOB_CHECKPOINT_DIR": str(tmp_path)}
         reporter = ProgressReporter.from_env(env)
         reporter.heartbeat_s = 0.2
+        reporter.min_interval_s = 0.05  # the default paces POSTs to one a second (issue 12)
         reporter.report(step=5, total_steps=10, loss=0.5)
         time.sleep(0.3)
         token.write_text("secret-2\n")  # rotated by the kubelet

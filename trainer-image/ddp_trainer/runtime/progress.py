@@ -46,7 +46,8 @@ CORE_KEYS = ("step", "total_steps", "epoch", "world_size", "last_checkpoint_step
 class ProgressReporter:
     def __init__(self, directory: str | os.PathLike | None = None, url: str | None = None, *,
                  enabled: bool = True, http_enabled: bool | None = None, token_file: str | None = None,
-                 rank: int | None = None, http_timeout_s: float = 2.0, heartbeat_s: float = 5.0) -> None:
+                 rank: int | None = None, http_timeout_s: float = 2.0, heartbeat_s: float = 5.0,
+                 min_interval_s: float = 1.0) -> None:
         """`enabled` switches the file transport (global rank 0), `http_enabled` the HTTP one (local
         rank 0 of each pod; defaults to `enabled`)."""
         self.path = Path(directory) / PROGRESS_FILE if directory and enabled else None
@@ -55,6 +56,9 @@ class ProgressReporter:
         self.token_file, self.rank = token_file, rank
         self.enabled = self.path is not None or self.url is not None
         self.http_timeout_s, self.heartbeat_s = http_timeout_s, heartbeat_s
+        # HTTP pacing: at most one POST per min_interval_s (the endpoint allows 2 a second per pod); the
+        # newest report wins meanwhile, so a fast loop costs nothing more than a slow one.
+        self.min_interval_s, self._next_post = min_interval_s, 0.0
         self._last_sent: dict[str, Any] | None = None
         self._latest: dict[str, Any] | None = None
         self._cond = threading.Condition()
@@ -91,6 +95,8 @@ class ProgressReporter:
                 if self._latest is None and not self._closed:
                     # With an endpoint, wake up for the heartbeat; otherwise sleep until a report.
                     self._cond.wait(self.heartbeat_s if self.url is not None else None)
+                while self.url is not None and not self._closed and time.monotonic() < self._next_post:
+                    self._cond.wait(self._next_post - time.monotonic())
                 values, self._latest = self._latest, None
                 if values is None and self._closed:
                     return
@@ -112,6 +118,7 @@ class ProgressReporter:
                 self._post(values)
 
     def _post(self, values: dict[str, Any]) -> None:
+        self._next_post = time.monotonic() + self.min_interval_s
         body = json.dumps(values).encode()
         if len(body) > MAX_BODY:  # the endpoint refuses more: keep the fields it knows
             body = json.dumps({k: values.get(k) for k in CORE_KEYS}).encode()
