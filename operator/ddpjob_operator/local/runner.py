@@ -2,7 +2,7 @@
 
 Level-based like the operator: observe the processes -> `decisions.decide()` -> carry out its
 actions -> wait for the next poll or `requeue_after`. Every restart rule (exit codes, scope,
-backoff, budget, success policy, deadline) lives in decisions.py, and every command line and
+backoff, budget, success policy, deadline) lives in the decisions package, and every command line and
 environment comes from builders.py; this module only maps pods onto local processes.
 """
 
