@@ -1,5 +1,5 @@
 """The API double itself (emulator.py), spoken to over HTTP like a client, and held against watch
-traces recorded on a real Kubernetes v1.36.2 control plane (/work/shared/api-traces).
+traces recorded on a real Kubernetes v1.36.2 control plane (../shared/api-traces beside the checkout).
 
 What the real control plane did in the traces (managedFields, timestamps, uids and
 resourceVersions aside; "the kubelet" is the recording's test kubelet, whose pod status writes the
@@ -62,7 +62,8 @@ from .emulator import (CLAIMS, DDPJOBS, NODES, PODS, SERVICES, UNREACHABLE_TAINT
 pytestmark = pytest.mark.timeout(60)
 
 NS = "probe"  # the traces' namespace
-TRACES = Path(os.environ.get("DDPJOB_API_TRACES", "/work/shared/api-traces"))
+# shared/ sits beside the checkout (here and in CI's fresh clone).
+TRACES = Path(os.environ.get("DDPJOB_API_TRACES", Path(__file__).resolve().parents[3] / "shared" / "api-traces"))
 JOBS = f"/apis/{model.API_VERSION}/namespaces/{NS}/{model.PLURAL}"
 POD_LIST = f"/api/v1/namespaces/{NS}/pods"
 ABSENT, TIME = "<absent>", "<time>"
