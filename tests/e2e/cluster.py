@@ -307,6 +307,19 @@ def operator_pods() -> list[dict[str, Any]]:
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
+def acting_operator_pod() -> str:
+    """The operator pod that acts: the Lease holder when the chart runs several replicas (leader
+    election), else the only one."""
+    pods = operator_pods()
+    lease = operator_setting("DDPJOB_OPERATOR_LEASE_NAME", "")
+    if lease:
+        holder = get_json("lease", lease, "-n", OPERATOR_NAMESPACE).get("spec", {}).get("holderIdentity")
+        if holder in {p["metadata"]["name"] for p in pods}:
+            return holder
+    assert len(pods) == 1, f"cannot tell which operator pod acts: {[p['metadata']['name'] for p in pods]}"
+    return pods[0]["metadata"]["name"]
+
+
 def operator_setting(name: str, default: str) -> str:
     """A DDPJOB_OPERATOR_* value as the operator Deployment sets it (literal env values only)."""
     deployments = get_json("deployments", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_SELECTOR)["items"]

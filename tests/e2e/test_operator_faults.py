@@ -19,9 +19,7 @@ def _restart_count(pod_name: str) -> int:
 
 
 def test_operator_sigkilled_mid_reconcile_loses_nothing(faults, namespace, operator):
-    pods = cluster.operator_pods()
-    assert len(pods) == 1, f"expected one operator pod (no peering), found {[p['metadata']['name'] for p in pods]}"
-    operator_pod = pods[0]["metadata"]["name"]
+    operator_pod = cluster.acting_operator_pod()  # the leader, with the chart's two replicas
     restarts_before = _restart_count(operator_pod)
     t = Training(namespace, digits_job("operator-kill", replicas=3, max_steps=2000)).start()
 
