@@ -53,7 +53,9 @@ NODE_TAINT = "ddpjob-e2e/node-down"
 
 def test_node_loss_is_one_uncharged_disruption(faults, namespace, operator):
     schedulable = [n["metadata"]["name"] for n in cluster.schedulable_nodes()]
-    operator_nodes = {p["spec"].get("nodeName") for p in cluster.operator_pods()}
+    # The acting operator's node must stay up (a standby replica's node may go down: it does not act).
+    acting = cluster.acting_operator_pod()
+    operator_nodes = {p["spec"].get("nodeName") for p in cluster.operator_pods() if p["metadata"]["name"] == acting}
     candidates = [n for n in schedulable if n not in operator_nodes]
     if len(schedulable) < 2 or not candidates:
         pytest.skip(f"node loss needs 2 schedulable worker nodes, one of them without the operator "
