@@ -59,6 +59,7 @@ class ProgressReporter:
         # HTTP pacing: at most one POST per min_interval_s (the endpoint allows 2 a second per pod); the
         # newest report wins meanwhile, so a fast loop costs nothing more than a slow one.
         self.min_interval_s, self._next_post = min_interval_s, 0.0
+        self._idle = False  # the thread waits for a report: only then does report() wake it (no GIL churn)
         self._last_sent: dict[str, Any] | None = None
         self._latest: dict[str, Any] | None = None
         self._cond = threading.Condition()
@@ -87,14 +88,17 @@ class ProgressReporter:
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="ddpjob-progress", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if self._idle:
+                self._cond.notify()
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 if self._latest is None and not self._closed:
                     # With an endpoint, wake up for the heartbeat; otherwise sleep until a report.
+                    self._idle = True
                     self._cond.wait(self.heartbeat_s if self.url is not None else None)
+                    self._idle = False
                 while self.url is not None and not self._closed and time.monotonic() < self._next_post:
                     self._cond.wait(self._next_post - time.monotonic())
                 values, self._latest = self._latest, None
