@@ -88,7 +88,7 @@ def _with(**changes) -> dict:
     # Unknown keys (a newer operator's fields, kopf's bookkeeping) are ignored, at every level.
     (_with(futureField={"x": 1}), {}),
     (_with(kopf={"progress": {}}), {}),
-    (_with(progress={**SUCCEEDED["progress"], "samplesPerSecond": 9.5}), {}),
+    (_with(progress={**SUCCEEDED["progress"], "futureRate": 9.5}), {}),
     (_with(conditions=[{**SUCCEEDED["conditions"][0], "severity": "Info"}]), {}),
     (_with(ranks=[{**r, "gpu": "GPU-0"} for r in SUCCEEDED["ranks"]]), {}),
     # One invalid field is dropped alone; the rest of the status stays.
