@@ -119,6 +119,7 @@ class Controller:
         self.rejected: dict[str, dict[str, decisions.CreateRejected]] = {}
         self._specs: dict[str, tuple[tuple[str, Any], bytes]] = {}  # uid -> (generation, parsed and pickled)
         self._running: dict[JobKey, asyncio.Task[None]] = {}
+        self._reconcile_slots = asyncio.Semaphore(settings.max_concurrent_reconciles)
         self._dirty: set[JobKey] = set()
         self._timers: dict[JobKey, tuple[float, asyncio.TimerHandle]] = {}
         self._resync: asyncio.TimerHandle | None = None
@@ -261,8 +262,9 @@ class Controller:
     async def _run(self, key: JobKey) -> None:
         try:
             while True:
-                self._dirty.discard(key)
-                await self._reconcile_safely(key)
+                async with self._reconcile_slots:  # a burst waits here, holding no manifests or calls
+                    self._dirty.discard(key)
+                    await self._reconcile_safely(key)
                 if key not in self._dirty:
                     return
                 # Triggered again while it ran: a burst (our own pods' events). Let it settle a

@@ -37,6 +37,9 @@ class Settings:
     request_timeout_seconds: float = 30.0  # one Kubernetes API call
     retry_seconds: float = 2.0  # after a failed reconcile (API error), try again this soon
     coalesce_seconds: float = 0.01  # a job triggered during its reconcile runs again this much later
+    # Jobs reconciled at once; the rest of a burst (startup, a relist, many new jobs) waits its turn
+    # instead of all holding their manifests and API calls in memory at once (bench/operator_memory.py).
+    max_concurrent_reconciles: int = 32
     bind_address: str = "0.0.0.0"  # of the health and metrics endpoints
     heartbeat_seconds: float = 60.0  # status.lastReconcileTime is refreshed when it is this old
     # Leader election (leader.py): off without a Lease name (one replica that always acts).
@@ -102,6 +105,16 @@ def _seconds(raw: str) -> float:
     return value
 
 
+def _positive_count(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError("must be a whole number, at least 1, e.g. 32") from None
+    if value < 1:
+        raise ValueError("must be a whole number, at least 1, e.g. 32")
+    return value
+
+
 def _whole_seconds(raw: str) -> int:
     try:
         value = int(raw)
@@ -155,6 +168,7 @@ PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "REQUEST_TIMEOUT_SECONDS": ("request_timeout_seconds", _seconds),
     "RETRY_SECONDS": ("retry_seconds", _seconds),
     "COALESCE_SECONDS": ("coalesce_seconds", _seconds),
+    "MAX_CONCURRENT_RECONCILES": ("max_concurrent_reconciles", _positive_count),
     "BIND_ADDRESS": ("bind_address", str),
     "HEARTBEAT_SECONDS": ("heartbeat_seconds", _seconds),
     "LEASE_NAME": ("lease_name", _lease_name),
@@ -243,3 +257,7 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     kopf_settings.networking.request_timeout = settings.request_timeout_seconds
     kopf_settings.watching.server_timeout = 300
     kopf_settings.watching.client_timeout = 330
+    # kopf keeps a worker task (with the object's last body) per object until it has been idle this long
+    # (default 5 s): after a burst (startup, a relist, many new jobs) thousands of them at once. Handlers
+    # here return at once, so a worker is cheap to start again (bench/operator_memory.py).
+    kopf_settings.queueing.idle_timeout = 0.5

@@ -6,6 +6,7 @@ Pure: bodies in, frozen values out.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
@@ -23,9 +24,12 @@ DISRUPTION_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "NodeShutdo
 CONTAINER_DISRUPTION_REASONS = frozenset({"ContainerStatusUnknown"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodSummary:
-    """What the operator needs of one of its pods (kept in kopf's index; cheap to compare)."""
+    """What the operator needs of one of its pods (kept in kopf's index; cheap to compare).
+
+    Slotted, with its few-valued strings interned: one is kept per pod for the operator's lifetime
+    (bench/operator_memory.py)."""
 
     name: str
     uid: str  # a delete names it as a precondition: never the newer pod that reuses the name
@@ -84,6 +88,10 @@ def _init_container_failure(status: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _interned(value: str | None) -> str | None:
+    return sys.intern(value) if isinstance(value, str) else value
+
+
 def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
     meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
     labels = meta.get("labels") or {}
@@ -122,11 +130,11 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
     return PodSummary(
         name=meta.get("name", ""),
         uid=meta.get("uid") or "",
-        role=role,
+        role=sys.intern(role),
         index=_int_label(labels, builders.LABEL_REPLICA_INDEX),
         generation=_int_label(labels, builders.LABEL_GENERATION),
         attempt=_int_label(labels, builders.LABEL_ATTEMPT),
-        phase=status.get("phase") or "Pending",
+        phase=sys.intern(status.get("phase") or "Pending"),
         ready=conditions.get("Ready", {}).get("status") == "True",
         exit_code=int(exit_code) if exit_code is not None else None,
         reason=disruption_reason or pod_reason or terminated.get("reason"),
@@ -136,11 +144,11 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
         disruption=disruption_condition or pod_reason in DISRUPTION_REASONS
         or terminated.get("reason") in CONTAINER_DISRUPTION_REASONS,
         terminating_since=terminating_since,
-        node=spec.get("nodeName"),
+        node=_interned(spec.get("nodeName")),
         started_at=decisions.parse_time((state.get("running") or {}).get("startedAt") or terminated.get("startedAt")),
         finished_at=decisions.parse_time(terminated.get("finishedAt")),
         waiting=waiting,
-        node_range=labels.get(builders.LABEL_NNODES),
+        node_range=_interned(labels.get(builders.LABEL_NNODES)),
         unschedulable=unschedulable,
     )
 
