@@ -27,10 +27,11 @@ def test_values_are_parsed():
     s = settings.from_env({"DDPJOB_OPERATOR_WATCH_NAMESPACES": "team-a, team-b", "DDPJOB_OPERATOR_LOG_LEVEL": "debug",
                            "DDPJOB_OPERATOR_METRICS_PORT": "0", "DDPJOB_OPERATOR_STUCK_TERMINATING_SECONDS": "90",
                            "DDPJOB_OPERATOR_CANNOT_START_SECONDS": "120",
-                           "DDPJOB_OPERATOR_INCIDENT_SETTLE_SECONDS": "4"})
+                           "DDPJOB_OPERATOR_INCIDENT_SETTLE_SECONDS": "4",
+                           "DDPJOB_OPERATOR_MAX_CONCURRENT_RECONCILES": "8"})
     assert s.watch_namespaces == ("team-a", "team-b") and not s.clusterwide
     assert s.log_level == "DEBUG" and s.metrics_port == 0 and s.stuck_terminating_seconds == 90
-    assert s.cannot_start_seconds == 120 and s.incident_settle_seconds == 4
+    assert s.cannot_start_seconds == 120 and s.incident_settle_seconds == 4 and s.max_concurrent_reconciles == 8
 
 
 @pytest.mark.parametrize("name, value, words", [
@@ -39,6 +40,7 @@ def test_values_are_parsed():
     ("DDPJOB_OPERATOR_LOG_LEVEL", "LOUD", "DEBUG, INFO, WARNING, ERROR"),
     ("DDPJOB_OPERATOR_WATCH_NAMESPACES", "Team_A", "DNS-1123"),
     ("DDPJOB_OPERATOR_RESYNC_SECONDS", "-1", "greater than 0"),
+    ("DDPJOB_OPERATOR_MAX_CONCURRENT_RECONCILES", "0", "at least 1"),
     ("DDPJOB_OPERATOR_RESYNC_SECONDZ", "1", "unknown setting"),
 ])
 def test_bad_values_name_the_variable_and_the_fix(name, value, words):
