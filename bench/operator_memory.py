@@ -2,19 +2,23 @@
 
 The emulated API server (kmock + tests/operator/emulator.py) runs in this process; the operator runs
 as users run it (`ddpjob_operator.run.main()`, a kubeconfig pointing at the emulator) in a process of
-its own, so its RSS is measured alone. The only addition in that process is a SIGUSR1 handler that
-runs `gc.collect()` (and, with --tracemalloc, writes the top allocation sites to a file).
+its own, so its RSS is measured alone. The only additions in that process are signal handlers: SIGUSR1
+runs `gc.collect()` (and, with --tracemalloc, writes the top allocation sites to a file), SIGUSR2 the
+--diagnose statistics; BENCH_SAMPLE=1 in the environment prints its RSS and asyncio tasks every 2 s.
 
 Each job is the CPU example (examples/cpu-digits.yaml: 2 workers, a checkpoint claim), created as
-`kubectl apply` would (with its last-applied-configuration annotation). The bench is the kubelet: once
-the operator has created a job's store pod and 2 workers, it writes each one Running. A step ends
-when every job reports phase Running and the operator has made no API call for a while (longer than
-kopf's idle worker timeout); then the operator runs a full GC and its VmRSS is read from /proc.
+`kubectl apply` would (with its last-applied-configuration annotation), 32 POSTs at a time. The bench
+is the kubelet: once the operator has created a job's store pod and 2 workers, it writes each one
+Running. A step ends when every job reports phase Running and the operator has made no API call for
+6 s (longer than kopf's idle worker timeout) and is idle; then the operator runs a full GC and its VmRSS
+(and VmHWM, the peak) is read from /proc.
 
     .venv/bin/python bench/operator_memory.py [--points 0,100,500,1000,2000]
-        [--baseline DIR]    # also measure the operator package in DIR (e.g. a `git worktree` of an
-                            # older commit's operator/), in the same run, first
-        [--tracemalloc N]   # print the operator's N top allocation sites (by line) at the last point
+        [--restart]         # one more reading: a new operator process started with all the jobs there
+        [--baseline DIR]    # also measure the ddpjob_operator package in DIR (put first on the child's
+                            # PYTHONPATH, e.g. an older commit's operator/ from `git archive`), first
+        [--diagnose]        # per reading: pymalloc arenas in use, and the RSS malloc_trim(0) would leave
+        [--tracemalloc N]   # per reading: the operator's N top allocation sites, growth since the last
 """
 
 from __future__ import annotations
@@ -304,7 +308,8 @@ def slope(results: list[dict[str, Any]]) -> float:
     xs = [r["jobs"] for r in results]
     ys = [r["VmRSS"] / 1024 for r in results]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    spread = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / spread if spread else float("nan")
 
 
 def main() -> None:
@@ -313,8 +318,9 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="DIR", help="also measure the ddpjob_operator package in DIR")
     parser.add_argument("--tracemalloc", type=int, default=0, metavar="N",
                         help="trace allocations in the operator; print the N top sites (slows it down)")
-    parser.add_argument("--no-restart", action="store_true",
-                        help="skip the last reading: a new operator process starting with all the jobs there")
+    parser.add_argument("--restart", action="store_true",
+                        help="one more reading: a new operator process started with all the jobs there (its first "
+                             "list parks every object until all are indexed; slow: minutes at 2,000 jobs)")
     parser.add_argument("--diagnose", action="store_true",
                         help="after each reading, print pymalloc's arena counts and the RSS after malloc_trim(0)")
     args = parser.parse_args()
@@ -324,7 +330,7 @@ def main() -> None:
     for label, path in ([("baseline", args.baseline)] if args.baseline else []) + [("current", None)]:
         print(f"{label}:", file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix="ddpjob-memory-") as tmp:
-            runs[label] = asyncio.run(measure(points, path, args.tracemalloc, args.diagnose, not args.no_restart, Path(tmp)))
+            runs[label] = asyncio.run(measure(points, path, args.tracemalloc, args.diagnose, args.restart, Path(tmp)))
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}; "
           f"{time.monotonic() - began:.0f} s; each job 2 workers + store pod, all Running"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 
 import torch
@@ -23,7 +22,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 
-from ddp_trainer.runtime import Job, ResumableDistributedSampler, move_to, worker_init_fn  # DDPJob
+from ddp_trainer.runtime import (Job, ResumableDistributedSampler, exit_process, is_peer_failure, move_to,  # DDPJob
+                                 worker_init_fn)
 
 log = logging.getLogger("byo")
 VOCAB, PAD = 64, 0
@@ -123,34 +123,39 @@ def main(argv: list[str] | None = None) -> int:
         loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler, collate_fn=collate,
                             num_workers=args.num_workers, worker_init_fn=worker_init_fn())  # DDPJob
         t0 = time.perf_counter()
-        while step < args.max_steps:
-            for batch in loader:
-                loss = ddp(**move_to(batch, job.device))["loss"]
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                step += 1
-                sampler.advance(len(batch["labels"]))  # DDPJob: the resume position
-                time.sleep(args.step_sleep)
-                if step % args.log_every == 0:
-                    mean = job.mean(loss.detach())  # averaged over ranks (a collective: every rank)
-                    rate = args.log_every * args.batch_size * job.env.world_size / (time.perf_counter() - t0)
-                    t0 = time.perf_counter()
-                    if job.env.is_main:
-                        print(f"step={step} epoch={sampler.epoch} loss={mean:.4f} samples_per_s={rate:.1f}",
-                              flush=True)
-                    job.report(step=step, total_steps=args.max_steps, loss=mean, epoch=sampler.epoch,
-                               samples_per_second=rate)  # DDPJob: progress, non-blocking
-                if job.should_save(step):
-                    job.save(step, checkpoint())  # DDPJob: rank 0 writes atomically
-                if job.should_stop():  # DDPJob: SIGTERM on any rank -> all ranks, same step
-                    log.warning("stop requested at step %d: writing a final checkpoint", step)
-                    job.save(step, checkpoint(), final=True)
-                    return job.stop.exit_code  # 143
-                if step >= args.max_steps:
-                    break
-            else:
-                sampler.set_epoch(sampler.epoch + 1)
+        try:
+            while step < args.max_steps:
+                for batch in loader:
+                    loss = ddp(**move_to(batch, job.device))["loss"]
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    step += 1
+                    sampler.advance(len(batch["labels"]))  # DDPJob: the resume position
+                    time.sleep(args.step_sleep)
+                    if step % args.log_every == 0:
+                        mean = job.mean(loss.detach())  # averaged over ranks (a collective: every rank)
+                        rate = args.log_every * args.batch_size * job.env.world_size / (time.perf_counter() - t0)
+                        t0 = time.perf_counter()
+                        if job.env.is_main:
+                            print(f"step={step} epoch={sampler.epoch} loss={mean:.4f} samples_per_s={rate:.1f}",
+                                  flush=True)
+                        job.report(step=step, total_steps=args.max_steps, loss=mean, epoch=sampler.epoch,
+                                   samples_per_second=rate)  # DDPJob: progress, non-blocking
+                    if job.should_save(step):
+                        job.save(step, checkpoint())  # DDPJob: rank 0 writes atomically
+                    if job.should_stop():  # DDPJob: SIGTERM on any rank -> all ranks, same step
+                        log.warning("stop requested at step %d: writing a final checkpoint", step)
+                        job.save(step, checkpoint(), final=True)
+                        return job.stop.exit_code  # 143
+                    if step >= args.max_steps:
+                        break
+                else:
+                    sampler.set_epoch(sampler.epoch + 1)
+        except Exception as e:
+            if is_peer_failure(e):  # DDPJob: a peer died; this replica is whole after `step` steps
+                job.rescue(step, checkpoint())  # the first survivor saves it: at most 1 step lost
+            raise
         acc = accuracy(model, held_out, job)
         job.save(step, checkpoint(), final=True)
         job.result(step=step, eval_accuracy=acc)  # DDPJob: result.json
@@ -159,4 +164,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # DDPJob: no interpreter teardown after a clean finish

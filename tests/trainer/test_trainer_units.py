@@ -6,7 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ import torch
 
 from ddp_trainer.runtime import CheckpointManager
 from ddp_trainer.config import ConfigError, OptimConfig, parse_config
-from ddp_trainer.runtime import ResumableDistributedSampler
+from ddp_trainer.runtime import ResumableDistributedSampler, is_peer_failure
 
 
 def shards(n: int, world: int, epoch: int = 0, consumed: int = 0, **kw) -> list[list[int]]:
@@ -135,3 +137,60 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one_loadable(tmp_
         os.utime(p, (time.time() - 301, time.time() - 301))
     CheckpointManager(tmp_path, keep=2)  # a new writer removes temp files untouched for 5 minutes
     assert not list(ckpt.glob(".step-*"))
+
+
+# ---- rescue checkpoints: any survivor writes, exactly one per step, never over newer work ----------
+
+def test_survivors_racing_to_rescue_the_same_step_write_it_exactly_once(tmp_path: Path) -> None:
+    CheckpointManager(tmp_path, keep=2).save(10, _state(10))  # the last periodic checkpoint
+    survivors = [CheckpointManager(tmp_path, keep=2, is_writer=False, generation=3) for _ in range(8)]
+    barrier = threading.Barrier(len(survivors))
+
+    def rescue(m: CheckpointManager) -> bool:
+        barrier.wait()
+        return m.save_rescue(13, _state(13))
+
+    with ThreadPoolExecutor(len(survivors)) as pool:
+        written = list(pool.map(rescue, survivors))
+    assert written.count(True) == 1
+    step, state = CheckpointManager(tmp_path, keep=2).load_latest()
+    assert step == 13 and torch.equal(state["w"], torch.full((4,), 13.0))
+
+
+@pytest.mark.parametrize("existing, rescued", [(13, 13), (13, 12)], ids=["same-step", "older-step"])
+def test_a_rescue_never_rewrites_a_step_nor_goes_back(tmp_path: Path, existing: int, rescued: int) -> None:
+    CheckpointManager(tmp_path, keep=2).save(existing, _state(existing))
+    before = (tmp_path / "checkpoints" / f"step-{existing:08d}.pt").read_bytes()
+    assert not CheckpointManager(tmp_path, is_writer=False).save_rescue(rescued, _state(99))
+    assert (tmp_path / "checkpoints" / f"step-{existing:08d}.pt").read_bytes() == before
+    assert CheckpointManager(tmp_path).committed_steps() == [existing]
+
+
+def test_a_worker_of_a_replaced_generation_cannot_commit_a_rescue(tmp_path: Path) -> None:
+    """Fencing: a partitioned worker of generation 1 wakes up after generation 2 has committed."""
+    CheckpointManager(tmp_path, keep=2, generation=2).save(5, _state(5))
+    stale = CheckpointManager(tmp_path, keep=2, is_writer=False, generation=1)
+    assert not stale.save_rescue(9, _state(9))
+    assert CheckpointManager(tmp_path).committed_steps() == [5]
+    assert CheckpointManager(tmp_path, keep=2, is_writer=False, generation=2).save_rescue(9, _state(9))
+
+
+def test_claims_of_pruned_steps_are_removed(tmp_path: Path) -> None:
+    m = CheckpointManager(tmp_path, keep=2)
+    assert CheckpointManager(tmp_path, is_writer=False).save_rescue(3, _state(3))
+    for step in (4, 5, 6):
+        m.save(step, _state(step))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step-00000005.committed", "step-00000005.pt", "step-00000006.committed", "step-00000006.pt"]
+
+
+@pytest.mark.parametrize("error, peer", [
+    (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:65236"), True),
+    (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection reset by peer"), True),
+    (RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 30000ms for recv"), True),
+    (torch.distributed.DistNetworkError("failed to recv, got 0 bytes"), True),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x10 and 12x10)"), False),
+    (ValueError("Connection closed by peer"), False),  # not from a collective
+])
+def test_peer_failures_are_told_from_the_ranks_own_errors(error: BaseException, peer: bool) -> None:
+    assert is_peer_failure(error) is peer

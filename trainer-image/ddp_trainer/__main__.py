@@ -8,7 +8,7 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import parse_config
-from .runtime import Job
+from .runtime import Job, exit_process
 from .trainer import Trainer
 
 
@@ -38,4 +38,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # an exception takes the normal path: @record's error file, the traceback

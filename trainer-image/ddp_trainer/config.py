@@ -88,6 +88,7 @@ class CheckpointConfig:
     every_steps: int = 0  # 0: only the final (and SIGTERM) checkpoint
     keep: int = 2
     async_save: bool = False
+    rescue: bool = True  # a survivor of a peer's death saves its replica (at most the step in flight lost)
 
     def __post_init__(self) -> None:
         _require(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0", self.every_steps)
@@ -193,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--checkpoint-every", type=int, default=None, help="default: $DDPJOB_CHECKPOINT_INTERVAL_STEPS or 0")
     a("--checkpoint-keep", type=int, default=None, help="default: $DDPJOB_CHECKPOINT_KEEP or 2")
     a("--async-checkpoint", action="store_true", help="write checkpoints from a background thread")
+    a("--no-rescue-checkpoint", dest="rescue_checkpoint", action="store_false",
+      help="when a peer dies, do not save the surviving replica (resume from the last periodic checkpoint)")
     m = p.add_argument_group("model wrapping (DistributedDataParallel options, SyncBatchNorm, torch.compile)")
     m.add_argument("--ddp-find-unused-parameters", action="store_true")
     m.add_argument("--ddp-static-graph", action="store_true")
@@ -256,7 +259,8 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] | None = 
                           momentum=args.momentum, schedule=args.schedule, warmup_fraction=args.warmup_fraction,
                           grad_accum=args.grad_accum, grad_clip=args.grad_clip, precision=args.precision),
         checkpoint=CheckpointConfig(dir=args.checkpoint_dir or env.get("DDPJOB_CHECKPOINT_DIR") or None,
-                                    every_steps=every, keep=keep, async_save=args.async_checkpoint),
+                                    every_steps=every, keep=keep, async_save=args.async_checkpoint,
+                                    rescue=args.rescue_checkpoint),
         dist=DistConfig(backend=args.backend, timeout_s=args.dist_timeout),
         model=ModelConfig(find_unused_parameters=args.ddp_find_unused_parameters,
                           static_graph=args.ddp_static_graph,

@@ -19,7 +19,8 @@ from torch.utils.data import BatchSampler, DataLoader, Subset
 
 from .config import ConfigError, TrainConfig
 from .fault import due as fault_due, hang as fault_hang, hang_due as fault_hang_due, strike as fault_strike
-from .runtime import Job, ResumableDistributedSampler, atomic_write_json, check_resume, move_to, worker_init_fn
+from .runtime import (Job, ResumableDistributedSampler, atomic_write_json, check_resume, is_peer_failure, move_to,
+                      worker_init_fn)
 from .workloads import Workload, load_workload
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,17 @@ class Trainer:
     # ---- loop -------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Train to the end (exit code 0) or until a signal asks to stop (128 + signal number)."""
+        """Train to the end (exit code 0) or until a signal asks to stop (128 + signal number). A peer's
+        death fails this rank's next collective: the replica is then still whole at the last completed
+        step, so it is saved as a rescue checkpoint before the error ends the process."""
+        try:
+            return self._run()
+        except Exception as e:
+            if self.cfg.checkpoint.rescue and is_peer_failure(e):
+                self.job.rescue(self.progress.step, self._state(rng=None))
+            raise
+
+    def _run(self) -> int:
         while not self._finished():
             for micro_batches in self._step_batches():
                 self._train_step(micro_batches)
@@ -282,12 +293,13 @@ class Trainer:
             return
         rng = [None] * self.env.world_size
         dist.all_gather_object(rng, _rng_state())  # every rank's RNG, so an equal-size resume is exact
-        state = None
-        if self.env.is_main:
-            state = {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                     "scaler": self.scaler.state_dict(), "progress": asdict(self.progress),
-                     "world_size": self.env.world_size, "rng": rng, "data": self._data_signature()}
-        self.job.save(self.progress.step, state or {}, final=final)
+        self.job.save(self.progress.step, self._state(rng) if self.env.is_main else {}, final=final)
+
+    def _state(self, rng: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """What a checkpoint holds; `rng` None (a rescue: no collective to gather it) derives fresh streams."""
+        return {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(), "progress": asdict(self.progress),
+                "world_size": self.env.world_size, "rng": rng, "data": self._data_signature()}
 
     def _resume(self, model: torch.nn.Module) -> None:
         """All ranks load the checkpoint rank 0 found to be the newest intact one."""
@@ -306,9 +318,9 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])  # its saved LRs are replaced before the next step
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
-        if state["world_size"] == self.env.world_size:
+        if state["world_size"] == self.env.world_size and state.get("rng"):
             _set_rng_state(state["rng"][self.env.rank])
-        else:  # a different world: no per-rank stream to continue, derive a fresh distinct one
+        else:  # another world, or a rescue checkpoint: no per-rank stream to continue, derive a fresh one
             torch.manual_seed(self.cfg.data.seed + 1_000_003 * self.progress.step + self.env.rank)
         if self.env.is_main:
             log.info("resumed from checkpoint step=%d epoch=%d epoch_samples=%d (saved at world_size=%d, now %d)",

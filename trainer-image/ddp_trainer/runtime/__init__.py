@@ -4,7 +4,9 @@ API version 1 (`API_VERSION`); additions keep it, a breaking change bumps it. Se
 
 | name | what |
 | --- | --- |
-| `Job` | one object per trainer process: `Job.start()`, `resume()`, `save()`, `should_save()`, `should_stop()`, `report()`, `mean()`, `close()` |
+| `Job` | one object per trainer process: `Job.start()`, `resume()`, `save()`, `should_save()`, `should_stop()`, `rescue()`, `report()`, `mean()`, `close()` |
+| `is_peer_failure` | an exception from a collective that failed because a peer died: call `job.rescue()` with the intact replica |
+| `exit_process(code)` | the last line of a script's `__main__`: exit without interpreter teardown, where torch's C++ threads can abort a finished trainer |
 | `JobEnv` | rank, world size, restart count, generation, job name, checkpoint settings from the environment |
 | `CheckpointManager` | atomic save (temp + fsync + rename + commit marker), keep K >= 2 good ones, `load_latest` skipping corrupt ones |
 | `StopRequest` | SIGTERM/SIGINT -> a flag all ranks agree on at the same step, without a device sync; `exit_code` 143 |
@@ -18,8 +20,8 @@ API version 1 (`API_VERSION`); additions keep it, a breaking change bumps it. Se
 from .checkpoint import CheckpointDirError, CheckpointManager, atomic_write_bytes, atomic_write_json, check_writable
 from .data import batch_size_of, ignore_stop_signals, move_to, worker_init_fn
 from .distributed import (JobEnv, StopRequest, barrier, destroy_process_group, init_process_group,
-                          select_device)
-from .job import Job
+                          is_peer_failure, select_device)
+from .job import Job, exit_process
 from .progress import ProgressReporter, default_reporter, report
 from .sampler import ResumableDistributedSampler, ResumeMismatch, check_resume
 
@@ -28,6 +30,6 @@ API_VERSION = 1
 __all__ = [
     "API_VERSION", "CheckpointDirError", "CheckpointManager", "Job", "JobEnv", "ProgressReporter",
     "ResumableDistributedSampler", "ResumeMismatch", "StopRequest", "atomic_write_bytes", "atomic_write_json",
-    "barrier", "batch_size_of", "check_resume", "check_writable", "default_reporter", "destroy_process_group",
-    "ignore_stop_signals", "init_process_group", "move_to", "report", "select_device", "worker_init_fn",
+    "barrier", "batch_size_of", "check_resume", "check_writable", "default_reporter", "destroy_process_group", "exit_process",
+    "ignore_stop_signals", "init_process_group", "is_peer_failure", "move_to", "report", "select_device", "worker_init_fn",
 ]

@@ -2,7 +2,8 @@
 
 Layout under <dir>/checkpoints/:
     step-00000120.pt          torch.save of the state dict
-    step-00000120.committed   JSON {"step", "bytes", "sha256", "time"}; written last, it is the commit
+    step-00000120.committed   JSON {"step", "bytes", "sha256", "time", "generation"}; written last, it is the commit
+    step-00000120.rescue      a survivor's exclusive claim on writing step 120 as a rescue checkpoint
 
 A write goes to a hidden temp name unique to this process (a uuid, never a PID: PIDs repeat across
 pods on a shared volume), is fsynced, atomically renamed, then the commit marker is written the same
@@ -10,10 +11,18 @@ way. A checkpoint without a marker, or whose bytes do not match the marker, is n
 SIGKILL mid-write or a truncated file falls back to the previous checkpoint. Pruning keeps the newest
 `keep` checkpoints that are known good (a corrupt one never counts), and removes orphan `.pt` files
 and temp files nobody has touched for `stale_temp_seconds`.
+
+Rescue checkpoints (`save_rescue`): when a peer dies, every surviving rank still holds the whole
+replica at a step boundary, and any of them may write it, not only rank 0. Writers are fenced: the
+step's claim file is created exclusively (one writer per step, whoever is first), a step that already
+has a checkpoint is never rewritten, and a writer whose generation is older than any committed
+checkpoint's (a partitioned worker of a replaced generation) writes nothing, or withdraws its commit
+if such a checkpoint appears while it writes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -32,6 +41,7 @@ import torch
 log = logging.getLogger(__name__)
 _MARKER = re.compile(r"^step-(\d{8,})\.committed$")
 _DATA = re.compile(r"^step-(\d{8,})\.pt$")
+_CLAIM = re.compile(r"^step-(\d{8,})\.rescue$")
 _TEMP = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$|^\.step-.+\.tmp\d*$")  # ours, and the PID-named ones of 0.1
 STALE_TEMP_SECONDS = 300.0
 
@@ -119,13 +129,15 @@ class CheckpointManager:
     `keep` >= 2 good checkpoints are kept, so a crash while writing the newest still leaves one."""
 
     def __init__(self, directory: str | os.PathLike, keep: int = 2, *, is_writer: bool = True,
-                 async_save: bool = False, stale_temp_seconds: float = STALE_TEMP_SECONDS) -> None:
+                 async_save: bool = False, stale_temp_seconds: float = STALE_TEMP_SECONDS,
+                 generation: int = 0) -> None:
         if keep < 2:
             raise ValueError(f"keep must be >= 2, got {keep}")
         self.root = Path(directory)
         self.dir = self.root / "checkpoints"
         self.keep, self.is_writer, self.async_save = keep, is_writer, async_save
         self.stale_temp_seconds = stale_temp_seconds
+        self.generation = generation  # written into every marker: the fence of save_rescue
         self.last_committed_step: int | None = None
         self.corrupt: set[int] = set()  # steps found unreadable: never loaded, never counted as kept
         self._thread: threading.Thread | None = None
@@ -141,6 +153,9 @@ class CheckpointManager:
 
     def marker(self, step: int) -> Path:
         return self.dir / f"step-{step:08d}.committed"
+
+    def claim(self, step: int) -> Path:
+        return self.dir / f"step-{step:08d}.rescue"
 
     # ---- writing ------------------------------------------------------------------------------
 
@@ -175,16 +190,50 @@ class CheckpointManager:
             self._error = e
 
     def _write(self, step: int, state: dict[str, Any]) -> None:
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        data = buf.getbuffer()
         self.marker(step).unlink(missing_ok=True)  # rewriting a step (e.g. over a corrupt one): uncommit first
-        atomic_write_bytes(self.path(step), data)
-        marker = {"step": step, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "time": time.time()}
-        atomic_write_json(self.marker(step), marker)
+        self._commit(step, state)
         self.corrupt.discard(step)
         self.last_committed_step = step
         self._prune()
+
+    def _commit(self, step: int, state: dict[str, Any]) -> None:
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        data = buf.getbuffer()
+        atomic_write_bytes(self.path(step), data)
+        marker = {"step": step, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "time": time.time(),
+                  "generation": self.generation}
+        atomic_write_json(self.marker(step), marker)
+
+    def save_rescue(self, step: int, state: dict[str, Any]) -> bool:
+        """Any rank, after a peer died: commit `state` as step `step` unless another survivor claimed
+        that step, a checkpoint of it or of a later step exists, or a later generation has committed
+        any checkpoint. Synchronous. True if this process wrote it."""
+        if self.is_writer:
+            with contextlib.suppress(Exception):  # a failed async write must not stop the rescue
+                self.wait()
+        newest = self.committed_steps()
+        if (newest and newest[0] >= step) or self._newer_generation_committed():
+            return False
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(self.claim(step), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            return False  # another survivor writes this step
+        self._commit(step, state)
+        if self._newer_generation_committed():  # a new generation committed while we wrote: withdraw
+            self.marker(step).unlink(missing_ok=True)
+            self.path(step).unlink(missing_ok=True)
+            return False
+        self.last_committed_step = step
+        return True
+
+    def _newer_generation_committed(self) -> bool:
+        for step in self.committed_steps():
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(self.marker(step).read_text()).get("generation", 0) > self.generation:
+                    return True
+        return False
 
     def _prune(self) -> None:
         good = [s for s in self.committed_steps() if s not in self.corrupt]
@@ -195,8 +244,8 @@ class CheckpointManager:
                 self.marker(step).unlink(missing_ok=True)
                 self.path(step).unlink(missing_ok=True)
                 self.corrupt.discard(step)
-        for p in self.dir.iterdir():  # data files without a marker: torn writes of a killed writer
-            m = _DATA.match(p.name)
+        for p in self.dir.iterdir():  # data files without a marker (torn writes of a killed writer), old claims
+            m = _DATA.match(p.name) or _CLAIM.match(p.name)
             if m and int(m.group(1)) not in keep:
                 p.unlink(missing_ok=True)
         self.clean_stale_temp_files()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -85,6 +86,21 @@ def barrier(device: torch.device) -> None:
         dist.barrier(device_ids=[device.index])
     else:
         dist.barrier()
+
+
+# What Gloo and NCCL say when a peer is gone: its process died, its node vanished, or it stopped
+# answering until the collective timed out. torch raises these as RuntimeError (DistError in newer code).
+_PEER_FAILURE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|Connection refused|Timed out|timed out|"
+                           r"NCCL (communicator was aborted|error)|remote process exited|ncclRemoteError|"
+                           r"ProcessGroupNCCL.*(Watchdog|abort)|Socket Timeout|Read error", re.IGNORECASE)
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """True for a collective that failed because another rank did (not for an error in this rank's
+    own code): the survivors' replicas are then intact at the last completed optimizer step."""
+    if isinstance(error, dist.DistError):
+        return True
+    return isinstance(error, RuntimeError) and bool(_PEER_FAILURE.search(str(error)))
 
 
 def destroy_process_group() -> None:

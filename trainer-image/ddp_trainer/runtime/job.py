@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,17 @@ log = logging.getLogger(__name__)
 META = "ddpjob"  # key of the runtime's own entry in every checkpoint dict
 
 
+def exit_process(code: int) -> None:
+    """End a trainer that has closed its `Job` (checkpoint committed, process group destroyed) without
+    interpreter teardown: C++ objects torch leaves to static destructors (process-group and store
+    threads) can abort there ("terminate called without an active exception"), and a SIGABRT after
+    a clean finish would make the operator restart a finished job. Flushes logging and stdio first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 class Job:
     def __init__(self, env: JobEnv, device: torch.device, stop: StopRequest, *,
                  checkpoint_dir: str | os.PathLike | None = None, keep: int | None = None,
@@ -43,7 +55,8 @@ class Job:
         self.checkpoints: CheckpointManager | None = None
         if self.checkpoint_dir:  # checks that rank 0 can write there, now rather than at the first save
             self.checkpoints = CheckpointManager(self.checkpoint_dir, keep if keep is not None else env.checkpoint_keep,
-                                                 is_writer=env.is_main, async_save=async_save)
+                                                 is_writer=env.is_main, async_save=async_save,
+                                                 generation=env.generation)
         self.reporter = reporter if reporter is not None else ProgressReporter(
             self.checkpoint_dir, os.environ.get("DDPJOB_PROGRESS_URL") or None, enabled=env.is_main,
             http_enabled=env.local_rank == 0, token_file=os.environ.get("DDPJOB_PROGRESS_TOKEN_FILE") or None,
@@ -115,6 +128,25 @@ class Job:
                 self.checkpoints.save(step, {**state, META: meta}, blocking=final)
         if final and self.checkpoints is not None and dist.is_initialized():
             barrier(self.device)
+
+    def rescue(self, step: int, state: dict[str, Any]) -> bool:
+        """After a collective failed because a peer died (`is_peer_failure`), on every surviving rank:
+        save `state`, the replica this rank holds after `step` completed optimizer steps, so the next
+        generation resumes from it instead of an older periodic checkpoint. The first survivor to claim
+        the step writes it; the others, and a worker of a replaced generation, write nothing. No
+        collective. Returns True on the rank that wrote it."""
+        if self.checkpoints is None:
+            return False
+        meta = {"step": step, "world_size": self.env.world_size, "generation": self.env.generation,
+                "rescued_by_rank": self.env.rank}
+        try:
+            written = self.checkpoints.save_rescue(step, {**state, META: meta})
+        except OSError as e:  # the original failure matters more than this one
+            log.warning("rescue checkpoint of step %d not written: %s", step, e)
+            return False
+        if written:
+            log.warning("rescue checkpoint: rank %d saved step %d after a peer failed", self.env.rank, step)
+        return written
 
     @property
     def last_checkpoint_step(self) -> int | None:

@@ -1,0 +1,331 @@
+"""Recovery from a lost worker: seconds from a SIGKILL to the next optimizer step, and steps lost.
+
+Two setups of the same job (examples/cpu-digits.yaml: the bundled digits trainer, 2 workers, elastic
+1:2, a checkpoint every `intervalSteps`), measured in one run, on this machine, no cluster:
+
+- ours: `ddpjob run --local` semantics (LocalRunner: real torchrun agents, the operator's decision
+  layer, a dedicated rendezvous store, `--max-restarts=0`, a new generation per incident; the
+  surviving trainer saves a rescue checkpoint).
+- stock: what Kubeflow's PyTorchJob sets up for an elastic job: `torchrun --nnodes=1:2
+  --rdzv-backend=c10d` with torch's rendezvous defaults (keep-alive 5 s x 3, last call 30 s), the
+  store hosted by worker 0's agent (`is_host`), `--max-restarts=3`, one rendezvous id for the job's
+  life, and each pod restarted in place when its container exits (restartPolicy OnFailure; the
+  kubelet's restart is taken as immediate, which favours the baseline). The trainer resumes from
+  the last periodic checkpoint (`--no-rescue-checkpoint`: a user's script without our runtime).
+
+Workers 1, 0, 1, 0, ... have their whole process tree SIGKILLed at spread-out steps (worker 0 hosts
+rank 0 and, in the stock setup, the rendezvous store). Per kill: the last step rank 0 logged
+before it, the step training resumed from, steps lost, and seconds from the kill to the first step
+after the resume. Ours also gets a phase breakdown from the logs. Prints Markdown tables
+(docs/benchmarks.md, "Recovery from a lost worker").
+
+    .venv/bin/python bench/recovery.py [--kills 5] [--every 120] [--setups ours,stock]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from ddpjob_operator import validation
+from ddpjob_operator.local.logs import RESUME_LINE, STEP_LINE, LogTail
+from ddpjob_operator.local.runner import FaultInjection, LocalRunner, RunOptions
+from ddpjob_operator.local.view import Snapshot, Summary
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "cpu-digits.yaml"
+STEPS_PER_EPOCH = 23  # digits: 1,437 training samples / (32 x 2 workers), rounded up
+TRAINER_START = re.compile(r"rank=0 world_size=\d+ ")
+RESCUE = re.compile(r"rescue checkpoint: rank \d+ saved step (\d+)")
+ASCTIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+@dataclass
+class Timeline:
+    """(time.time(), kind, value) for kills, trainer starts, rescues, resumes and steps, by log time
+    where the line has one (the trainer's logging lines), else by the time it was read."""
+
+    log_dir: Path
+    entries: list[tuple[float, str, int]] = field(default_factory=list)
+    tails: dict[str, LogTail] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def poll(self) -> None:
+        with self.lock:
+            for path in sorted(self.log_dir.glob("*.log")):
+                tail = self.tails.setdefault(path.name, LogTail(path))
+                for line in tail.read_new_lines():
+                    now = time.time()
+                    stamp = ASCTIME.match(line)
+                    at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if stamp else now
+                    for kind, pattern in (("resume", RESUME_LINE), ("rescue", RESCUE), ("start", TRAINER_START),
+                                          ("step", STEP_LINE)):
+                        if match := pattern.search(line):
+                            value = int(match.group(1)) if pattern.groups else 0
+                            self.entries.append((at, kind, value))
+                            break
+
+    def add(self, kind: str, value: int) -> None:
+        self.poll()  # lines written before the event belong before it
+        with self.lock:
+            self.entries.append((time.time(), kind, value))
+
+    def last_step(self) -> int:
+        with self.lock:
+            return max((v for _, kind, v in self.entries if kind == "step"), default=0)
+
+    def sorted(self) -> list[tuple[float, str, int]]:
+        with self.lock:
+            return sorted(self.entries)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    worker: int
+    last_step: int
+    resumed_from: int
+    seconds: float
+    phases: dict[str, float]
+
+    @property
+    def steps_lost(self) -> int:
+        return max(self.last_step - self.resumed_from, 0)
+
+
+def recoveries(entries: list[tuple[float, str, int]]) -> list[Recovery]:
+    out = []
+    for i, (killed_at, kind, worker) in enumerate(entries):
+        if kind != "kill":
+            continue
+        last_step = max((v for _, k, v in entries[:i] if k == "step"), default=0)
+        nxt = next((j for j, e in enumerate(entries[i + 1:], i + 1) if e[1] == "kill"), len(entries))
+        after = entries[i + 1:nxt]
+        resume = next(((t, v) for t, k, v in after if k == "resume"), None)
+        if resume is None:
+            continue
+        first_step = next((t for t, k, _ in after if k == "step" and t >= resume[0]), None)
+        if first_step is None:
+            continue
+        marks = {"kill": killed_at}
+        for name, kind in (("rescued", "rescue"), ("restarted", "restart"), ("trainer up", "start")):
+            t = next((t for t, k, _ in after if k == kind and t <= resume[0]), None)
+            if t is not None and kind != "start":
+                marks[name] = t
+            elif t is not None:  # the trainer that resumed: its start line is the last before the resume
+                marks[name] = max(t for t, k, _ in after if k == kind and t <= resume[0])
+        marks["resumed"], marks["first step"] = resume[0], first_step
+        names = list(marks)
+        phases = {f"{a} -> {b}": marks[b] - marks[a] for a, b in zip(names, names[1:])}
+        out.append(Recovery(worker, last_step, resume[1], first_step - killed_at, phases))
+    return out
+
+
+def load_example(kills: int, every: int):
+    job = validation.load_jobs(EXAMPLE)[0]
+    spec = job.spec
+    epochs = 2 + (every * (kills + 1)) // STEPS_PER_EPOCH
+    spec = spec.model_copy(update={
+        "args": [*spec.args, "--epochs", str(epochs), "--log-every", "1"],  # a later --epochs wins
+        "failure_policy": spec.failure_policy.model_copy(update={"max_restarts": kills + 2}),
+    })
+    return job.model_copy(update={"spec": spec})
+
+
+# ---- ours: the local runner -------------------------------------------------------------------------
+
+class RecordingView:
+    def __init__(self, timeline: Timeline):
+        self.timeline = timeline
+
+    def update(self, snap: Snapshot) -> None:
+        self.timeline.poll()
+
+    def event(self, text: str) -> None:
+        if text.startswith("fault injection: killed"):
+            self.timeline.add("kill", int(text.split("-worker-")[1].split()[0]))
+        elif "GangRestart" in text or "Replace:" in text:
+            self.timeline.add("restart", 0)
+
+    def log_line(self, pod: str, line: str) -> None:
+        pass
+
+    def close(self, summary: Summary) -> None:
+        pass
+
+
+def poll_in_background(timeline: Timeline, stop: threading.Event) -> threading.Thread:
+    def loop() -> None:
+        while not stop.wait(0.05):
+            timeline.poll()
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_ours(job, kills: int, every: int, state: Path) -> tuple[str, list[Recovery]]:
+    faults = tuple(FaultInjection(index=(k + 1) % 2, at_step=every * (k + 1)) for k in range(kills))
+    timeline = Timeline(state / job.metadata.name / "logs")
+    stop = threading.Event()
+    poller = poll_in_background(timeline, stop)
+    try:
+        phase = LocalRunner(job, RunOptions(state_dir=state, faults=faults), RecordingView(timeline)).run()
+    finally:
+        stop.set()
+        poller.join()
+    timeline.poll()
+    return phase, recoveries(timeline.sorted())
+
+
+# ---- stock: torchrun elastic as Kubeflow's PyTorchJob runs it ---------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class StockPod:
+    """One worker pod: torchrun in its own process group, restarted when it exits non-zero."""
+
+    def __init__(self, index: int, argv: list[str], env: dict[str, str], log: Path, restart_limit: int):
+        self.index, self.argv, self.env, self.log = index, argv, env, log
+        self.restart_limit, self.restarts = restart_limit, 0
+        self.proc: subprocess.Popen | None = None
+        self.exit_code: int | None = None
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._kubelet, daemon=True)
+
+    def _kubelet(self) -> None:
+        while True:
+            with self.lock, open(self.log, "a") as out:
+                self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                             start_new_session=True, cwd=ROOT)
+            code = self.proc.wait()
+            if code == 0 or self.restarts >= self.restart_limit:
+                self.exit_code = code
+                return
+            self.restarts += 1  # restartPolicy OnFailure: the kubelet starts the container again
+
+    def kill(self) -> None:
+        with self.lock:
+            if self.proc is not None and self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def run_stock(job, kills: int, every: int, state: Path, timeout: float) -> tuple[str, list[Recovery]]:
+    spec = job.spec
+    logs, ckpt = state / "stock-logs", state / "stock-ckpt"
+    logs.mkdir(parents=True)
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    trainer = ["-m", "ddp_trainer", *spec.args, "--checkpoint-dir", str(ckpt),
+               "--checkpoint-every", str(spec.checkpoint.interval_steps), "--checkpoint-keep",
+               str(spec.checkpoint.keep), "--no-rescue-checkpoint"]
+    pods = []
+    for i in range(spec.replicas):
+        argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={spec.min_replicas}:{spec.replicas}",
+                "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                f"--rdzv-id={job.metadata.name}", f"--rdzv-conf=is_host={'true' if i == 0 else 'false'}",
+                "--max-restarts=3", *trainer]
+        pods.append(StockPod(i, argv, env, logs / f"worker-{i}.log", restart_limit=kills + 2))
+    timeline = Timeline(logs)
+    stop = threading.Event()
+    poller = poll_in_background(timeline, stop)
+    deadline = time.monotonic() + timeout
+    try:
+        pods[0].thread.start()
+        time.sleep(0.5)  # worker 0 hosts the store: as in a cluster, it usually starts first
+        pods[1].thread.start()
+        for k in range(kills):
+            victim, target = (k + 1) % 2, every * (k + 1)
+            while timeline.last_step() < target:
+                if time.monotonic() > deadline or all(p.exit_code is not None for p in pods):
+                    raise TimeoutError(f"stock: step {target} never came (last {timeline.last_step()})")
+                time.sleep(0.02)
+            timeline.add("kill", victim)
+            pods[victim].kill()
+        for p in pods:
+            p.thread.join(max(deadline - time.monotonic(), 1))
+        phase = "Succeeded" if all(p.exit_code == 0 for p in pods) else \
+            f"Failed (exit codes {[p.exit_code for p in pods]})"
+    finally:
+        for p in pods:
+            p.restart_limit = 0
+            p.kill()
+        stop.set()
+        poller.join()
+    timeline.poll()
+    return phase, recoveries(timeline.sorted())
+
+
+# ---- report ------------------------------------------------------------------------------------------
+
+def table(name: str, phase: str, results: list[Recovery], interval: int) -> None:
+    print(f"\n{name}: {phase}")
+    print("| kill | worker | last step | resumed from | steps lost | seconds to next step |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for n, r in enumerate(results, 1):
+        print(f"| {n} | {r.worker} | {r.last_step} | {r.resumed_from} | {r.steps_lost} | {r.seconds:.1f} |")
+    if results:
+        print(f"| **median** | | | | **{statistics.median(r.steps_lost for r in results):g}** "
+              f"| **{statistics.median(r.seconds for r in results):.1f}** |")
+        print(f"max: {max(r.steps_lost for r in results)} steps lost (interval {interval}), "
+              f"{max(r.seconds for r in results):.1f} s")
+    phases = sorted({p for r in results for p in r.phases}, key=lambda p: list(results[0].phases).index(p)
+                    if p in results[0].phases else 99)
+    if phases and any(len(r.phases) > 2 for r in results):
+        print("\n| phase | " + " | ".join(f"kill {n}" for n in range(1, len(results) + 1)) + " | median |")
+        print("| --- |" + " --- |" * (len(results) + 1))
+        for p in phases:
+            values = [r.phases.get(p) for r in results]
+            known = [v for v in values if v is not None]
+            print(f"| {p} | " + " | ".join("-" if v is None else f"{v:.1f}" for v in values)
+                  + f" | {statistics.median(known):.1f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=5, help="workers to kill, alternating 1, 0, 1, ...")
+    parser.add_argument("--every", type=int, default=120, help="training steps between kills")
+    parser.add_argument("--setups", default="ours,stock", help="comma-separated: ours, stock")
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds per setup")
+    args = parser.parse_args(argv)
+    job = load_example(args.kills, args.every)
+    interval = job.spec.checkpoint.interval_steps
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
+          f"{datetime.now().isoformat(timespec='minutes')}; job {EXAMPLE.name}, checkpoint every {interval} steps, "
+          f"kills every {args.every} steps")
+    medians = {}
+    for setup in args.setups.split(","):
+        with tempfile.TemporaryDirectory(prefix=f"ddpjob-recovery-{setup}-") as tmp:
+            started = time.monotonic()
+            if setup == "ours":
+                phase, results = run_ours(job, args.kills, args.every, Path(tmp))
+            elif setup == "stock":
+                phase, results = run_stock(job, args.kills, args.every, Path(tmp), args.timeout)
+            else:
+                parser.error(f"unknown setup {setup!r}")
+            table(f"{setup} ({time.monotonic() - started:.0f} s wall)", phase, results, interval)
+            if results:
+                medians[setup] = statistics.median(r.seconds for r in results)
+    if {"ours", "stock"} <= medians.keys():
+        print(f"\nmedian seconds to the next step: ours {medians['ours']:.1f}, stock {medians['stock']:.1f}: "
+              f"{medians['stock'] / medians['ours']:.1f}x faster")
+    return 0 if medians else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
