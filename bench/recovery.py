@@ -302,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=120, help="training steps between kills")
     parser.add_argument("--setups", default="ours,stock", help="comma-separated: ours, stock")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per setup")
+    parser.add_argument("--keep-logs", metavar="DIR", help="keep each setup's logs and checkpoints under DIR")
     args = parser.parse_args(argv)
     job = load_example(args.kills, args.every)
     interval = job.spec.checkpoint.interval_steps
@@ -311,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     medians = {}
     for setup in args.setups.split(","):
         with tempfile.TemporaryDirectory(prefix=f"ddpjob-recovery-{setup}-") as tmp:
+            if args.keep_logs:
+                tmp = str(Path(args.keep_logs) / setup)
+                Path(tmp).mkdir(parents=True)
             started = time.monotonic()
             if setup == "ours":
                 phase, results = run_ours(job, args.kills, args.every, Path(tmp))

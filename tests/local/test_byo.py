@@ -52,11 +52,14 @@ def test_byo_example_survives_a_worker_kill_and_a_scale_down(tmp_path: Path) -> 
     described = f"status {runner.status}\nevents:\n{view.transcript()}\n---- logs (tail)\n{logs[-4000:]}"
     assert runner.status.phase == "Succeeded", described
     assert runner.status.restarts == 1, described  # the kill; the scale-down is not a failure
-    # Resumed after the kill at world size 2, after the scale-down at world size 1, each time from a
-    # checkpoint at most one interval behind the last step trained before it.
+    # Resumed after the kill at world size 2, after the scale-down at world size 1. After the kill the
+    # survivor's rescue checkpoint loses at most the step in flight; after the scale-down the SIGTERM
+    # checkpoint loses nothing. (The last step seen before a resume comes from progress.json, which may
+    # lag a step behind what the trainers completed.)
     assert [r.world_size for r in runner.resumes][-1] == 1 and 2 in [r.world_size for r in runner.resumes], described
+    assert "rescue checkpoint: rank" in logs, described
     for resume, before in zip(runner.resumes, view.step_before_resume):
-        assert before is not None and before - INTERVAL <= resume.step <= before, described
+        assert before is not None and before - 1 <= resume.step <= before + 1, described
     # The scale-down stopped the trainers with SIGTERM: they finished the step and saved, DataLoader
     # workers and all, and training went on from that very step.
     assert "stop requested at step" in logs and "is killed by signal" not in logs, described

@@ -47,7 +47,10 @@ def test_killed_node_restarts_and_training_resumes_from_the_last_checkpoint(tmp_
     resumed = [line for line in all_logs.splitlines() if "resumed from checkpoint step=" in line]
     assert len(resumed) == 1, all_logs
     step = int(resumed[0].split("step=")[1].split()[0])
-    assert 50 <= step <= killed_at
+    # The survivor saved its replica (a rescue checkpoint): at most the step in flight is lost, not
+    # the 25 steps of the checkpoint interval (progress.json may lag the last step by a little).
+    assert step >= killed_at - 1, all_logs
+    assert "rescue checkpoint: rank" in all_logs or step % 25 == 0, all_logs
     result = read_json(ckpt / "result.json")
     assert result["status"] == "completed" and result["epoch"] == 16 and result["eval_accuracy"] >= 0.95
 

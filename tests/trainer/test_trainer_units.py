@@ -194,3 +194,18 @@ def test_claims_of_pruned_steps_are_removed(tmp_path: Path) -> None:
 ])
 def test_peer_failures_are_told_from_the_ranks_own_errors(error: BaseException, peer: bool) -> None:
     assert is_peer_failure(error) is peer
+
+
+def test_the_shipped_digits_split_is_sklearns() -> None:
+    """digits.npz spares every trainer start the sklearn import; it must hold exactly sklearn's split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from ddp_trainer.workloads import digits
+
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
+    train, test = digits.build_datasets(None)
+    for (xs, ys), (images, labels) in (((x_train, y_train), train.tensors), ((x_test, y_test), test.tensors)):
+        assert torch.equal(images, torch.tensor(xs / 16.0, dtype=torch.float32))
+        assert torch.equal(labels, torch.tensor(ys, dtype=torch.long))
