@@ -15,6 +15,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from . import model
+from .launcher import (FORK_TRAINER_ENV, LAUNCHER_PROGRAM, RENDEZVOUS_CLOSED_MARK,  # noqa: F401 (re-exported)
+                       RENDEZVOUS_FAILED_PREFIX, TERMINATION_LOG_ENV, TERMINATION_LOG_PATH,
+                       TERMINATION_MESSAGE_LIMIT)
 
 # ---------------------------------------------------------------- labels (the one place for keys)
 
@@ -75,68 +78,6 @@ def store_endpoint(job_name: str, namespace: str, port: int) -> str:
 def rendezvous_id(uid: str, generation: int) -> str:
     # Unique per job *and* generation: never torchrun's default "none", which collides across jobs.
     return f"{uid}-g{generation}"
-
-
-# ---------------------------------------------------------------- worker launcher
-
-TERMINATION_LOG_ENV = "DDPJOB_TERMINATION_LOG"
-TERMINATION_LOG_PATH = "/dev/termination-log"  # the container's default terminationMessagePath
-# Kubernetes keeps at most 4096 bytes of a container's termination message.
-TERMINATION_MESSAGE_LIMIT = 4000
-# The launcher starts its message with this when torchrun could not form the group (join timeout,
-# a closed or unreachable rendezvous): an infrastructure failure, retried in a fresh generation.
-RENDEZVOUS_FAILED_PREFIX = "rendezvous failed"
-# ...and ends it with this when its exit closed the generation's rendezvous for every agent (torch's
-# launch_agent closes it on any exit but a signal): no replacement may join that generation again.
-RENDEZVOUS_CLOSED_MARK = "[rendezvous closed]"
-
-# Started as `python -c LAUNCHER_PROGRAM <torchrun args...>`: torchrun's own entry point, run
-# in-process, so that the container's exit code is the failed trainer's (torchrun itself always exits
-# 1), 128+N for a signal N, and the failure is written where the kubelet reads termination messages.
-# A constant, never built from user input.
-LAUNCHER_PROGRAM = f"""\
-import os, sys
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous import RendezvousError
-from torch.distributed.run import main
-
-def report(text, closed=True):
-    path = os.environ.get("{TERMINATION_LOG_ENV}", "{TERMINATION_LOG_PATH}")
-    mark = " {RENDEZVOUS_CLOSED_MARK}" if closed else ""
-    data = text.encode("utf-8", "replace")[:{TERMINATION_MESSAGE_LIMIT} - len(mark)] + mark.encode()
-    try:
-        with open(path, "wb") as log:
-            log.write(data)
-    except OSError:
-        pass  # no termination log here (not in a container): the log has the same story
-
-try:
-    main(sys.argv[1:])
-except ChildFailedError as failed:
-    rank, failure = failed.get_first_failure()
-    code = 128 - failure.exitcode if failure.exitcode < 0 else failure.exitcode
-    if isinstance(failure.message, dict):  # the exception recorded by @record in the trainer
-        detail = failure.message.get("message", "")
-    elif failure.exitcode < 0:
-        detail = "killed by " + failure.signal_name()
-    else:
-        detail = ""  # exited without a recorded exception: its log says why
-    print(failed, file=sys.stderr, flush=True)
-    report(f"rank {{rank}} (local rank {{failure.local_rank}}) exited with code {{code}}"
-           + (f": {{detail}}" if detail else ""))
-    sys.exit(code)
-except RendezvousError as error:
-    report(f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}")
-    print(f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}", file=sys.stderr, flush=True)
-    sys.exit(1)
-except SignalException as stopped:
-    report(f"torchrun stopped by {{stopped.sigval.name}}; exit code {{128 + stopped.sigval}}", closed=False)
-    sys.exit(128 + stopped.sigval)
-except Exception as error:
-    report(f"torchrun failed: {{type(error).__name__}}: {{error}}")
-    raise
-"""
 
 
 # ---------------------------------------------------------------- names

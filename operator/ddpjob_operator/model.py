@@ -589,10 +589,15 @@ class Checkpoint(APIModel):
 
 
 class Backoff(APIModel):
-    initial_seconds: int = Field(default=5, ge=0, le=3600,
-                                 description="Delay before the first replacement.")
+    """Delays between charged restarts that made no training progress (a crash loop). A failure after
+    the job trained beyond the step of the previous charged failure is replaced at once."""
+
+    initial_seconds: int = Field(default=5, ge=0, le=3600, description=(
+        "Delay before replacing a worker after a charged failure without training progress since the "
+        "previous one (or before any step was reported)."))
     max_seconds: int = Field(default=300, ge=0, le=86400, description="Upper bound of the delay.")
-    factor: float = Field(default=2.0, ge=1.0, le=10.0, description="Growth factor per restart.")
+    factor: float = Field(default=2.0, ge=1.0, le=10.0, description=(
+        "Growth factor per further charged failure in a row without progress."))
 
 
 ExitCode = Annotated[int, Field(ge=1, le=255)]
@@ -861,6 +866,9 @@ class Incident(APIModel):
     charged: bool = Field(default=False, description="Whether it spent one restart of failurePolicy.maxRestarts.")
     message: str = Field(default="", description="The first failure and how many workers exited with it.")
     ranks: list[int] = Field(default_factory=list, description="Replica indices that exited or were lost in it.")
+    step: int | None = Field(default=None, description=(
+        "Training step last reported when it was recorded (status.progress.step), if any: a charged "
+        "incident beyond the previous one's step is restarted without backoff."))
 
 
 class DDPJobStatus(APIModel):

@@ -104,9 +104,21 @@ def test_oom_is_retryable_by_default():
     assert d.classify_exit(137, "OOMKilled", False, model.FailurePolicy()) == d.RETRYABLE
 
 
-@pytest.mark.parametrize("restarts, expected", [(0, 0), (1, 10), (2, 20), (3, 40), (4, 60), (10, 60)])
-def test_backoff_is_exponential_and_capped(restarts, expected):
-    assert d.backoff_seconds(restarts, model.Backoff(initial_seconds=10, max_seconds=60, factor=2)) == expected
+@pytest.mark.parametrize("steps, expected", [
+    ([], 0),
+    ([None], 10), ([None, None], 20), ([None] * 3, 40), ([None] * 4, 60), ([None] * 10, 60),  # no reports
+    ([40], 0), ([40, 80, 120], 0),  # trained between failures: replaced at once, however many
+    ([40, 40], 10), ([40, 40, 40], 20), ([40, 40, 40, 40, 40], 60),  # failing at the same step: a loop
+    ([40, 40, 90], 0), ([40, 90, 90], 10),  # progress ends a loop; a loop after progress starts over
+    ([None, 30], 0),  # the first report came after the previous failure: it trained
+    (["uncharged", 40, 40], 10),  # a disruption between them does not count
+])
+def test_backoff_grows_only_over_failures_in_a_row_without_progress(steps, expected):
+    incidents = [model.Incident(generation=g, time="2026-11-23T00:00:00Z", cause=d.RETRYABLE, charged=True, step=s)
+                 if s != "uncharged" else model.Incident(generation=g, time="2026-11-23T00:00:00Z",
+                                                         cause=d.DISRUPTION, charged=False)
+                 for g, s in enumerate(steps)]
+    assert d.backoff_seconds(incidents, model.Backoff(initial_seconds=10, max_seconds=60, factor=2)) == expected
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -234,9 +246,11 @@ def test_second_failure_of_replacement_is_charged_again():
     s = spec(minReplicas=1)
     status = running_status(restarts=1, ranks=[{"index": 0, "pod": "j-worker-0", "phase": "Running"},
                                                {"index": 1, "pod": "j-worker-1", "phase": "Running", "restarts": 1}])
+    status.incidents = [model.Incident(generation=0, time="2026-11-22T00:00:00Z", cause=d.RETRYABLE, charged=True)]
     out = decide(job(s, status), seen(w(0), failed(1, 143, attempt=1)))
     assert out.status.restarts == 2 and out.status.ranks[1].restarts == 2
-    assert out.requeue_after == 20  # exponential: second restart waits initial * factor
+    # No step reported between the two failures (a crash loop): the second waits initial * factor.
+    assert out.requeue_after == 20
 
 
 def test_permanent_failure_fails_job_naming_rank_code_and_reason():

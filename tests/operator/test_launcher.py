@@ -33,14 +33,14 @@ time.sleep(120)
 
 
 class Launched:
-    def __init__(self, tmp_path: Path, body: str):
+    def __init__(self, tmp_path: Path, body: str, **env: str):
         script = tmp_path / "entry.py"
         script.write_text(body)
         self.termination_log = tmp_path / "termination-log"
         argv = [sys.executable, "-c", builders.LAUNCHER_PROGRAM, "--standalone", "--nnodes=1",
                 "--nproc-per-node=1", "--shutdown-timeout=5", str(script)]
         env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
-               builders.TERMINATION_LOG_ENV: str(self.termination_log)}
+               builders.TERMINATION_LOG_ENV: str(self.termination_log), **env}
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def wait(self) -> tuple[int, str]:
@@ -70,6 +70,21 @@ def test_launcher_exits_with_the_trainers_code_and_writes_the_termination_messag
     assert got == code, out
     assert launched.message() == message
     assert "Root Cause (first observed failure)" in out, "torchrun's failure summary still reaches the log"
+
+
+@pytest.mark.parametrize("fork, preloaded", [("1", True), ("0", False)], ids=["forked", "new-interpreter"])
+def test_the_trainer_is_forked_from_the_agent_with_torch_already_imported(tmp_path, fork, preloaded):
+    body = "import sys\nprint('torch preloaded:', 'torch' in sys.modules, flush=True)\nsys.exit(5)\n"
+    code, out = Launched(tmp_path, body, **{builders.FORK_TRAINER_ENV: fork}).wait()
+    assert code == 5 and f"torch preloaded: {preloaded}" in out, out
+
+
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_os_exit_in_a_forked_trainer_ends_it_with_that_code(tmp_path, exit_code):
+    """torchrun waits for a forked trainer's return value: os._exit must not skip handing it over."""
+    launched = Launched(tmp_path, f"import os\nos._exit({exit_code})\n")
+    code, out = launched.wait()
+    assert code == exit_code, out
 
 
 def test_sigterm_to_the_launcher_stops_the_trainer_and_exits_143(tmp_path):

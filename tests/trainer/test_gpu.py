@@ -49,3 +49,29 @@ def test_6_agreeing_on_a_stop_never_synchronises_the_device(tmp_path: Path) -> N
     assert run(cmd, base_env(), tmp_path / "log", 120) == 0, tail(tmp_path / "log")
     log = (tmp_path / "log").read_text()
     assert "rank 0 stopped at 11" in log and "rank 1 stopped at 11" in log, tail(tmp_path / "log")
+
+
+GPU_TRAINER = """
+import sys
+print("torch preloaded:", "torch" in sys.modules, flush=True)
+import torch, torch.distributed as dist
+dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+x = torch.ones(4, device="cuda")
+dist.all_reduce(x)
+print("nccl all_reduce:", x.sum().item(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_on_a_gpu_node_the_launcher_starts_the_trainer_as_a_new_interpreter(tmp_path: Path) -> None:
+    """Elsewhere the launcher forks the trainer from torchrun's agent (torch already imported), but a
+    forked child cannot use CUDA once the agent has touched it: with a GPU visible, the trainer must
+    be a fresh interpreter and initialise CUDA and NCCL normally."""
+    launcher = pytest.importorskip("ddpjob_operator.launcher", reason="the operator package is not on the path")
+    script = tmp_path / "gpu_trainer.py"
+    script.write_text(GPU_TRAINER)
+    cmd = [PY, "-c", launcher.LAUNCHER_PROGRAM, "--standalone", "--nproc-per-node=1", str(script)]
+    env = {**base_env(), launcher.TERMINATION_LOG_ENV: str(tmp_path / "termination-log")}
+    assert run(cmd, env, tmp_path / "log", 300) == 0, tail(tmp_path / "log")
+    log = (tmp_path / "log").read_text()
+    assert "torch preloaded: False" in log and "nccl all_reduce: 4.0" in log, tail(tmp_path / "log")

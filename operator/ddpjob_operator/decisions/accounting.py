@@ -60,11 +60,20 @@ def classify_exit(exit_code: int | None, reason: str | None, disruption: bool,
     return PERMANENT  # 1-127: the user's program said no
 
 
-def backoff_seconds(restarts: int, backoff: model.Backoff) -> float:
-    """Delay before the `restarts`-th charged restart (1-based) is carried out."""
-    if restarts <= 0:
+def backoff_seconds(incidents: list[model.Incident], backoff: model.Backoff) -> float:
+    """Delay before the restart of the newest charged incident is carried out. None after training
+    progress (its step beyond the previous charged incident's): a job that trains between failures
+    never waits. The k-th charged incident in a row without progress (a crash loop, or a trainer
+    that reports no steps) waits initialSeconds x factor^(k-1), at most maxSeconds."""
+    charged = [i for i in incidents if i.charged]
+    in_a_row = 0
+    for newer, older in zip(reversed(charged), [*reversed(charged[:-1]), None]):
+        if newer.step is not None and (older is None or older.step is None or newer.step > older.step):
+            break
+        in_a_row += 1
+    if in_a_row == 0:
         return 0.0
-    return float(min(backoff.initial_seconds * backoff.factor ** (restarts - 1), backoff.max_seconds))
+    return float(min(backoff.initial_seconds * backoff.factor ** (in_a_row - 1), backoff.max_seconds))
 
 
 def _member_class(plan: Plan, spec: model.DDPJobSpec, w: WorkerObservation) -> FailureClass:
@@ -146,7 +155,8 @@ def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
               PERMANENT: REASON_PERMANENT_ERROR, CONSEQUENCE: REASON_RENDEZVOUS_CLOSED}[cause]
     plan.record_incident(model.Incident(
         generation=status.generation, time=rfc3339(began), cause=cause, reason=reason,
-        charged=charged and not budget_spent, message=summary, ranks=sorted({w.index for w, _ in members})))
+        charged=charged and not budget_spent, message=summary, ranks=sorted({w.index for w, _ in members}),
+        step=status.progress.step if status.progress else None))
     if cause == PERMANENT:
         fail(plan, spec, REASON_PERMANENT_ERROR,
              f"{summary}: a permanent error by failurePolicy (exit codes 1-127 unless listed in "

@@ -88,7 +88,7 @@ def _failure_gate(plan: Plan, spec: model.DDPJobSpec, w: WorkerObservation) -> d
     """When a failed pod may be removed (its replacement follows): after the backoff."""
     if w.disruption or w.finished_at is None:
         return plan.now
-    return w.finished_at + timedelta(seconds=backoff_seconds(plan.status.restarts, spec.failure_policy.backoff))
+    return w.finished_at + timedelta(seconds=backoff_seconds(plan.status.incidents, spec.failure_policy.backoff))
 
 
 def _unschedulable(plan: Plan, current: list[WorkerObservation]) -> str | None:

@@ -1,0 +1,118 @@
+"""The worker launcher: the program every worker container runs (`python -c LAUNCHER_PROGRAM
+<torchrun args>`), and the words it leaves in the termination message. Standard library only, so the
+trainer image's tests can run it without the operator's dependencies."""
+
+from __future__ import annotations
+
+TERMINATION_LOG_ENV = "DDPJOB_TERMINATION_LOG"
+TERMINATION_LOG_PATH = "/dev/termination-log"  # the container's default terminationMessagePath
+# Kubernetes keeps at most 4096 bytes of a container's termination message.
+TERMINATION_MESSAGE_LIMIT = 4000
+# The launcher starts its message with this when torchrun could not form the group (join timeout,
+# a closed or unreachable rendezvous): an infrastructure failure, retried in a fresh generation.
+RENDEZVOUS_FAILED_PREFIX = "rendezvous failed"
+# ...and ends it with this when its exit closed the generation's rendezvous for every agent (torch's
+# launch_agent closes it on any exit but a signal): no replacement may join that generation again.
+RENDEZVOUS_CLOSED_MARK = "[rendezvous closed]"
+
+# On a node without GPUs the trainer starts as a fork of the agent, which has imported torch already,
+# instead of a new interpreter importing it again: seconds off every start and restart
+# (bench/recovery.py). Where a GPU is visible it starts as a new interpreter, as torchrun does: CUDA
+# cannot be used in a child forked after the agent touched it. 0 or 1 in the pod's env forces either.
+FORK_TRAINER_ENV = "DDPJOB_FORK_TRAINER"
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")  # NVIDIA's and AMD's driver nodes
+
+# Started as `python -c LAUNCHER_PROGRAM <torchrun args...>`: torchrun's own entry point, run
+# in-process, so that the container's exit code is the failed trainer's (torchrun itself always exits
+# 1), 128+N for a signal N, and the failure is written where the kubelet reads termination messages.
+# A constant, never built from user input.
+LAUNCHER_PROGRAM = f"""\
+import logging, os, runpy, signal, sys
+import torch.distributed.run as torchrun
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousError
+from torch.distributed.run import main
+
+def run_trainer(module, target, *args):
+    # In the forked child: the agent's signal handlers are not the trainer's, and os._exit (which
+    # would skip handing torchrun the return value it waits for) becomes a normal exit.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    real_exit, os._exit = os._exit, sys.exit
+    sys.argv = [target, *args]
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    finally:
+        os._exit = real_exit
+
+def forked_config(args, config_from_args=torchrun.config_from_args):
+    config, cmd, cmd_args = config_from_args(args)
+    gpu = any(os.path.exists(path) for path in {GPU_DEVICE_FILES!r})
+    if os.environ.get("{FORK_TRAINER_ENV}", "0" if gpu else "1") == "0" or args.no_python or args.run_path:
+        return config, cmd, cmd_args
+    config.start_method = "fork"
+    return config, run_trainer, [bool(args.module), args.training_script, *args.training_script_args]
+
+torchrun.config_from_args = forked_config
+
+class PlainTraceback(logging.Filter):
+    # torch's log formatter imports torch._dynamo (2 s) to format any record with a traceback, such as
+    # the agent's report of a failed trainer: that would delay every restart. Format it plainly here.
+    def filter(self, record):
+        if record.exc_info:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+        return True
+
+for name in [n for n in logging.root.manager.loggerDict if n == "torch" or n.startswith("torch.")]:
+    for handler in getattr(logging.getLogger(name), "handlers", ()):
+        handler.addFilter(PlainTraceback())
+
+def finish(code):
+    # Skip interpreter teardown: unloading torch takes most of a second, on the path from a failure to
+    # the operator seeing it, and its C++ threads can abort there.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+def report(text, closed=True):
+    path = os.environ.get("{TERMINATION_LOG_ENV}", "{TERMINATION_LOG_PATH}")
+    mark = " {RENDEZVOUS_CLOSED_MARK}" if closed else ""
+    data = text.encode("utf-8", "replace")[:{TERMINATION_MESSAGE_LIMIT} - len(mark)] + mark.encode()
+    try:
+        with open(path, "wb") as log:
+            log.write(data)
+    except OSError:
+        pass  # no termination log here (not in a container): the log has the same story
+
+try:
+    main(sys.argv[1:])
+    finish(0)
+except ChildFailedError as failed:
+    rank, failure = failed.get_first_failure()
+    code = 128 - failure.exitcode if failure.exitcode < 0 else failure.exitcode
+    if isinstance(failure.message, dict):  # the exception recorded by @record in the trainer
+        detail = failure.message.get("message", "")
+    elif failure.exitcode < 0:
+        detail = "killed by " + failure.signal_name()
+    else:
+        detail = ""  # exited without a recorded exception: its log says why
+    print(failed, file=sys.stderr, flush=True)
+    report(f"rank {{rank}} (local rank {{failure.local_rank}}) exited with code {{code}}"
+           + (f": {{detail}}" if detail else ""))
+    finish(code)
+except RendezvousError as error:
+    report(f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}")
+    print(f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}", file=sys.stderr, flush=True)
+    finish(1)
+except SignalException as stopped:
+    report(f"torchrun stopped by {{stopped.sigval.name}}; exit code {{128 + stopped.sigval}}", closed=False)
+    finish(128 + stopped.sigval)
+except Exception as error:
+    report(f"torchrun failed: {{type(error).__name__}}: {{error}}")
+    raise
+"""
