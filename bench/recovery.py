@@ -28,7 +28,6 @@ import argparse
 import os
 import platform
 import re
-import signal
 import socket
 import statistics
 import subprocess
@@ -42,6 +41,7 @@ from pathlib import Path
 
 from ddpjob_operator import validation
 from ddpjob_operator.local.logs import RESUME_LINE, STEP_LINE, LogTail
+from ddpjob_operator.local.processes import MARKER_ENV, kill_marked, marker_for
 from ddpjob_operator.local.runner import FaultInjection, LocalRunner, RunOptions
 from ddpjob_operator.local.view import Snapshot, Summary
 
@@ -120,12 +120,12 @@ def recoveries(entries: list[tuple[float, str, int]]) -> list[Recovery]:
         if first_step is None:
             continue
         marks = {"kill": killed_at}
-        for name, kind in (("rescued", "rescue"), ("restarted", "restart"), ("trainer up", "start")):
-            t = next((t for t, k, _ in after if k == kind and t <= resume[0]), None)
-            if t is not None and kind != "start":
-                marks[name] = t
-            elif t is not None:  # the trainer that resumed: its start line is the last before the resume
-                marks[name] = max(t for t, k, _ in after if k == kind and t <= resume[0])
+        restarted = next((t for t, k, _ in after if k == "restart" and t <= resume[0]), None)
+        if restarted is not None:  # ours: the runner's decision to start a new generation
+            marks["new generation"] = restarted
+        starts = [t for t, k, _ in after if k == "start" and t <= resume[0]]
+        if starts:  # the trainer that resumed: its start line is the last one before the resume
+            marks["trainer up"] = max(starts)
         marks["resumed"], marks["first step"] = resume[0], first_step
         names = list(marks)
         phases = {f"{a} -> {b}": marks[b] - marks[a] for a, b in zip(names, names[1:])}
@@ -198,10 +198,12 @@ def free_port() -> int:
 
 
 class StockPod:
-    """One worker pod: torchrun in its own process group, restarted when it exits non-zero."""
+    """One worker pod: torchrun and its trainer (torchrun starts it in a session of its own), marked
+    so that a kill reaches the whole tree, restarted when it exits non-zero."""
 
     def __init__(self, index: int, argv: list[str], env: dict[str, str], log: Path, restart_limit: int):
-        self.index, self.argv, self.env, self.log = index, argv, env, log
+        self.marker = marker_for(f"bench-{os.getpid()}", "stock", index)
+        self.index, self.argv, self.env, self.log = index, argv, {**env, MARKER_ENV: self.marker}, log
         self.restart_limit, self.restarts = restart_limit, 0
         self.proc: subprocess.Popen | None = None
         self.exit_code: int | None = None
@@ -221,8 +223,7 @@ class StockPod:
 
     def kill(self) -> None:
         with self.lock:
-            if self.proc is not None and self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_marked(self.marker)
 
 
 def run_stock(job, kills: int, every: int, state: Path, timeout: float) -> tuple[str, list[Recovery]]:
@@ -284,8 +285,7 @@ def table(name: str, phase: str, results: list[Recovery], interval: int) -> None
               f"| **{statistics.median(r.seconds for r in results):.1f}** |")
         print(f"max: {max(r.steps_lost for r in results)} steps lost (interval {interval}), "
               f"{max(r.seconds for r in results):.1f} s")
-    phases = sorted({p for r in results for p in r.phases}, key=lambda p: list(results[0].phases).index(p)
-                    if p in results[0].phases else 99)
+    phases = list(dict.fromkeys(p for r in results for p in r.phases))
     if phases and any(len(r.phases) > 2 for r in results):
         print("\n| phase | " + " | ".join(f"kill {n}" for n in range(1, len(results) + 1)) + " | median |")
         print("| --- |" + " --- |" * (len(results) + 1))

@@ -75,3 +75,20 @@ def test_on_a_gpu_node_the_launcher_starts_the_trainer_as_a_new_interpreter(tmp_
     assert run(cmd, env, tmp_path / "log", 300) == 0, tail(tmp_path / "log")
     log = (tmp_path / "log").read_text()
     assert "torch preloaded: False" in log and "nccl all_reduce: 4.0" in log, tail(tmp_path / "log")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL refuses two ranks on one GPU)")
+def test_a_hung_peer_fails_the_nccl_job_within_the_steady_timeout(tmp_path: Path) -> None:
+    """NCCL waits 10 minutes for a peer by default. A frozen rank (SIGSTOP) must end the job once the
+    steady collective timeout passed: the survivor's NCCL watchdog aborts its collective
+    (TORCH_NCCL_ASYNC_ERROR_HANDLING, as the operator sets it) and the agent ends the run."""
+    from trainer_harness import torchrun_cmd
+
+    ckpt = tmp_path / "ckpt"
+    args = ["--workload", "digits", "--epochs", "50", "--batch-size", "16", "--device", "cuda", "--backend", "nccl",
+            "--log-every", "10", "--dist-steady-timeout", "10", "--fault-hang-at-step", "30", "--fault-rank", "1"]
+    cmd = torchrun_cmd(args, nproc=2)
+    cmd.insert(3, "--shutdown-timeout=2")
+    log = tmp_path / "log"
+    assert run(cmd, base_env(ckpt, TORCH_NCCL_ASYNC_ERROR_HANDLING="1"), log, 150) != 0, tail(log)
+    assert "hanging (SIGSTOP)" in log.read_text(), tail(log, 80)

@@ -88,3 +88,19 @@ def test_resume_at_another_world_size_repeats_and_skips_no_sample(tmp_path: Path
         assert sorted(indices) == list(range(n)), f"epoch {epoch} skipped {set(range(n)) - set(indices)}"
     assert seen[0] != seen[1]  # reshuffled
     assert read_json(ckpt / "result.json")["world_size"] == world_after
+
+
+def test_a_hung_peer_fails_the_survivors_collective_within_the_steady_timeout(tmp_path: Path) -> None:
+    """A frozen rank (SIGSTOP: its sockets stay open, nothing resets them, as with a lost node or a
+    wedged process) would hold the survivor in its next collective for Gloo's 30 minutes (NCCL's 10).
+    Once the first steps ran, the collective timeout is --dist-steady-timeout: the survivor's
+    collective fails after it, and the survivor saves its replica before exiting."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--workload", "digits", "--epochs", "50", "--batch-size", "16", "--checkpoint-every", "1000",
+            "--log-every", "10", "--dist-steady-timeout", "5", "--fault-hang-at-step", "30", "--fault-rank", "1"]
+    cmd = torchrun_cmd(args, nproc=2)
+    cmd.insert(3, "--shutdown-timeout=2")  # then the agent SIGKILLs the frozen rank
+    log = tmp_path / "log"
+    assert run(cmd, base_env(ckpt), log, 120) != 0, tail(log)
+    text = log.read_text()
+    assert "rescue checkpoint: rank 0 saved step 30 after a peer failed" in text, tail(log, 80)

@@ -189,6 +189,7 @@ def test_claims_of_pruned_steps_are_removed(tmp_path: Path) -> None:
     (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection reset by peer"), True),
     (RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 30000ms for recv"), True),
     (torch.distributed.DistNetworkError("failed to recv, got 0 bytes"), True),
+    (RuntimeError("Application timeout caused pair closure"), True),  # Gloo, after the collective timeout
     (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x10 and 12x10)"), False),
     (ValueError("Connection closed by peer"), False),  # not from a collective
 ])

@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(argv)
     c = cfg.checkpoint
     job = Job.start(device=cfg.device, backend=cfg.dist.backend, timeout_s=cfg.dist.timeout_s,
+                    steady_timeout_s=cfg.dist.steady_timeout_s,
                     checkpoint_dir=c.dir or "", keep=c.keep, every_steps=c.every_steps, async_save=c.async_save)
     env, log = job.env, logging.getLogger(__name__)
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,

@@ -100,10 +100,15 @@ class CheckpointConfig:
 class DistConfig:
     backend: str = "auto"  # auto: nccl when CUDA is available, gloo otherwise
     timeout_s: float = 1800.0  # collective timeout (also bounds how long ranks wait for a checkpoint write)
+    # After the first steps (outside checkpoint saves): a hung or silently lost peer fails the collectives
+    # in this time, not NCCL's 10 or Gloo's 30 minutes. 0: keep timeout_s.
+    steady_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         _require(self.backend in ("auto", "nccl", "gloo"), "dist.backend", "must be auto, nccl or gloo", self.backend)
         _require(self.timeout_s > 0, "dist.timeout_s", "must be > 0", self.timeout_s)
+        _require(0 <= self.steady_timeout_s <= self.timeout_s, "dist.steady_timeout_s",
+                 f"must be between 0 (off) and dist.timeout_s ({self.timeout_s:g})", self.steady_timeout_s)
 
 
 @dataclass
@@ -204,7 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--sync-batchnorm", action="store_true", help="convert BatchNorm layers to SyncBatchNorm")
     m.add_argument("--compile", action="store_true", help="torch.compile the DDP-wrapped model")
     a("--backend", default="auto", choices=["auto", "nccl", "gloo"])
-    a("--dist-timeout", type=float, default=1800.0, help="collective timeout in seconds")
+    a("--dist-timeout", type=float, default=1800.0, help="collective timeout in seconds (start-up, checkpoint saves)")
+    a("--dist-steady-timeout", type=float, default=300.0,
+      help="collective timeout once the first 10 steps ran, outside checkpoint saves: a hung peer fails the "
+           "job's collectives in this time (0: --dist-timeout throughout)")
     a("--log-every", type=int, default=10)
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
     a("--record-samples", default=None, metavar="PATH", help="debug: log consumed sample indices per rank")
@@ -261,7 +269,7 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] | None = 
         checkpoint=CheckpointConfig(dir=args.checkpoint_dir or env.get("DDPJOB_CHECKPOINT_DIR") or None,
                                     every_steps=every, keep=keep, async_save=args.async_checkpoint,
                                     rescue=args.rescue_checkpoint),
-        dist=DistConfig(backend=args.backend, timeout_s=args.dist_timeout),
+        dist=DistConfig(backend=args.backend, timeout_s=args.dist_timeout, steady_timeout_s=args.dist_steady_timeout),
         model=ModelConfig(find_unused_parameters=args.ddp_find_unused_parameters,
                           static_graph=args.ddp_static_graph,
                           gradient_as_bucket_view=args.ddp_gradient_as_bucket_view,

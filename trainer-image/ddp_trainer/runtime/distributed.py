@@ -91,6 +91,7 @@ def barrier(device: torch.device) -> None:
 # What Gloo and NCCL say when a peer is gone: its process died, its node vanished, or it stopped
 # answering until the collective timed out. torch raises these as RuntimeError (DistError in newer code).
 _PEER_FAILURE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|Connection refused|Timed out|timed out|"
+                           r"timeout caused pair closure|"
                            r"NCCL (communicator was aborted|error)|remote process exited|ncclRemoteError|"
                            r"ProcessGroupNCCL.*(Watchdog|abort)|Socket Timeout|Read error", re.IGNORECASE)
 
@@ -106,6 +107,49 @@ def is_peer_failure(error: BaseException) -> bool:
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+class CollectiveTimeout:
+    """The process groups' collective timeout: long (`long_s`) for the first `after_steps` steps
+    (compilation, autotuning, data warm-up) and around checkpoint saves that other ranks wait for;
+    `steady_s` once steps are regular. A hung or silently vanished peer (no connection reset: a frozen
+    process, a lost node) then fails the survivors' next collective in minutes instead of NCCL's 10 or
+    Gloo's 30, and they save their replicas (rescue checkpoint) and exit instead of hanging.
+    `steady_s` 0: keep `long_s` throughout."""
+
+    def __init__(self, long_s: float, steady_s: float = 0.0, after_steps: int = 10) -> None:
+        self.long_s, self.steady_s, self.after_steps = long_s, steady_s, after_steps
+        self.groups: list[dist.ProcessGroup | None] = [None]  # None: the default group
+        self.steady = False
+        self._steps, self._calm_from = 0, after_steps
+
+    def add_group(self, group: dist.ProcessGroup) -> None:
+        if group not in self.groups:
+            self.groups.append(group)
+            if self.steady:
+                dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=self.steady_s), group)
+
+    def step(self) -> None:
+        """Once per optimizer step, on every rank."""
+        self._steps += 1
+        if self.steady_s > 0 and not self.steady and self._steps >= self._calm_from:
+            self._set(self.steady_s)
+            self.steady = True
+
+    def relax(self, steps: int = 2) -> None:
+        """Long again until `steps` more steps completed: around a save rank 0 writes while the others
+        wait in their next collective."""
+        if self.steady:
+            self._set(self.long_s)
+            self.steady = False
+        self._calm_from = self._steps + steps
+
+    def _set(self, seconds: float) -> None:
+        if not dist.is_initialized():
+            return
+        timeout = datetime.timedelta(seconds=seconds)
+        for group in self.groups:
+            dist.distributed_c10d._set_pg_timeout(timeout, group)
 
 
 class StopRequest:
@@ -134,6 +178,11 @@ class StopRequest:
     def exit_code(self) -> int:
         """128 + the signal: what a process killed by it would report (143 for SIGTERM)."""
         return 128 + (self.signum or signal.SIGTERM)
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        """The Gloo side group the flag travels on next to NCCL (None: the default group)."""
+        return self._group
 
     def _stop_group(self) -> dist.ProcessGroup | None:
         if self._group is None and dist.get_backend() != "gloo":

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import CheckpointManager, atomic_write_json
-from .distributed import (JobEnv, StopRequest, barrier, destroy_process_group, init_process_group,
-                          select_device)
+from .distributed import (CollectiveTimeout, JobEnv, StopRequest, barrier, destroy_process_group,
+                          init_process_group, select_device)
 from .progress import ProgressReporter
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,10 @@ class Job:
     def __init__(self, env: JobEnv, device: torch.device, stop: StopRequest, *,
                  checkpoint_dir: str | os.PathLike | None = None, keep: int | None = None,
                  every_steps: int | None = None, async_save: bool = False,
-                 reporter: ProgressReporter | None = None, owns_process_group: bool = False) -> None:
+                 reporter: ProgressReporter | None = None, owns_process_group: bool = False,
+                 timeouts: CollectiveTimeout | None = None) -> None:
         self.env, self.device, self.stop = env, device, stop
+        self.timeouts = timeouts if timeouts is not None else CollectiveTimeout(1800.0)
         directory = checkpoint_dir if checkpoint_dir is not None else env.checkpoint_dir
         self.checkpoint_dir = str(directory) if directory else None
         self.every_steps = env.checkpoint_interval_steps if every_steps is None else every_steps
@@ -66,11 +68,12 @@ class Job:
 
     @classmethod
     def start(cls, *, device: str = "auto", backend: str = "auto", timeout_s: float = 1800.0,
-              checkpoint_dir: str | os.PathLike | None = None, keep: int | None = None,
-              every_steps: int | None = None, async_save: bool = False) -> "Job":
+              steady_timeout_s: float = 0.0, checkpoint_dir: str | os.PathLike | None = None,
+              keep: int | None = None, every_steps: int | None = None, async_save: bool = False) -> "Job":
         """Read the environment, install the stop handler, pick the device (cuda:LOCAL_RANK or cpu)
         and initialise the process group (unless already initialised). Checkpoint settings default
-        to the DDPJOB_CHECKPOINT_* variables."""
+        to the DDPJOB_CHECKPOINT_* variables. `steady_timeout_s` > 0: the collective timeout after the
+        first steps (`CollectiveTimeout`), so a hung peer fails the job's collectives in that time."""
         stop = StopRequest()  # first: a SIGTERM during start-up is not lost
         try:
             env = JobEnv.from_env()
@@ -80,7 +83,8 @@ class Job:
                 init_process_group(env, dev, backend=backend, timeout_s=timeout_s)
             try:
                 return cls(env, dev, stop, checkpoint_dir=checkpoint_dir, keep=keep, every_steps=every_steps,
-                           async_save=async_save, owns_process_group=owns)
+                           async_save=async_save, owns_process_group=owns,
+                           timeouts=CollectiveTimeout(timeout_s, steady_timeout_s))
             except BaseException:
                 if owns:
                     destroy_process_group()
@@ -120,6 +124,7 @@ class Job:
         """Rank 0 writes `state` (plus `state["ddpjob"]`); other ranks return. `final=True`: written
         synchronously, then every rank waits at a barrier, so no rank exits before the commit (torchrun
         tears down a node's other trainers as soon as one exits, and rank 0 may be one of them)."""
+        self.timeouts.relax()  # the other ranks wait for this write in their next collective
         if self.checkpoints is not None and self.env.is_main:
             if final:
                 self.checkpoints.wait()
@@ -156,7 +161,11 @@ class Job:
 
     def should_stop(self) -> bool:
         """Call once per step on every rank: True on all of them once any was signalled."""
-        return self.stop.agreed()
+        self.timeouts.step()
+        stop = self.stop.agreed()
+        if self.stop.group is not None:
+            self.timeouts.add_group(self.stop.group)
+        return stop
 
     def report(self, *, step: int, total_steps: int | None = None, loss: float | None = None, **fields: Any) -> None:
         """Non-blocking progress report; call it on every rank (the file is rank 0's, the endpoint gets
