@@ -13,7 +13,8 @@ Two setups of the same job (examples/cpu-digits.yaml: the bundled digits trainer
   kubelet's restart is taken as immediate, which favours the baseline). The trainer resumes from
   the last periodic checkpoint (`--no-rescue-checkpoint`: a user's script without our runtime).
 
-Workers 1, 0, 1, 0, ... have their whole process tree SIGKILLed at spread-out steps (worker 0 hosts
+Workers 1, 0, 1, 0, ... have their whole process tree SIGKILLed at spread-out steps (7 past a
+multiple of --every, between two periodic checkpoints) (worker 0 hosts
 rank 0 and, in the stock setup, the rendezvous store). Per kill: the last step rank 0 logged
 before it, the step training resumed from, steps lost, and seconds from the kill to the first step
 after the resume. Ours also gets a phase breakdown from the logs. Prints Markdown tables
@@ -133,6 +134,12 @@ def recoveries(entries: list[tuple[float, str, int]]) -> list[Recovery]:
     return out
 
 
+def kill_step(k: int, every: int) -> int:
+    """The step of the k-th kill (0-based): 7 past a multiple of `every`, so that it lands between two
+    periodic checkpoints (the example's interval is 20) rather than right after one."""
+    return every * (k + 1) + 7
+
+
 def load_example(kills: int, every: int):
     job = validation.load_jobs(EXAMPLE)[0]
     spec = job.spec
@@ -176,7 +183,7 @@ def poll_in_background(timeline: Timeline, stop: threading.Event) -> threading.T
 
 
 def run_ours(job, kills: int, every: int, state: Path) -> tuple[str, list[Recovery]]:
-    faults = tuple(FaultInjection(index=(k + 1) % 2, at_step=every * (k + 1)) for k in range(kills))
+    faults = tuple(FaultInjection(index=(k + 1) % 2, at_step=kill_step(k, every)) for k in range(kills))
     timeline = Timeline(state / job.metadata.name / "logs")
     stop = threading.Event()
     poller = poll_in_background(timeline, stop)
@@ -251,7 +258,7 @@ def run_stock(job, kills: int, every: int, state: Path, timeout: float) -> tuple
         time.sleep(0.5)  # worker 0 hosts the store: as in a cluster, it usually starts first
         pods[1].thread.start()
         for k in range(kills):
-            victim, target = (k + 1) % 2, every * (k + 1)
+            victim, target = (k + 1) % 2, kill_step(k, every)
             while timeline.last_step() < target:
                 if time.monotonic() > deadline or all(p.exit_code is not None for p in pods):
                     raise TimeoutError(f"stock: step {target} never came (last {timeline.last_step()})")

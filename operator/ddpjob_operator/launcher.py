@@ -15,6 +15,13 @@ RENDEZVOUS_FAILED_PREFIX = "rendezvous failed"
 # launch_agent closes it on any exit but a signal): no replacement may join that generation again.
 RENDEZVOUS_CLOSED_MARK = "[rendezvous closed]"
 
+# What Gloo and NCCL say when a collective failed because another rank did (died, vanished, froze
+# until the collective timed out), as it reaches a termination message. The trainer runtime's
+# is_peer_failure uses the same pattern (a test keeps the two equal).
+PEER_FAILURE_PATTERN = (r"Connection (closed|reset) by peer|Broken pipe|Connection refused|Timed out|timed out|"
+                        r"timeout caused pair closure|NCCL (communicator was aborted|error)|remote process exited|"
+                        r"ncclRemoteError|ProcessGroupNCCL.*(Watchdog|abort)|Socket Timeout|Read error")
+
 # On a node without GPUs the trainer starts as a fork of the agent, which has imported torch already,
 # instead of a new interpreter importing it again: seconds off every start and restart
 # (bench/recovery.py). Where a GPU is visible it starts as a new interpreter, as torchrun does: CUDA

@@ -39,6 +39,8 @@ RESERVED_ENV_NAMES = (
     "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
 )
 RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "DDPJOB_")
+# ...except these, which the launcher reads for the user to set (docs/launch-contract.md).
+USER_SETTABLE_ENV_NAMES = ("DDPJOB_FORK_TRAINER",)
 
 
 def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
@@ -165,8 +167,9 @@ def evaluate_cel(rule: str, value: Any) -> bool:
 
 class EnvVar(APIModel):
     cel_rules = (
-        cel("!(self.name in " + str(list(RESERVED_ENV_NAMES)) + ") && "
-            + " && ".join(f"!self.name.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES),
+        cel("self.name in " + str(list(USER_SETTABLE_ENV_NAMES)) + " || (!(self.name in "
+            + str(list(RESERVED_ENV_NAMES)) + ") && "
+            + " && ".join(f"!self.name.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES) + ")",
             "env name is reserved for torchrun and the operator (MASTER_ADDR, MASTER_PORT, RANK, "
             "WORLD_SIZE, LOCAL_RANK, GROUP_RANK, PET_*, TORCHELASTIC_*, DDPJOB_*): rename the variable; "
             "rendezvous and ranks are wired automatically", ".name"),

@@ -116,3 +116,13 @@ def test_examples_validate_without_warnings(path):
     result = subprocess.run([sys.executable, "-m", "ddpjob_operator.cli", "validate", str(path)],
                             capture_output=True, text=True)
     assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
+
+
+def test_the_launchers_fork_switch_is_the_one_ddpjob_variable_users_may_set(tmp_path):
+    """DDPJOB_* is the operator's, except DDPJOB_FORK_TRAINER (docs/launch-contract.md)."""
+    doc = yaml.safe_load((ROOT / "examples" / "cpu-digits.yaml").read_text())
+    doc["spec"]["env"] = [{"name": "DDPJOB_FORK_TRAINER", "value": "0"}]
+    path = tmp_path / "fork-off.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert cli.main(["validate", str(path)]) == 0
+    assert api_server_errors(_crd_schema(), doc) == []

@@ -527,3 +527,40 @@ def test_a_pod_that_cannot_start_fails_the_job_naming_the_field(worker_waiting, 
     assert wait.reason in failed.message and wait.message in failed.message
     assert f"Fix: check {failed_field}" in failed.message
     assert {a.name for a in of(out, d.DeleteWorker)} == {"j-worker-0", "j-worker-1"}  # cleanPodPolicy Running
+
+
+GLOO_RESET = ("rank 0 (local rank 0) exited with code 1: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/"
+              "pair.cc:537] Read error [10.0.0.7]:4711: Connection reset by peer [rendezvous closed]")
+GLOO_TIMEOUT = "rank 0 (local rank 0) exited with code 1: RuntimeError: Application timeout caused pair closure"
+
+
+@pytest.mark.parametrize("exit_code, message, expected", [
+    (1, GLOO_RESET, d.PEER_FAILURE),
+    (1, GLOO_TIMEOUT, d.PEER_FAILURE),
+    (1, "rank 0 (local rank 0) exited with code 1: ValueError: learning rate must be positive", d.PERMANENT),
+    (3, GLOO_RESET, d.RETRYABLE),  # explicit rules win: retryableExitCodes [3]
+])
+def test_a_trainer_failing_because_a_peer_did_is_told_from_its_own_bug(exit_code, message, expected):
+    policy = model.FailurePolicy(retryable_exit_codes=[3])
+    assert d.classify_exit(exit_code, "Error", False, policy, message) == expected
+
+
+def test_survivors_peer_failures_alone_are_charged_once_after_settling():
+    """A peer that hung (or a node lost without a trace): only the survivor's collective error is seen.
+    It waits the settle time for the cause, then counts as one retryable failure, never a user error."""
+    s = spec(minReplicas=1)
+    settling = d.Options(incident_settle_seconds=10)
+    early = decide(job(s, running_status()), seen(w(1), failed(0, 1, "Error", message=GLOO_TIMEOUT)), settling)
+    assert early.status.restarts == 0 and early.status.phase == "Running" and early.requeue_after is not None
+    settled = decide(job(s, early.status), seen(w(1), failed(0, 1, "Error", message=GLOO_TIMEOUT),
+                                                now=T0 + timedelta(seconds=11)), settling)
+    assert settled.status.phase != "Failed" and settled.status.restarts == 1, settled.status
+    assert settled.status.incidents[-1].cause == d.RETRYABLE
+
+
+def test_a_user_error_with_a_peers_collective_error_still_fails_at_once():
+    s = spec(minReplicas=1)
+    out = decide(job(s, running_status()), seen(failed(0, 1, "Error", message=GLOO_RESET),
+                                                failed(1, 1, "Error", message="rank 1 (local rank 0) exited with code 1: "
+                                                                              "ValueError: bad batch")))
+    assert out.status.phase == "Failed" and out.status.restarts == 0

@@ -210,3 +210,11 @@ def test_the_shipped_digits_split_is_sklearns() -> None:
     for (xs, ys), (images, labels) in (((x_train, y_train), train.tensors), ((x_test, y_test), test.tensors)):
         assert torch.equal(images, torch.tensor(xs / 16.0, dtype=torch.float32))
         assert torch.equal(labels, torch.tensor(ys, dtype=torch.long))
+
+
+def test_the_trainer_and_the_operator_tell_peer_failures_by_the_same_words() -> None:
+    """The trainer rescues on these errors; the operator classifies the exit they cause by them."""
+    launcher = pytest.importorskip("ddpjob_operator.launcher", reason="the operator package is not on the path")
+    from ddp_trainer.runtime import distributed
+
+    assert distributed.PEER_FAILURE_PATTERN == launcher.PEER_FAILURE_PATTERN

@@ -218,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--record-samples", default=None, metavar="PATH", help="debug: log consumed sample indices per rank")
     f = p.add_argument_group("fault injection (tests only: fail on purpose to exercise restarts)")
     f.add_argument("--fault-at-step", type=int, default=0, metavar="N",
-                   help="fail right after optimizer step N, before its checkpoint (0: never)")
+                   help="fail right after optimizer step N, before its checkpoint, or after the first step of a "
+                        "generation that resumed past N (0: never)")
     f.add_argument("--fault-exit-code", type=int, default=1, metavar="CODE",
                    help="exit with CODE; CODE >= 128 kills the process with signal CODE-128 "
                         "(139: SIGSEGV, 137: SIGKILL)")

@@ -1,7 +1,9 @@
 """Test-only fault injection: a trainer that fails on purpose, the way a real one would.
 
 `--fault-at-step N --fault-exit-code CODE --fault-rank R` makes global rank R end its process right
-after optimizer step N (before that step's checkpoint): `os._exit(CODE)` for CODE < 128, otherwise
+after optimizer step N (before that step's checkpoint), or after the first step of a generation that
+resumed at or past N (a rescue checkpoint saves step N itself, so "fails at N in every generation"
+still fails every generation): `os._exit(CODE)` for CODE < 128, otherwise
 the default action of signal CODE-128 (139: a real SIGSEGV, as a crash in native code). Only while
 $DDPJOB_GENERATION equals `--fault-generation` (default 0, so a replacement generation trains on);
 `--fault-every-generation` fails in every generation. Nothing is cleaned up, nothing is saved.
@@ -19,13 +21,13 @@ from .config import FaultConfig
 
 
 def due(fault: FaultConfig, rank: int, step: int, environ: Mapping[str, str] = os.environ) -> bool:
-    if not fault.at_step or step != fault.at_step or rank != fault.rank:
+    if not fault.at_step or step < fault.at_step or rank != fault.rank:
         return False
     return fault.generation == -1 or environ.get("DDPJOB_GENERATION", "0") == str(fault.generation)
 
 
 def hang_due(fault: FaultConfig, rank: int, step: int, environ: Mapping[str, str] = os.environ) -> bool:
-    if not fault.hang_at_step or step != fault.hang_at_step or rank != fault.rank:
+    if not fault.hang_at_step or step < fault.hang_at_step or rank != fault.rank:
         return False
     return fault.generation == -1 or environ.get("DDPJOB_GENERATION", "0") == str(fault.generation)
 

@@ -8,7 +8,11 @@ their agents exit too). It is charged once, by its cause:
   -> a disruption: `status.disruptions` + 1, never the budget;
 - else any member failed retryably (a signal, OOMKilled, `retryableExitCodes`, a failed rendezvous)
   -> `status.restarts` + 1, or the job fails when the budget is spent;
-- else (exit codes 1-127 only) -> the user's error: the job fails at once, nothing charged;
+- else any member's own code failed (exit codes 1-127) -> the user's error: the job fails at once,
+  nothing charged;
+- else (only survivors whose collective failed because a peer did, by the Gloo/NCCL error in their
+  termination message, and no cause seen within the settle time: a hung peer, a node lost silently)
+  -> charged as retryable;
 - a replacement that only met a rendezvous its peers had closed, or that timed out waiting for a
   peer the scheduler cannot place, caused nothing: nothing is charged.
 
@@ -21,14 +25,17 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import re
+
 from .. import builders, model
+from ..launcher import PEER_FAILURE_PATTERN
 from .common import Plan, describe_failure, fail, record_failure, rfc3339
-from .types import (CONSEQUENCE, DISRUPTION, MISSING, PERMANENT, REASON_BUDGET_EXHAUSTED, REASON_GANG_RESTART,
-                    REASON_PERMANENT_ERROR, REASON_POD_DELETED, REASON_POD_VANISHED, REASON_RENDEZVOUS_CLOSED,
-                    REASON_STORE_LOST,
-                    REASON_WORKER_DISRUPTED, REASON_WORKER_FAILED, RETRYABLE, FailureClass, WorkerObservation)
+from .types import (CONSEQUENCE, DISRUPTION, MISSING, PEER_FAILURE, PERMANENT, REASON_BUDGET_EXHAUSTED,
+                    REASON_GANG_RESTART, REASON_PERMANENT_ERROR, REASON_POD_DELETED, REASON_POD_VANISHED,
+                    REASON_RENDEZVOUS_CLOSED, REASON_STORE_LOST, REASON_WORKER_DISRUPTED, REASON_WORKER_FAILED, RETRYABLE, FailureClass, WorkerObservation)
 
 CLOSED_ERROR = "RendezvousClosedError"
+PEER_FAILURE_TEXT = re.compile(PEER_FAILURE_PATTERN, re.IGNORECASE)
 STORE_UNREACHABLE = "RendezvousConnectionError"
 
 
@@ -57,7 +64,14 @@ def classify_exit(exit_code: int | None, reason: str | None, disruption: bool,
         return RETRYABLE
     if exit_code is None or exit_code >= 128:
         return RETRYABLE  # killed by a signal, or the pod died without a container exit code
+    if peer_failed(message):
+        return PEER_FAILURE  # its collective failed because another rank did: that rank's exit is the cause
     return PERMANENT  # 1-127: the user's program said no
+
+
+def peer_failed(message: str | None) -> bool:
+    """The trainer's error says a collective failed because of a peer (Gloo/NCCL), not its own bug."""
+    return bool(message) and PEER_FAILURE_TEXT.search(message) is not None
 
 
 def backoff_seconds(incidents: list[model.Incident], backoff: model.Backoff) -> float:
@@ -128,14 +142,16 @@ def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
     if not members:
         return False
     classes = {kind for _, kind in members}
-    cause = next(k for k in (DISRUPTION, RETRYABLE, PERMANENT, CONSEQUENCE) if k in classes)
+    cause = next(k for k in (DISRUPTION, RETRYABLE, PERMANENT, PEER_FAILURE, CONSEQUENCE) if k in classes)
     in_incident = {w.name for w, _ in members}
     survivors = [w for w in current if w.live and w.name not in in_incident]
     gang = policy.restart_scope == "All"
     closed = any(rendezvous_closed(w.message) or rendezvous_failed(w.message) for w, _ in members)
     finished = [w.finished_at for w, _ in members]
-    if survivors and None not in finished and (cause == PERMANENT or (cause == RETRYABLE and not gang and not closed)):
-        # The exit that caused these may still be on its way, and survivors may be about to follow.
+    if survivors and None not in finished and (cause in (PERMANENT, PEER_FAILURE)
+                                               or (cause == RETRYABLE and not gang and not closed)):
+        # The exit that caused these may still be on its way (a peer's failure reaches the operator
+        # after the survivors' own), and survivors may be about to follow.
         settles = min(finished) + timedelta(seconds=plan.options.incident_settle_seconds)  # type: ignore[type-var]
         if plan.now < settles:
             plan.wake_at(settles)
@@ -143,6 +159,11 @@ def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
 
     root = min((w for w, kind in members if kind == cause),
                key=lambda w: (w.finished_at or plan.now, w.index))
+    if cause == PEER_FAILURE:
+        # Only survivors' collective errors, and no cause in sight (a hung peer, a node lost silently):
+        # charged like a retryable failure, so a peer that hangs at the same step every time still ends
+        # in the budget.
+        cause = RETRYABLE
     began = min((t for t in finished if t is not None), default=plan.now)
     others = len(members) - 1
     summary = describe_failure(root) + (f" (and {others} more worker{'s' if others > 1 else ''} of generation "

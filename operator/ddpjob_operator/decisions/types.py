@@ -17,7 +17,10 @@ DISRUPTION = "Disruption"
 # An exit that another member of the incident caused (a replacement that met a rendezvous its
 # peers had closed): never the incident's cause.
 CONSEQUENCE = "Consequence"
-FailureClass = Literal["Permanent", "Retryable", "Disruption", "Consequence"]
+# A trainer whose collective failed because another rank did (its Gloo/NCCL error says so): weaker
+# evidence than any other exit of the incident, charged as Retryable when it is all there is.
+PEER_FAILURE = "PeerFailure"
+FailureClass = Literal["Permanent", "Retryable", "Disruption", "Consequence", "PeerFailure"]
 
 # Reasons (status conditions, events, RankStatus.last_reason, incidents). One spelling each.
 REASON_INVALID_SPEC = "InvalidSpec"

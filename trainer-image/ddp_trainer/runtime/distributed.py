@@ -89,11 +89,12 @@ def barrier(device: torch.device) -> None:
 
 
 # What Gloo and NCCL say when a peer is gone: its process died, its node vanished, or it stopped
-# answering until the collective timed out. torch raises these as RuntimeError (DistError in newer code).
-_PEER_FAILURE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|Connection refused|Timed out|timed out|"
-                           r"timeout caused pair closure|"
-                           r"NCCL (communicator was aborted|error)|remote process exited|ncclRemoteError|"
-                           r"ProcessGroupNCCL.*(Watchdog|abort)|Socket Timeout|Read error", re.IGNORECASE)
+# answering until the collective timed out. torch raises these as RuntimeError (DistError in newer
+# code). The operator classifies a trainer's exit by the same pattern (ddpjob_operator.launcher).
+PEER_FAILURE_PATTERN = (r"Connection (closed|reset) by peer|Broken pipe|Connection refused|Timed out|timed out|"
+                        r"timeout caused pair closure|NCCL (communicator was aborted|error)|remote process exited|"
+                        r"ncclRemoteError|ProcessGroupNCCL.*(Watchdog|abort)|Socket Timeout|Read error")
+_PEER_FAILURE = re.compile(PEER_FAILURE_PATTERN, re.IGNORECASE)
 
 
 def is_peer_failure(error: BaseException) -> bool:
