@@ -293,20 +293,21 @@ class Training:
         assert got == want, f"expected {want}, got {got}; message: {end[2] if end else self.status.get('message')!r}"
 
     def assert_resumed(self, generation: int, *, world: int, not_before: int, not_after: int | None = None,
-                       skip: int = 0) -> Resume:
-        """Training resumed in `generation` at `world` from a checkpoint at most one interval behind:
-        the step is >= not_before - interval (not_before: the newest step seen before the fault) and
-        <= not_after when the fault's step is known. `skip`: resume lines of that generation that
-        came before the fault."""
+                       skip: int = 0, lost: int | None = None) -> Resume:
+        """Training resumed in `generation` at `world` from a checkpoint at most `lost` steps (default:
+        one checkpoint interval) behind not_before, the newest step seen before the fault, and <=
+        not_after when the fault's step is known. `skip`: resume lines of that generation that came
+        before the fault."""
         resumes = self.resumes(generation)[skip:]
         assert resumes, (f"no 'resumed from checkpoint' line in the logs of generation {generation}'s workers "
                          f"(training restarted from scratch, or never resumed): {self.describe()}")
         first = resumes[0]
         assert [r.world for r in resumes] == [world] * len(resumes), (
             f"training resumed in generation {generation} at world sizes {[r.world for r in resumes]}, expected {world}")
-        assert first.step >= not_before - self.interval, (
-            f"resumed from step {first.step}, more than one checkpoint interval ({self.interval}) behind step "
-            f"{not_before} reached before the fault")
+        behind = self.interval if lost is None else lost
+        assert first.step >= not_before - behind, (
+            f"resumed from step {first.step}, more than {behind} steps behind step {not_before} reached before "
+            f"the fault (checkpoint interval {self.interval})")
         if not_after is not None:
             assert first.step <= not_after, f"resumed from step {first.step}, after the fault's step {not_after}"
         return first

@@ -87,7 +87,8 @@ def test_3_max_steps_lr_schedule_is_continuous_across_a_resize_and_never_zero(tm
     args = [*TINY, "--epochs", "1000", "--batch-size", "8", "--max-steps", str(max_steps), "--lr", str(lr),
             "--schedule", "cosine", "--log-every", "1", "--checkpoint-every", "8", "--fault-at-step", "9",
             "--fault-exit-code", "3"]
-    assert run(torchrun_cmd(args, nproc=2), base_env(ckpt), tmp_path / "a.log", 90) != 0
+    # Without the survivor's rescue checkpoint (of step 9), so that step 9 is trained again at world size 1.
+    assert run(torchrun_cmd([*args, "--no-rescue-checkpoint"], nproc=2), base_env(ckpt), tmp_path / "a.log", 90) != 0
     env = base_env(ckpt, DDPJOB_GENERATION="1")  # the fault strikes in generation 0 only
     assert run(torchrun_cmd(args, nproc=1), env, tmp_path / "b.log", 90) == 0, tail(tmp_path / "b.log")
     assert "resumed from checkpoint step=8" in (tmp_path / "b.log").read_text()
