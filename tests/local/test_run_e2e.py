@@ -65,9 +65,10 @@ def test_killed_worker_is_replaced_and_training_resumes_from_its_checkpoint(tmp_
         if found:
             resumed.append(int(re.search(r"resumed from checkpoint step=(\d+)", log.read_text()).group(1)))
     assert before and resumed, out
-    # Logged every 5 steps, checkpointed every 10: the newest checkpoint at or before the kill.
+    # Logged every 5 steps, checkpointed every 10, and the survivor saves the step it reached (a rescue
+    # checkpoint): at most one interval behind the last logged step, at most one log interval past it.
     assert min(resumed) >= 10, "a replacement must not start from scratch"
-    assert max(before) - 10 <= min(resumed) <= max(before) + 4, (max(before), resumed)
+    assert max(before) - 10 <= min(resumed) <= max(before) + 5, (max(before), resumed)
     result = read_json(job_dir(tmp_path, "kill") / "checkpoints" / "result.json")
     assert result and result["status"] == "completed" and result["epoch"] == 12, out
 
