@@ -44,8 +44,10 @@ def store_lost(plan: Plan, spec: model.DDPJobSpec) -> bool:
         plan.act(CreateStore())
     elif store.terminating_since is None:
         plan.act(DeleteStore(f"store pod is {store.phase}"))
-    if not any(w.live for w in plan.current()):
-        return False  # nobody was using it: the new store serves the current generation
+    if not any(w.live and w.phase == "Running" for w in plan.current()):
+        # Nobody was using it (a pod not yet Running has no agent to have joined it, e.g. the workers just
+        # created for a generation whose store then died): the new store serves the current generation.
+        return False
     _new_generation(plan, spec, REASON_STORE_LOST,
                     f"rendezvous store lost ({'gone' if store is None else store.phase})", disruption=True)
     return True
