@@ -16,6 +16,8 @@ import celpy
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
+from .launcher import FORK_TRAINER_ENV
+
 GROUP = "elastic.ddp.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -40,7 +42,7 @@ RESERVED_ENV_NAMES = (
 )
 RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "DDPJOB_")
 # ...except these, which the launcher reads for the user to set (docs/launch-contract.md).
-USER_SETTABLE_ENV_NAMES = ("DDPJOB_FORK_TRAINER",)
+USER_SETTABLE_ENV_NAMES = (FORK_TRAINER_ENV,)
 
 
 def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:

@@ -23,16 +23,16 @@ of the generation to exit, at most `Options.incident_settle_seconds` after it be
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import re
+from datetime import timedelta
 
 from .. import builders, model
 from ..launcher import PEER_FAILURE_PATTERN
 from .common import Plan, describe_failure, fail, record_failure, rfc3339
 from .types import (CONSEQUENCE, DISRUPTION, MISSING, PEER_FAILURE, PERMANENT, REASON_BUDGET_EXHAUSTED,
                     REASON_GANG_RESTART, REASON_PERMANENT_ERROR, REASON_POD_DELETED, REASON_POD_VANISHED,
-                    REASON_RENDEZVOUS_CLOSED, REASON_STORE_LOST, REASON_WORKER_DISRUPTED, REASON_WORKER_FAILED, RETRYABLE, FailureClass, WorkerObservation)
+                    REASON_RENDEZVOUS_CLOSED, REASON_STORE_LOST, REASON_WORKER_DISRUPTED, REASON_WORKER_FAILED,
+                    RETRYABLE, FailureClass, WorkerObservation)
 
 CLOSED_ERROR = "RendezvousClosedError"
 PEER_FAILURE_TEXT = re.compile(PEER_FAILURE_PATTERN, re.IGNORECASE)

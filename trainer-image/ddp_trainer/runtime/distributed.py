@@ -119,7 +119,7 @@ class CollectiveTimeout:
     `steady_s` 0: keep `long_s` throughout."""
 
     def __init__(self, long_s: float, steady_s: float = 0.0, after_steps: int = 10) -> None:
-        self.long_s, self.steady_s, self.after_steps = long_s, steady_s, after_steps
+        self.long_s, self.steady_s = long_s, steady_s
         self.groups: list[dist.ProcessGroup | None] = [None]  # None: the default group
         self.steady = False
         self._steps, self._calm_from = 0, after_steps
@@ -128,7 +128,7 @@ class CollectiveTimeout:
         if group not in self.groups:
             self.groups.append(group)
             if self.steady:
-                dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=self.steady_s), group)
+                self._set(self.steady_s, [group])
 
     def step(self) -> None:
         """Once per optimizer step, on every rank."""
@@ -145,11 +145,11 @@ class CollectiveTimeout:
             self.steady = False
         self._calm_from = self._steps + steps
 
-    def _set(self, seconds: float) -> None:
+    def _set(self, seconds: float, groups: list[dist.ProcessGroup | None] | None = None) -> None:
         if not dist.is_initialized():
             return
         timeout = datetime.timedelta(seconds=seconds)
-        for group in self.groups:
+        for group in self.groups if groups is None else groups:
             dist.distributed_c10d._set_pg_timeout(timeout, group)
 
 
