@@ -52,6 +52,7 @@ STEPS_PER_EPOCH = 23  # digits: 1,437 training samples / (32 x 2 workers), round
 TRAINER_START = re.compile(r"rank=0 world_size=\d+ ")
 RESCUE = re.compile(r"rescue checkpoint: rank \d+ saved step (\d+)")
 ASCTIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+KUBECTL_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,6})?)\d*Z ")
 
 
 @dataclass
@@ -70,6 +71,8 @@ class Timeline:
                 tail = self.tails.setdefault(path.name, LogTail(path))
                 for line in tail.read_new_lines():
                     now = time.time()
+                    if kubelet := KUBECTL_TIME.match(line):  # `kubectl logs --timestamps` (cluster setup)
+                        now, line = datetime.fromisoformat(kubelet.group(1) + "+00:00").timestamp(), line[kubelet.end():]
                     stamp = ASCTIME.match(line)
                     at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if stamp else now
                     for kind, pattern in (("resume", RESUME_LINE), ("rescue", RESCUE), ("start", TRAINER_START),
@@ -281,6 +284,95 @@ def run_stock(job, kills: int, every: int, state: Path, timeout: float) -> tuple
 
 # ---- report ------------------------------------------------------------------------------------------
 
+# ---- cluster: the operator on a real control plane (the tests/e2e tier) ------------------------------
+
+def e2e_cluster():
+    """The cluster tier's helpers (tests/e2e/cluster.py): kubectl, the fault command, why none is there."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.e2e import cluster
+    return cluster
+
+
+def why_no_cluster() -> str | None:
+    cluster = e2e_cluster()
+    reason = cluster.why_no_cluster()
+    if reason is None and not cluster.FAULTS:
+        reason = "DDPJOB_E2E_FAULTS unset (the fault command: `make e2e` passes hack/kind/faults.sh)"
+    return reason
+
+
+def follow_logs(namespace: str, pods: list[str], log_dir: Path, stop: threading.Event) -> threading.Thread:
+    """`kubectl logs -f --timestamps` of every incarnation of each worker pod (a new generation reuses
+    the names), one file per pod uid, until `stop`."""
+    cluster = e2e_cluster()
+
+    def loop() -> None:
+        followed: dict[str, subprocess.Popen] = {}
+        while not stop.wait(0.2):
+            for name in pods:
+                got = cluster.kubectl("get", "pod", name, "-n", namespace, "-o",
+                                      "jsonpath={.metadata.uid} {.status.phase}", check=False)
+                uid, _, phase = got.stdout.partition(" ")
+                if got.returncode == 0 and uid and uid not in followed and phase in ("Running", "Succeeded", "Failed"):
+                    with open(log_dir / f"{name}-{uid}.log", "wb") as out:
+                        followed[uid] = subprocess.Popen(["kubectl", "logs", "-f", "--timestamps", "-n", namespace,
+                                                          name], stdout=out, stderr=subprocess.DEVNULL)
+        for process in followed.values():
+            process.terminate()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_cluster(kills: int, every: int, state: Path, timeout: float) -> tuple[str, list[Recovery]]:
+    """The same job and kills through the operator on the cluster KUBECONFIG names (installed by the
+    chart, trainer image loaded: `make kind-up kind-load helm-install`), each kill by the fault command
+    (`kill NAMESPACE/POD`: SIGKILL of the worker's processes, as on the local runner)."""
+    cluster = e2e_cluster()
+    from tests.e2e.scenario import digits_job
+
+    namespace = f"ddpjob-bench-{os.getpid()}"
+    name = "recovery"
+    epochs = 2 + (every * (kills + 1)) // STEPS_PER_EPOCH
+    manifest = digits_job(name, max_steps=every * (kills + 2), trainer_args=["--log-every", "1", "--epochs", str(epochs)],
+                          failure_policy={"maxRestarts": kills + 2, "restartScope": "Pod",
+                                          "backoff": {"initialSeconds": 1, "maxSeconds": 30}})
+    timeline = Timeline(state)
+    stop = threading.Event()
+    cluster.kubectl("create", "namespace", namespace)
+    try:
+        cluster.apply(manifest, namespace)
+        poller = poll_in_background(timeline, stop)
+        follower = follow_logs(namespace, [f"{name}-worker-{i}" for i in range(2)], state, stop)
+        deadline, generation, k, phase, killed_at = time.monotonic() + timeout, 0, 0, "Timeout", 0.0
+        while time.monotonic() < deadline:
+            status = cluster.get_json(cluster.RESOURCE, name, "-n", namespace).get("status") or {}
+            if status.get("generation", 0) > generation:
+                generation = status["generation"]
+                timeline.add("restart", generation)
+            if status.get("phase") in ("Succeeded", "Failed"):
+                phase = status["phase"]
+                break
+            resumed = any(kind == "resume" and at > killed_at for at, kind, _ in timeline.sorted())
+            if k < kills and timeline.last_step() >= kill_step(k, every) and (k == 0 or resumed):
+                worker = (k + 1) % 2
+                timeline.add("kill", worker)
+                killed_at = time.time()
+                cluster.fault("kill", f"{namespace}/{name}-worker-{worker}")
+                k += 1
+            time.sleep(0.2)  # a benchmark's polling cadence, not a test's wait
+        stop.set()
+        poller.join()
+        follower.join()
+    finally:
+        stop.set()
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    timeline.poll()
+    return phase, recoveries(timeline.sorted())
+
+
 def table(name: str, phase: str, results: list[Recovery], interval: int) -> None:
     print(f"\n{name}: {phase}")
     print("| kill | worker | last step | resumed from | steps lost | seconds to next step |")
@@ -307,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=5, help="workers to kill, alternating 1, 0, 1, ...")
     parser.add_argument("--every", type=int, default=120, help="training steps between kills")
-    parser.add_argument("--setups", default="ours,stock", help="comma-separated: ours, stock")
+    parser.add_argument("--setups", default="ours,stock",
+                        help="comma-separated: ours, stock, cluster (the operator on the cluster KUBECONFIG names)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per setup")
     parser.add_argument("--keep-logs", metavar="DIR", help="keep each setup's logs and checkpoints under DIR")
     args = parser.parse_args(argv)
@@ -327,6 +420,11 @@ def main(argv: list[str] | None = None) -> int:
                 phase, results = run_ours(job, args.kills, args.every, Path(tmp))
             elif setup == "stock":
                 phase, results = run_stock(job, args.kills, args.every, Path(tmp), args.timeout)
+            elif setup == "cluster":
+                if (reason := why_no_cluster()) is not None:
+                    print(f"\ncluster: skipped: {reason}")
+                    continue
+                phase, results = run_cluster(args.kills, args.every, Path(tmp), args.timeout)
             else:
                 parser.error(f"unknown setup {setup!r}")
             table(f"{setup} ({time.monotonic() - started:.0f} s wall)", phase, results, interval)

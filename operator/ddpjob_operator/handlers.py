@@ -110,7 +110,8 @@ class Controller:
         self.elector = elector  # None: the only replica, always acting
         self.options = decisions.Options(stuck_terminating_seconds=settings.stuck_terminating_seconds,
                                          cannot_start_seconds=settings.cannot_start_seconds,
-                                         incident_settle_seconds=settings.incident_settle_seconds)
+                                         incident_settle_seconds=settings.incident_settle_seconds,
+                                         silent_peer_settle_seconds=settings.silent_peer_settle_seconds)
         self.jobs: dict[JobKey, dict[str, Any]] = {}
         self.pods: Mapping[tuple[str, str], Any] = {}  # kopf's index: (namespace, job uid) -> PodSummary
         self.written = WrittenStatuses()  # job uid -> the status this process last wrote

@@ -620,10 +620,11 @@ class FailurePolicy(APIModel):
         "Exit codes to retry although they are in 1-127 (user errors are permanent by default)."))
     permanent_exit_codes: list[ExitCode] = Field(default_factory=list, max_length=64, description=(
         "Exit codes that fail the job at once although they are 128+ (signals retry by default)."))
-    node_loss_timeout_seconds: int = Field(default=60, ge=5, le=3600, description=(
+    node_loss_timeout_seconds: int = Field(default=5, ge=5, le=3600, description=(
         "How long a worker on an unresponsive node (NotReady or unreachable) is kept before Kubernetes "
-        "evicts it and the operator replaces it (a disruption, not charged). Kubernetes' default is "
-        "300. Set as the tolerationSeconds of the workers' and the store's NoExecute tolerations for "
+        "evicts it and the operator replaces it (a disruption, not charged), counted from when the node "
+        "controller declares the node so (node-monitor-grace-period, 40-50 s, after its last heartbeat). "
+        "Kubernetes' default is 300; raise it to ride out longer node outages in place. Set as the tolerationSeconds of the workers' and the store's NoExecute tolerations for "
         "node.kubernetes.io/not-ready and node.kubernetes.io/unreachable; a template.tolerations entry "
         "for either key (or a keyless Exists one) wins."))
 

@@ -36,6 +36,8 @@ class Settings:
     stuck_terminating_seconds: float = 300.0  # then a Terminating pod is force-deleted
     cannot_start_seconds: float = 300.0  # then a pod stuck on a bad image or missing secret fails its job
     incident_settle_seconds: float = 10.0  # an incident gathers the exits it causes this long at most
+    # ...and this long when survivors timed out on a silent peer still seen Running on a node (node loss?)
+    silent_peer_settle_seconds: float = 60.0
     request_timeout_seconds: float = 30.0  # one Kubernetes API call
     retry_seconds: float = 2.0  # after a failed reconcile (API error), try again this soon
     coalesce_seconds: float = 0.01  # a job triggered during its reconcile runs again this much later
@@ -167,6 +169,7 @@ PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "STUCK_TERMINATING_SECONDS": ("stuck_terminating_seconds", _seconds),
     "CANNOT_START_SECONDS": ("cannot_start_seconds", _seconds),
     "INCIDENT_SETTLE_SECONDS": ("incident_settle_seconds", _seconds),
+    "SILENT_PEER_SETTLE_SECONDS": ("silent_peer_settle_seconds", _seconds),
     "REQUEST_TIMEOUT_SECONDS": ("request_timeout_seconds", _seconds),
     "RETRY_SECONDS": ("retry_seconds", _seconds),
     "COALESCE_SECONDS": ("coalesce_seconds", _seconds),

@@ -278,6 +278,14 @@ def node_ready(node: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
 
 
+def node_unready_since(name: str) -> float | None:
+    """When the node controller declared the node not Ready (its Ready condition's last transition, as
+    epoch seconds), or None while it is Ready."""
+    ready = next((c for c in get_json("node", name).get("status", {}).get("conditions", []) if c["type"] == "Ready"),
+                 None)
+    return None if ready is None or ready["status"] == "True" else parse_time(ready["lastTransitionTime"])
+
+
 def schedulable_nodes() -> list[dict[str, Any]]:
     """Ready nodes an ordinary pod (no tolerations) can land on: not cordoned, no NoSchedule/NoExecute taint."""
     return [n for n in nodes()

@@ -6,6 +6,7 @@ that resumes at the same world size from the newest checkpoint, then Succeeded."
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -63,16 +64,15 @@ def test_node_loss_is_one_uncharged_disruption(faults, namespace, operator):
     target = candidates[0]
     # Workers prefer `target` and tolerate its taint; the rendezvous store (storeTemplate: no
     # tolerations of its own) cannot land there, so losing the node loses workers only.
-    # failurePolicy.nodeLossTimeoutSeconds makes the taint manager mark the lost pods 10 s after the
-    # node is found unreachable instead of Kubernetes' 300 s.
+    # failurePolicy.nodeLossTimeoutSeconds (default 5) makes the taint manager evict the lost pods 5 s
+    # after the node is declared unreachable instead of Kubernetes' 300 s.
     template = {
         "tolerations": [{"key": NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
         "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
             "weight": 100, "preference": {"matchExpressions": [
                 {"key": "kubernetes.io/hostname", "operator": "In", "values": [target]}]}}]}},
     }
-    failure_policy = {"maxRestarts": 3, "restartScope": "Pod", "nodeLossTimeoutSeconds": 10,
-                      "backoff": {"initialSeconds": 1, "maxSeconds": 10}}
+    failure_policy = {"maxRestarts": 3, "restartScope": "Pod", "backoff": {"initialSeconds": 1, "maxSeconds": 10}}
     cluster.kubectl("taint", "nodes", target, f"{NODE_TAINT}={namespace}:NoSchedule", "--overwrite")
     down = False
     try:
@@ -88,14 +88,31 @@ def test_node_loss_is_one_uncharged_disruption(faults, namespace, operator):
 
         cluster.fault("node-down", target)
         down = True
+        fault_at = time.time()
 
-        # Node monitor grace (about 50 s), then the taint manager marks the pods; the operator counts
-        # one disruption and force-deletes them although their kubelet never answers.
+        # Nothing resets the survivors' connections: their collectives time out (trainer
+        # --dist-steady-timeout, 30 s) and they exit with a rescue checkpoint. The node controller declares
+        # the node lost after its node-monitor-grace-period (40-50 s by default), the taint manager evicts
+        # the pods 5 s later; the operator counts one disruption (nothing charged) and force-deletes them
+        # although their kubelet never answers.
         t.wait(lambda: t.status.get("disruptions", 0) >= 1 and t.generation > g0,
                "the node loss to be counted as a disruption in a new generation", timeout=400)
         t.wait(lambda: not any(p["spec"].get("nodeName") == target and
                                int(p["metadata"]["labels"][LABEL_GENERATION]) == g0 for p in t.pods),
                f"the lost pods {lost} to be force-deleted while {target} is down", timeout=400)
+        t.wait(lambda: t.latest_step(t.generation) > 0, "training to continue in the new generation",
+               timeout=300, interval=1)
+        continued_at = time.time()
+        declared_at = cluster.node_unready_since(target)
+        assert declared_at is not None, f"{target} is down but its Ready condition is still True"
+        # Our part: from the node controller's verdict to the next training step. The rest, fault ->
+        # verdict, is the cluster's node-monitor-grace-period. Issue 10's goal is under 60 s in all on a
+        # cluster with the default grace; both are printed for the record.
+        print(f"node loss: verdict after {declared_at - fault_at:.0f} s, training continued "
+              f"{continued_at - fault_at:.0f} s after the fault")
+        assert continued_at - declared_at <= 30, (
+            f"training continued {continued_at - declared_at:.0f} s after {target} was declared lost (want <= 30): "
+            f"{t.describe()}")
 
         cluster.fault("node-up", target)
         down = False

@@ -27,7 +27,7 @@ def node_loss(seconds: int) -> list[dict]:
             for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")]
 
 
-NODE_LOSS_60 = node_loss(60)
+NODE_LOSS_DEFAULT = node_loss(5)
 
 
 def flags(argv: list[str]) -> dict[str, str]:
@@ -157,7 +157,7 @@ def test_worker_pod_shape():
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "digits-checkpoints"}
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", "/checkpoints"}
-    assert pod_spec["tolerations"] == NODE_LOSS_60 and "resources" not in container
+    assert pod_spec["tolerations"] == NODE_LOSS_DEFAULT and "resources" not in container
     assert pod_spec["securityContext"] == {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
 
 
@@ -183,7 +183,7 @@ def test_gpu_wiring(resources, limits):
     assert container["resources"]["limits"] == limits == container["resources"]["requests"]
     gpu_name = next(k for k in limits if "gpu" in k)
     assert pod_spec["tolerations"] == [{"key": "spot", "operator": "Exists"},
-                                       {"key": gpu_name, "operator": "Exists", "effect": "NoSchedule"}] + NODE_LOSS_60
+                                       {"key": gpu_name, "operator": "Exists", "effect": "NoSchedule"}] + NODE_LOSS_DEFAULT
 
 
 def test_existing_claim_is_used_as_is_and_no_claim_is_created():
@@ -244,19 +244,19 @@ def test_node_range_is_the_nnodes_flag_as_a_label(overrides, expected):
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    ({}, NODE_LOSS_60),
+    ({}, NODE_LOSS_DEFAULT),
     ({"failurePolicy": {"nodeLossTimeoutSeconds": 15}}, node_loss(15)),
     # The user's entry for a key wins; the other key still gets the short default.
     ({"template": {"tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
                                     "effect": "NoExecute", "tolerationSeconds": 600}]}},
      [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
-       "tolerationSeconds": 600}, NODE_LOSS_60[1]]),
+       "tolerationSeconds": 600}, NODE_LOSS_DEFAULT[1]]),
     ({"template": {"tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists"}]}},
-     [{"key": "node.kubernetes.io/unreachable", "operator": "Exists"}, NODE_LOSS_60[0]]),
+     [{"key": "node.kubernetes.io/unreachable", "operator": "Exists"}, NODE_LOSS_DEFAULT[0]]),
     # A keyless Exists toleration tolerates every taint forever: adding ours would cut it to 60 s.
     ({"template": {"tolerations": [{"operator": "Exists"}]}}, [{"operator": "Exists"}]),
     ({"template": {"tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]}},
-     [{"operator": "Exists", "effect": "NoSchedule"}] + NODE_LOSS_60),
+     [{"operator": "Exists", "effect": "NoSchedule"}] + NODE_LOSS_DEFAULT),
 ])
 def test_workers_and_store_tolerate_node_loss_only_briefly(overrides, expected):
     s = spec(**overrides)
@@ -282,7 +282,7 @@ GPU_POOL = {"template": {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "
                                           "effect": "NoSchedule"}]},
             "resources": {"gpu": True}}
 GPU_POOL_TOLERATIONS = [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
-                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}] + NODE_LOSS_60
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}] + NODE_LOSS_DEFAULT
 
 
 @pytest.mark.parametrize("store_template, expected", [
@@ -298,14 +298,14 @@ GPU_POOL_TOLERATIONS = [{"key": "dedicated", "operator": "Equal", "value": "ml",
       "tolerations": GPU_POOL_TOLERATIONS, "requests": {"cpu": "250m", "memory": "1Gi"}}),
     ({"nodeSelector": {}, "tolerations": [{"key": "cpu-pool", "operator": "Exists", "effect": "NoSchedule"}]},
      {"nodeSelector": None, "priorityClassName": "training", "serviceAccountName": "trainer",
-      "tolerations": [{"key": "cpu-pool", "operator": "Exists", "effect": "NoSchedule"}] + NODE_LOSS_60,
+      "tolerations": [{"key": "cpu-pool", "operator": "Exists", "effect": "NoSchedule"}] + NODE_LOSS_DEFAULT,
       "requests": {"cpu": "100m", "memory": "256Mi"}}),
     # Its own node-loss toleration wins over the default, as the workers' does.
     ({"tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
                        "tolerationSeconds": 30}]},
      {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "training", "serviceAccountName": "trainer",
       "tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
-                       "tolerationSeconds": 30}, NODE_LOSS_60[0]],
+                       "tolerationSeconds": 30}, NODE_LOSS_DEFAULT[0]],
       "requests": {"cpu": "100m", "memory": "256Mi"}}),
 ])
 def test_store_pod_schedules_like_the_workers_unless_its_template_says_otherwise(store_template, expected):

@@ -286,3 +286,51 @@ def test_a_pod_the_taint_manager_deleted_is_force_deleted_at_once():
                   w(1, terminating_since=T0 + timedelta(seconds=60), reason="DeletionByTaintManager", disruption=True)):
         out = decide(job(s, running_status(ranks=ranks(2))), seen(w(0), alive))
         assert not [a for a in of(out, d.DeleteWorker) if a.force]
+
+
+# ---------------------------------------------------------------- issue 10: a node lost silently is not charged
+
+# What Gloo says when the peer it waits for went silent (its node stopped answering, or it froze).
+SILENT = ("rank 0 (local rank 0) exited with code 1: DistBackendError: [/pytorch/third_party/gloo/gloo/transport/tcp/"
+          "unbound_buffer.cc:81] Timed out waiting 30000ms for recv operation to complete "
+          f"{builders.RENDEZVOUS_CLOSED_MARK}")
+RESET = ("rank 0 (local rank 0) exited with code 1: DistBackendError: [/pytorch/third_party/gloo/gloo/transport/tcp/"
+         f"pair.cc:537] Read error [10.0.0.7]:4711: Connection reset by peer {builders.RENDEZVOUS_CLOSED_MARK}")
+SILENT_OPTIONS = d.Options(incident_settle_seconds=10, silent_peer_settle_seconds=60)
+
+
+@pytest.mark.parametrize("message, peer_node, waits", [
+    (SILENT, "node-1", 60),  # the peer's node may be lost: wait for the node controller's verdict
+    (SILENT, None, 10),  # no node (the local runner): a frozen process, nothing to wait for
+    (RESET, "node-1", 10),  # a reset connection: the peer's process died, its exit is on its way
+])
+def test_survivors_timing_out_on_a_peer_on_a_node_wait_for_the_node_verdict(message, peer_node, waits):
+    s = spec(replicas=2, failurePolicy={"maxRestarts": 3})
+    status = running_status(ranks=ranks(2))
+    survivor, peer = failed(0, 1, message=message, node="node-0"), w(1, node=peer_node)
+    for after in (waits - 1, waits):
+        out = d.decide(job(s, status), seen(survivor, peer, now=T0 + timedelta(seconds=after)), SILENT_OPTIONS)
+        if after < waits:
+            assert out.status.phase == "Running" and not out.status.incidents and out.requeue_after == 1
+    # Nothing else showed: charged as a hang, once.
+    assert out.status.restarts == 1 and out.status.incidents[-1].cause == d.RETRYABLE
+
+
+def test_a_silent_peer_evicted_from_its_lost_node_makes_the_incident_an_uncharged_disruption():
+    """The node stopped answering: the survivor's collective timed out (trainer --dist-steady-timeout)
+    before the node controller declared the node lost; then the taint manager evicted the peer. One
+    disruption, nothing charged, and the lost pod is force-deleted (its kubelet will never confirm)."""
+    s = spec(replicas=2, failurePolicy={"maxRestarts": 0})
+    status = running_status(ranks=ranks(2))
+    survivor = failed(0, 1, message=SILENT, node="node-0")
+    waiting = d.decide(job(s, status), seen(survivor, w(1, node="node-1", ready=False,
+                                                      ), now=T0 + timedelta(seconds=20)), SILENT_OPTIONS)
+    assert waiting.status.phase == "Running" and not waiting.status.incidents
+    evicted = w(1, node="node-1", ready=False, reason="DeletionByTaintManager", disruption=True,
+                terminating_since=T0 + timedelta(seconds=85))
+    out = d.decide(job(s, waiting.status), seen(survivor, evicted, now=T0 + timedelta(seconds=25)), SILENT_OPTIONS)
+    st = out.status
+    assert (st.phase, st.restarts, st.disruptions, st.generation) == ("Restarting", 0, 1, 1), st.message
+    assert st.incidents[-1].cause == d.DISRUPTION and st.incidents[-1].ranks == [0, 1]
+    forced = {a.name for a in of(out, d.DeleteWorker) if a.force}
+    assert forced == {"j-worker-0", "j-worker-1"}  # the exited survivor and the lost pod: nothing to wait for

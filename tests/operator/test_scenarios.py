@@ -380,6 +380,30 @@ async def test_node_down_then_up_is_one_uncharged_disruption(harness, operator, 
                    incident=("Disruption", False, [1]))
 
 
+PEER_SILENT = "rank 0 (local rank 0) exited with code 1: DistBackendError: [../third_party/gloo/gloo/transport/" \
+              "tcp/unbound_buffer.cc:81] Timed out waiting 30000ms for recv operation to complete " + CLOSED
+
+
+async def test_node_lost_silently_survivor_times_out_first_one_uncharged_disruption(harness, operator, nodes):
+    """node-1 stops answering mid-step: nothing resets worker 0's connection, so its collective times out
+    (the trainer's --dist-steady-timeout, 30 s) and it exits with its rescue checkpoint before the node
+    controller declares node-1 lost (40-50 s). The incident waits for that verdict instead of charging a
+    hang; the taint manager's eviction then makes it one disruption, and the lost pod is force-deleted."""
+    await started(harness, nodes, "silent", failurePolicy={"maxRestarts": 0, **NO_BACKOFF})
+    await harness.cluster.node_down("node-1")
+    await nodes.exit("silent-worker-0", 1, PEER_SILENT)
+    # While the incident waits, the status is left as it was (nothing to see before the exit's settle time).
+    await asyncio.sleep(SETTINGS.incident_settle_seconds + 0.5)  # past the ordinary settle time: still waiting
+    status = harness.status("silent")
+    assert (status["phase"], status["restarts"], status["generation"]) == ("Running", 0, 0), status.get("message")
+    await harness.cluster.taint_manager_evict(NS, "silent-worker-1")
+    await eventually(lambda: harness.status("silent").get("generation") == 1, what="generation 1")
+    await nodes.generation_running("silent", 1, 2)
+    assert grace_marks(harness, "silent-worker-1") == [60, 0]  # cut short: no kubelet answers for node-1
+    assert_outcome(harness, "silent", phase="Running", reason="Running", restarts=0, disruptions=1, generation=1,
+                   incident=("Disruption", False, [0, 1]))
+
+
 async def test_taint_manager_eviction_from_a_healthy_node_lets_the_worker_checkpoint(harness, operator, nodes):
     """`kubectl taint node node-1 maintenance=now:NoExecute`: the taint manager deletes worker 1 gracefully
     and node-1's kubelet, alive, sends SIGTERM; the worker checkpoints, then exits 143."""

@@ -102,7 +102,7 @@ class DistConfig:
     timeout_s: float = 1800.0  # collective timeout (also bounds how long ranks wait for a checkpoint write)
     # After the first steps (outside checkpoint saves): a hung or silently lost peer fails the collectives
     # in this time, not NCCL's 10 or Gloo's 30 minutes. 0: keep timeout_s.
-    steady_timeout_s: float = 300.0
+    steady_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         _require(self.backend in ("auto", "nccl", "gloo"), "dist.backend", "must be auto, nccl or gloo", self.backend)
@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--compile", action="store_true", help="torch.compile the DDP-wrapped model")
     a("--backend", default="auto", choices=["auto", "nccl", "gloo"])
     a("--dist-timeout", type=float, default=1800.0, help="collective timeout in seconds (start-up, checkpoint saves)")
-    a("--dist-steady-timeout", type=float, default=300.0,
+    a("--dist-steady-timeout", type=float, default=30.0,
       help="collective timeout once the first 10 steps ran, outside checkpoint saves: a hung peer fails the "
            "job's collectives in this time (0: --dist-timeout throughout)")
     a("--log-every", type=int, default=10)

@@ -12,7 +12,9 @@ their agents exit too). It is charged once, by its cause:
   nothing charged;
 - else (only survivors whose collective failed because a peer did, by the Gloo/NCCL error in their
   termination message, and no cause seen within the settle time: a hung peer, a node lost silently)
-  -> charged as retryable;
+  -> charged as retryable; when their collective timed out on a peer still seen Running on a node,
+  the settle time is `Options.silent_peer_settle_seconds`: long enough for the node controller to
+  declare that node lost (then the peer's eviction makes the incident a disruption);
 - a replacement that only met a rendezvous its peers had closed, or that timed out waiting for a
   peer the scheduler cannot place, caused nothing: nothing is charged.
 
@@ -36,6 +38,7 @@ from .types import (CONSEQUENCE, DISRUPTION, MISSING, PEER_FAILURE, PERMANENT, R
 
 CLOSED_ERROR = "RendezvousClosedError"
 PEER_FAILURE_TEXT = re.compile(PEER_FAILURE_PATTERN, re.IGNORECASE)
+PEER_SILENT_TEXT = re.compile(r"timed out|timeout", re.IGNORECASE)  # Gloo's and NCCL's words for a silent peer
 STORE_UNREACHABLE = "RendezvousConnectionError"
 
 
@@ -133,6 +136,13 @@ def _members(plan: Plan, spec: model.DDPJobSpec,
     return members
 
 
+def _settle_seconds(plan: Plan, cause: FailureClass, members: list[tuple[WorkerObservation, FailureClass]],
+                    survivors: list[WorkerObservation]) -> float:
+    silent_peer = cause == PEER_FAILURE and any(PEER_SILENT_TEXT.search(w.message or "") for w, _ in members) \
+        and any(w.node is not None for w in survivors)
+    return plan.options.silent_peer_settle_seconds if silent_peer else plan.options.incident_settle_seconds
+
+
 def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
     """Charge the generation's open incident once. True when there is nothing more to do in this
     pass: the job failed, or the incident is still gathering the exits it causes."""
@@ -152,7 +162,8 @@ def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
                                                or (cause == RETRYABLE and not gang and not closed)):
         # The exit that caused these may still be on its way (a peer's failure reaches the operator
         # after the survivors' own), and survivors may be about to follow.
-        settles = min(finished) + timedelta(seconds=plan.options.incident_settle_seconds)  # type: ignore[type-var]
+        settle = _settle_seconds(plan, cause, members, survivors)
+        settles = min(finished) + timedelta(seconds=settle)  # type: ignore[type-var]
         if plan.now < settles:
             plan.wake_at(settles)
             return True

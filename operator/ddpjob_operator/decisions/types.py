@@ -212,6 +212,11 @@ class Options:
     # An incident stays open this long after its first failure for the exits it causes (a peer's
     # trainer fails on its next collective) to be counted with it, not as incidents of their own.
     incident_settle_seconds: float = 10.0
+    # Survivors whose collective timed out on a peer that still looks Running on its node: that node may
+    # have stopped answering, which the node controller declares only after node-monitor-grace-period
+    # (40-50 s), then the taint manager evicts the pod (failurePolicy.nodeLossTimeoutSeconds): a
+    # disruption. The incident waits this long for that verdict before charging the silence as a hang.
+    silent_peer_settle_seconds: float = 60.0
     # A worker whose last progress report is older than this "stopped reporting" (reporters heartbeat
     # every few seconds): the stall event names such ranks.
     report_silence_seconds: float = 15.0
