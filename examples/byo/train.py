@@ -99,7 +99,9 @@ def accuracy(model: nn.Module, data: Dataset, job: Job) -> float:
 @record  # DDPJob: an exception reaches the termination message
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    with Job.start() as job:  # DDPJob: env, device, process group, SIGTERM handler, checkpoint dir checked
+    # DDPJob: env, device, process group, SIGTERM handler, checkpoint dir checked; after the first steps a
+    # silent peer (a lost node) fails the collectives within 30 s instead of 30 minutes.
+    with Job.start(steady_timeout_s=30) as job:
         logging.basicConfig(level=logging.INFO if job.env.is_main else logging.WARNING,
                             format=f"%(asctime)s rank{job.env.rank} %(levelname)s %(name)s: %(message)s")
         torch.manual_seed(args.seed)

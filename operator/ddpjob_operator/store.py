@@ -168,7 +168,7 @@ def observe(pods: Iterable[PodSummary], now: datetime,
     workers, store = [], None
     for pod in pods:
         if pod.role == builders.ROLE_STORE:
-            store = decisions.StoreObservation(phase=pod.phase, ready=pod.ready,
+            store = decisions.StoreObservation(phase=pod.phase, ready=pod.ready, reason=pod.reason,
                                                terminating_since=pod.terminating_since, waiting=pod.waiting,
                                                unschedulable=pod.unschedulable)
         else:

@@ -334,3 +334,16 @@ def test_a_silent_peer_evicted_from_its_lost_node_makes_the_incident_an_uncharge
     assert st.incidents[-1].cause == d.DISRUPTION and st.incidents[-1].ranks == [0, 1]
     forced = {a.name for a in of(out, d.DeleteWorker) if a.force}
     assert forced == {"j-worker-0", "j-worker-1"}  # the exited survivor and the lost pod: nothing to wait for
+
+
+@pytest.mark.parametrize("store, forced", [
+    # Evicted from a node that stopped answering: no kubelet will confirm its deletion.
+    (d.StoreObservation("Running", ready=False, reason="DeletionByTaintManager", terminating_since=T0), True),
+    # A NoExecute maintenance taint on a healthy node: its kubelet stops it; nothing to cut short yet.
+    (d.StoreObservation("Running", ready=True, reason="DeletionByTaintManager", terminating_since=T0), False),
+    (d.StoreObservation("Running", ready=False, terminating_since=T0), False),  # the operator's own delete
+])
+def test_a_store_the_taint_manager_evicted_from_a_lost_node_is_force_deleted_at_once(store, forced):
+    s = spec(replicas=2)
+    out = d.decide(job(s, running_status(ranks=ranks(2))), seen(w(0), w(1), store=store), OPTIONS)
+    assert (d.DeleteStore(d.REASON_STUCK_TERMINATING, force=True) in of(out, d.DeleteStore)) == forced

@@ -67,7 +67,7 @@ async def operator(cluster) -> AsyncIterator[OperatorProcess]:
 
 class Nodes:
     """The test's scheduler and kubelets for one harness. Worker i runs on node-i (its own node), the
-    store on node-store, and a pod whose node is down on node-spare."""
+    store on node-store, and a pod whose node is down on node-spare (the store included)."""
 
     def __init__(self, harness: Harness):
         self.h, self.c = harness, harness.cluster
@@ -75,8 +75,9 @@ class Nodes:
     def node_for(self, pod: dict[str, Any]) -> str:
         labels = pod["metadata"]["labels"]
         if labels.get(builders.LABEL_ROLE) == builders.ROLE_STORE:
-            return STORE_NODE
-        node = f"node-{labels[builders.LABEL_REPLICA_INDEX]}"
+            node = STORE_NODE
+        else:
+            node = f"node-{labels[builders.LABEL_REPLICA_INDEX]}"
         return SPARE_NODE if node in self.c._unreachable else node
 
     async def start(self, *names: str) -> None:
@@ -401,6 +402,29 @@ async def test_node_lost_silently_survivor_times_out_first_one_uncharged_disrupt
     await nodes.generation_running("silent", 1, 2)
     assert grace_marks(harness, "silent-worker-1") == [60, 0]  # cut short: no kubelet answers for node-1
     assert_outcome(harness, "silent", phase="Running", reason="Running", restarts=0, disruptions=1, generation=1,
+                   incident=("Disruption", False, [0, 1]))
+
+
+async def test_node_lost_with_the_store_on_it_moves_on_at_once(harness, operator, nodes):
+    """Issue 10's measured case: the lost node held worker 1 and the rendezvous store. The taint manager
+    evicts both; neither kubelet will confirm, so the store is force-deleted like the worker (it used to
+    wait DDPJOB_OPERATOR_STUCK_TERMINATING_SECONDS, 300 s, with the job Restarting), and a fresh store
+    serves the next generation. Nothing is charged."""
+    await started(harness, nodes, "both", failurePolicy={"maxRestarts": 0, **NO_BACKOFF})
+    store = builders.store_pod_name("both")
+    old_store = harness.pods("both", builders.ROLE_STORE)[store]["metadata"]["uid"]
+    await harness.cluster.node_down("node-1")
+    await harness.cluster.node_down(STORE_NODE)
+    await nodes.exit("both-worker-0", 1, PEER_SILENT)
+    await harness.cluster.taint_manager_evict(NS, store)
+    await harness.cluster.taint_manager_evict(NS, "both-worker-1")
+    await eventually(lambda: harness.status("both").get("generation") == 1, what="generation 1")
+    # Sooner than the store's own grace period (5 s) could end: the eviction is not waited out.
+    await eventually(lambda: harness.pods("both", builders.ROLE_STORE).get(store, {}).get("metadata", {})
+                     .get("uid") not in (None, old_store), timeout=4, what="a fresh store pod")
+    assert grace_marks(harness, store)[-1] == 0  # force-deleted: no kubelet answers for its node
+    await nodes.generation_running("both", 1, 2)
+    assert_outcome(harness, "both", phase="Running", reason="Running", restarts=0, disruptions=1, generation=1,
                    incident=("Disruption", False, [0, 1]))
 
 

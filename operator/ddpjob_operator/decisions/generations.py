@@ -50,6 +50,7 @@ def store_lost(plan: Plan, spec: model.DDPJobSpec) -> bool:
         return False
     _new_generation(plan, spec, REASON_STORE_LOST,
                     f"rendezvous store lost ({'gone' if store is None else store.phase})", disruption=True)
+    force_stuck(plan)  # a store evicted from a lost node: the fresh one need not wait for a confirmation
     return True
 
 

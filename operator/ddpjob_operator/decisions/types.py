@@ -143,6 +143,7 @@ class StoreObservation:
     phase: str
     ready: bool = False
     terminating_since: datetime | None = None
+    reason: str | None = None  # the control plane's disruption reason (DeletionByTaintManager, ...)
     waiting: Waiting | None = None
     unschedulable: Waiting | None = None
 
