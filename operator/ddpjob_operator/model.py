@@ -624,7 +624,8 @@ class FailurePolicy(APIModel):
         "How long a worker on an unresponsive node (NotReady or unreachable) is kept before Kubernetes "
         "evicts it and the operator replaces it (a disruption, not charged), counted from when the node "
         "controller declares the node so (node-monitor-grace-period, 40-50 s, after its last heartbeat). "
-        "Kubernetes' default is 300; raise it to ride out longer node outages in place. Set as the tolerationSeconds of the workers' and the store's NoExecute tolerations for "
+        "Kubernetes' default is 300; raise it to ride out longer node outages in place. Set as the "
+        "tolerationSeconds of the workers' and the store's NoExecute tolerations for "
         "node.kubernetes.io/not-ready and node.kubernetes.io/unreachable; a template.tolerations entry "
         "for either key (or a keyless Exists one) wins."))
 

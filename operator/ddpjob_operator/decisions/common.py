@@ -180,18 +180,19 @@ def force_stuck(plan: Plan) -> None:
     """Pods stuck Terminating (unreachable node) are force-deleted after the configured timeout."""
     limit = timedelta(seconds=plan.options.stuck_terminating_seconds)
 
-    def since(terminating_since: datetime, reason: str | None, ready: bool) -> datetime:
+    def counted_from(terminating_since: datetime, reason: str | None, ready: bool) -> datetime:
         # Evicted by the taint manager and not Ready: its node stopped answering, no kubelet will confirm,
         # so nothing is gained by waiting (the taint manager also evicts from healthy nodes with a
         # NoExecute maintenance taint, where the kubelet lets the pod stop gracefully).
         return plan.now - limit if reason in NODE_LOST_REASONS and not ready else terminating_since
 
     stuck: list[tuple[datetime, Action]] = [
-        (since(w.terminating_since, w.reason, w.ready), DeleteWorker(w.name, REASON_STUCK_TERMINATING, force=True))
+        (counted_from(w.terminating_since, w.reason, w.ready),
+         DeleteWorker(w.name, REASON_STUCK_TERMINATING, force=True))
         for w in plan.observed.workers if w.terminating_since is not None]
     store = plan.observed.store
     if store is not None and store.terminating_since is not None:
-        stuck.append((since(store.terminating_since, store.reason, store.ready),
+        stuck.append((counted_from(store.terminating_since, store.reason, store.ready),
                       DeleteStore(REASON_STUCK_TERMINATING, force=True)))
     for since, action in stuck:
         if plan.now >= since + limit:
