@@ -282,8 +282,6 @@ def run_stock(job, kills: int, every: int, state: Path, timeout: float) -> tuple
     return phase, recoveries(timeline.sorted())
 
 
-# ---- report ------------------------------------------------------------------------------------------
-
 # ---- cluster: the operator on a real control plane (the tests/e2e tier) ------------------------------
 
 def e2e_cluster():
@@ -296,10 +294,7 @@ def e2e_cluster():
 
 def why_no_cluster() -> str | None:
     cluster = e2e_cluster()
-    reason = cluster.why_no_cluster()
-    if reason is None and not cluster.FAULTS:
-        reason = "DDPJOB_E2E_FAULTS unset (the fault command: `make e2e` passes hack/kind/faults.sh)"
-    return reason
+    return cluster.why_no_cluster() or cluster.why_no_faults()
 
 
 def follow_logs(namespace: str, pods: list[str], log_dir: Path, stop: threading.Event) -> threading.Thread:
@@ -342,10 +337,10 @@ def run_cluster(kills: int, every: int, state: Path, timeout: float) -> tuple[st
     timeline = Timeline(state)
     stop = threading.Event()
     cluster.kubectl("create", "namespace", namespace)
+    poller = poll_in_background(timeline, stop)
+    follower = follow_logs(namespace, [f"{name}-worker-{i}" for i in range(2)], state, stop)
     try:
         cluster.apply(manifest, namespace)
-        poller = poll_in_background(timeline, stop)
-        follower = follow_logs(namespace, [f"{name}-worker-{i}" for i in range(2)], state, stop)
         deadline, generation, k, phase, killed_at = time.monotonic() + timeout, 0, 0, "Timeout", 0.0
         while time.monotonic() < deadline:
             status = cluster.get_json(cluster.RESOURCE, name, "-n", namespace).get("status") or {}
@@ -363,15 +358,16 @@ def run_cluster(kills: int, every: int, state: Path, timeout: float) -> tuple[st
                 cluster.fault("kill", f"{namespace}/{name}-worker-{worker}")
                 k += 1
             time.sleep(0.2)  # a benchmark's polling cadence, not a test's wait
+    finally:
         stop.set()
         poller.join()
         follower.join()
-    finally:
-        stop.set()
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
     timeline.poll()
     return phase, recoveries(timeline.sorted())
 
+
+# ---- report ------------------------------------------------------------------------------------------
 
 def table(name: str, phase: str, results: list[Recovery], interval: int) -> None:
     print(f"\n{name}: {phase}")
