@@ -139,7 +139,12 @@ def test_lost_store_moves_the_job_to_a_new_generation_without_charging_the_budge
     os.kill(store[0], signal.SIGKILL)
     code, out = run.wait(timeout=240)
     assert code == 0, out
-    assert "RendezvousStoreLost: rendezvous store lost (Failed); moving every worker to rendezvous generation 1" in out
+    # Who sees the loss first is a race: the runner sees the store process exit, or an agent's own store
+    # call (its monitor loop asks the store every interval) fails first and its exit opens an incident of
+    # the generation. Either way one disruption, nothing charged, and every worker in generation 1.
+    assert ("RendezvousStoreLost: rendezvous store lost (Failed); moving every worker to rendezvous generation 1" in out
+            or re.search(r"RendezvousConnectionError.*: disrupted .*restarting all workers in rendezvous generation 1",
+                         out, re.DOTALL)), out
     assert "restarts charged to the budget: 0, disruptions: 1" in out
     # The old generation was deleted gracefully: its trainers saved on SIGTERM and training went on from there.
     logs = "".join(p.read_text() for p in (job_dir(tmp_path, "store") / "logs").glob("store-worker-*.log"))
