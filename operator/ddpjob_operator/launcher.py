@@ -33,7 +33,7 @@ GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")  # NVIDIA's and AMD's driver n
 # in-process, so that the container's exit code is the failed trainer's (torchrun itself always exits
 # 1), 128+N for a signal N, and the failure is written where the kubelet reads termination messages.
 # A constant, never built from user input.
-LAUNCHER_PROGRAM = f"""\
+LAUNCHER_SETUP = f"""\
 import logging, os, runpy, signal, sys
 import torch.distributed.run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -96,30 +96,98 @@ def report(text, closed=True):
     except OSError:
         pass  # no termination log here (not in a container): the log has the same story
 
-try:
-    main(sys.argv[1:])
-    finish(0)
-except ChildFailedError as failed:
-    rank, failure = failed.get_first_failure()
-    code = 128 - failure.exitcode if failure.exitcode < 0 else failure.exitcode
-    if isinstance(failure.message, dict):  # the exception recorded by @record in the trainer
-        detail = failure.message.get("message", "")
-    elif failure.exitcode < 0:
-        detail = "killed by " + failure.signal_name()
-    else:
-        detail = ""  # exited without a recorded exception: its log says why
-    print(failed, file=sys.stderr, flush=True)
-    report(f"rank {{rank}} (local rank {{failure.local_rank}}) exited with code {{code}}"
-           + (f": {{detail}}" if detail else ""))
-    finish(code)
-except RendezvousError as error:
-    report(f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}")
-    print(f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}", file=sys.stderr, flush=True)
+def launch(args):
+    try:
+        main(args)
+        finish(0)
+    except ChildFailedError as failed:
+        rank, failure = failed.get_first_failure()
+        code = 128 - failure.exitcode if failure.exitcode < 0 else failure.exitcode
+        if isinstance(failure.message, dict):  # the exception recorded by @record in the trainer
+            detail = failure.message.get("message", "")
+        elif failure.exitcode < 0:
+            detail = "killed by " + failure.signal_name()
+        else:
+            detail = ""  # exited without a recorded exception: its log says why
+        print(failed, file=sys.stderr, flush=True)
+        report(f"rank {{rank}} (local rank {{failure.local_rank}}) exited with code {{code}}"
+               + (f": {{detail}}" if detail else ""))
+        finish(code)
+    except RendezvousError as error:
+        report(f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}")
+        print(f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}", file=sys.stderr, flush=True)
+        finish(1)
+    except SignalException as stopped:
+        report(f"torchrun stopped by {{stopped.sigval.name}}; exit code {{128 + stopped.sigval}}", closed=False)
+        finish(128 + stopped.sigval)
+    except Exception as error:
+        report(f"torchrun failed: {{type(error).__name__}}: {{error}}")
+        raise
+"""
+
+LAUNCHER_PROGRAM = LAUNCHER_SETUP + "launch(sys.argv[1:])\n"
+
+# The local runner's worker starter (a zygote): one process per local run imports what every worker
+# imports (torch for the agent; torch._dynamo, which the trainer's first optimizer imports) once, then
+# forks a worker launcher per request in milliseconds. A new generation then costs no imports: on a
+# 2-core machine that was ~9 s of CPU per generation of 2 workers (bench/recovery.py).
+# Protocol, one JSON object or word line each way: stdin gets {"args", "env", "log"}; stdout answers
+# "ready" once, then "started PID" per request and "exit PID CODE" (CODE as Popen's returncode) when a
+# worker ends. Its own diagnostics go to stderr. It exits when stdin closes; its workers live on.
+ZYGOTE_PROGRAM = LAUNCHER_SETUP + """\
+import json, select, traceback
+import torch._dynamo, torch.optim
+
+def become_worker(request, sibling_fds):
+    # Like a new container: a session of its own (the runner signals its process group and finds its
+    # processes by session), the request's environment, output to its log, and never back here.
+    try:
+        os.setsid()
+        for fd in sibling_fds:
+            os.close(fd)
+        if "numpy.random" in sys.modules:  # forked processes share the RNG state a new one seeds afresh
+            sys.modules["numpy.random"].seed()
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        for target, source in ((0, null), (1, log), (2, log)):
+            os.dup2(source, target)
+        os.close(null)
+        os.close(log)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = ["-c", *request["args"]]
+        launch(request["args"])
+    except SystemExit as stop:
+        finish(stop.code if isinstance(stop.code, int) else 1)
+    except BaseException:
+        traceback.print_exc()
     finish(1)
-except SignalException as stopped:
-    report(f"torchrun stopped by {{stopped.sigval.name}}; exit code {{128 + stopped.sigval}}", closed=False)
-    finish(128 + stopped.sigval)
-except Exception as error:
-    report(f"torchrun failed: {{type(error).__name__}}: {{error}}")
-    raise
+
+def serve():
+    pending, children = b"", {}  # pidfd -> pid of every worker still running
+    os.write(1, b"ready\\n")
+    while True:
+        readable, _, _ = select.select([0, *children], [], [])
+        for fd in readable:
+            if fd != 0:
+                pid = children.pop(fd)
+                os.close(fd)
+                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                os.write(1, f"exit {pid} {code}\\n".encode())
+                continue
+            data = os.read(0, 1 << 16)
+            if not data:
+                return
+            *lines, pending = (pending + data).split(b"\\n")
+            for line in lines:
+                request = json.loads(line)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    become_worker(request, list(children))
+                children[os.pidfd_open(pid)] = pid
+                os.write(1, f"started {pid}\\n".encode())
+
+serve()
 """

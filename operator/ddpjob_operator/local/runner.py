@@ -24,7 +24,7 @@ from typing import Callable
 from .. import builders, decisions, model, validation
 from ..validation import FieldError, InvalidJob
 from .logs import RESUME_LINE, LogTail, read_report
-from .processes import LocalProcess, kill_marked, marker_for
+from .processes import LocalProcess, Zygote, kill_marked, kill_together, marker_for
 from .view import Snapshot, Summary, View, WorkerRow
 
 NAMESPACE = "local"
@@ -213,6 +213,9 @@ class LocalRunner:
             self.checkpoint_dir = (options.checkpoint_dir or root / "checkpoints").resolve()
         self.status = model.DDPJobStatus()
         self.store: LocalProcess | None = None
+        # Every worker starts as a fork of it: a new generation imports nothing (bench/recovery.py).
+        self.zygote = Zygote(python=sys.executable, env=self.base_env, marker=marker_for(self.run_id, "zygote"),
+                             log_path=self.log_dir / "zygote.log")
         self.store_port = free_port()
         self.store_ready = False
         self.workers: dict[str, WorkerProcess] = {}
@@ -240,6 +243,7 @@ class LocalRunner:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._prepare_dirs()
+            self.zygote.start()  # its imports overlap the store's start
             while True:
                 if self._signals:
                     self.interrupted = True
@@ -437,7 +441,7 @@ class LocalRunner:
             name=name, marker=marker_for(self.run_id, name, action.attempt), env=env,
             argv=builders.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST,
                                          python=sys.executable),
-            log_path=self.log_dir / f"{name}.log")
+            log_path=self.log_dir / f"{name}.log", zygote=self.zygote)
         if name not in self.tails:  # logs are appended across runs: read only this run's part
             self.tails[name] = LogTail(process.log_path, offset=_size(process.log_path))
         worker = WorkerProcess(action.index, action.generation, action.attempt, process, termination_log,
@@ -513,9 +517,9 @@ class LocalRunner:
                 (kills if fault.kind == KILL else deletes).append(target)
             self.pending_faults.remove(fault)
         if kills or stores:
-            kill_marked(*(p.marker for p in [*(w.process for w in kills), *stores]))
-            for process in [*(w.process for w in kills), *stores]:
-                process.kill()  # reaps the root
+            killed = [*(w.process for w in kills), *stores]
+            kill_together(*killed)
+            for process in killed:
                 self.view.event(f"fault injection: killed {process.name} (SIGKILL to its whole process tree) "
                                 f"at {elapsed:.1f}s, trainer step {progress.get('step')}")
         for w in deletes:
@@ -595,6 +599,7 @@ class LocalRunner:
             w.process.kill()  # reaps the root processes
         if self.store is not None:
             self.store.kill()
+        self.zygote.close()
         self._show(self.clock())
 
     # ---- show --------------------------------------------------------------------------------
