@@ -127,16 +127,16 @@ def launch(args):
 
 LAUNCHER_PROGRAM = LAUNCHER_SETUP + "launch(sys.argv[1:])\n"
 
-# The local runner's worker starter (a zygote): one process per local run imports what every worker
-# imports (torch for the agent; torch._dynamo, which the trainer's first optimizer imports) once, then
-# forks a worker launcher per request in milliseconds. A new generation then costs no imports: on a
-# 2-core machine that was ~9 s of CPU per generation of 2 workers (bench/recovery.py).
+# The local runner's worker starter (a zygote): one process per local run imports torch for the agent
+# once, then forks a worker launcher per request in milliseconds instead of each worker importing it
+# again (2.3 s of CPU each on a 2-core machine, bench/recovery.py). It does not import torch._dynamo,
+# which the trainer's first optimizer imports (2 s more): with it imported here, DataLoader workers
+# of a trainer forked three levels below aborted at random (std::system_error, examples/byo).
 # Protocol, one JSON object or word line each way: stdin gets {"args", "env", "log"}; stdout answers
 # "ready" once, then "started PID" per request and "exit PID CODE" (CODE as Popen's returncode) when a
 # worker ends. Its own diagnostics go to stderr. It exits when stdin closes; its workers live on.
 ZYGOTE_PROGRAM = LAUNCHER_SETUP + """\
 import json, select, traceback
-import torch._dynamo, torch.optim
 
 def become_worker(request, sibling_fds):
     # Like a new container: a session of its own (the runner signals its process group and finds its
