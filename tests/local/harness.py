@@ -107,6 +107,31 @@ def kill_tagged(tag: str) -> None:
             pass
 
 
+def alive(pid: int) -> bool:
+    """Running or stopped, not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for_file(path: Path, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def exit_code(process: Any, now: Any, timeout: float = 120) -> int:
+    """A local pod's (processes.LocalProcess) exit code, once it has ended."""
+    deadline = time.monotonic() + timeout
+    while (code := process.poll(now)) is None:
+        assert time.monotonic() < deadline, f"{process.name} still running after {timeout}s"
+        time.sleep(0.05)
+    return code
+
+
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())

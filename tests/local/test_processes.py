@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from ddpjob_operator.local.processes import LocalProcess, exit_code_of, marked_pids, marker_for
+
+from .harness import alive, exit_code, wait_for_file
 
 # The root starts a grandchild in a session of its own, as torchrun does with its trainers.
 SPAWNS_DETACHED_CHILD = """
@@ -21,22 +22,6 @@ if sys.argv[2] == "stay":
 """
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def wait_for_file(path: Path, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text()):
-        assert time.monotonic() < deadline, f"{path} never written"
-        time.sleep(0.05)
-    return path.read_text()
 
 
 def pod(tmp_path: Path, mode: str, run: str = "run-a") -> tuple[LocalProcess, Path]:
@@ -71,11 +56,7 @@ def test_kill_takes_the_whole_tree_even_in_other_sessions(tmp_path):
 def test_a_pod_whose_root_exits_takes_its_leftover_children_with_it(tmp_path):
     process, pid_file = pod(tmp_path, "leave", run="run-b")
     child = int(wait_for_file(pid_file))
-    deadline = time.monotonic() + 30
-    while (code := process.poll(NOW)) is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    assert code == 0 and process.finished_at == NOW
+    assert exit_code(process, NOW) == 0 and process.finished_at == NOW
     assert not alive(child), "a trainer orphaned by its agent must not keep running"
     assert "---- job-worker-0:" in process.log_path.read_text()
 
@@ -84,10 +65,7 @@ def test_terminate_sends_sigterm_and_records_when(tmp_path):
     process, pid_file = pod(tmp_path, "stay", run="run-c")
     wait_for_file(pid_file)
     process.terminate(NOW)
-    deadline = time.monotonic() + 30
-    while process.poll(NOW) is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    exit_code(process, NOW)
     assert process.terminating_since == NOW
     assert exit_code_of(process.popen.returncode) == 143
     assert marked_pids(marker_for("run-c")) == []

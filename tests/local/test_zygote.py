@@ -4,7 +4,6 @@ torchrun agent and trainer each, behaving like a worker started as a new interpr
 from __future__ import annotations
 
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -12,6 +11,8 @@ import pytest
 
 from ddpjob_operator import builders
 from ddpjob_operator.local.processes import LocalProcess, Zygote, kill_marked, marked_pids, marker_for
+
+from .harness import alive, exit_code, wait_for_file
 
 pytestmark = pytest.mark.slow  # one zygote importing torch, a torchrun agent per test
 
@@ -61,38 +62,15 @@ def worker(tmp_path: Path, zygote: Zygote, name: str, body: str, *args: str, **e
     return process
 
 
-def exited(process: LocalProcess, timeout: float = 120) -> int:
-    deadline = time.monotonic() + timeout
-    while (code := process.poll(NOW)) is None:
-        assert time.monotonic() < deadline, f"{process.name} still running after {timeout}s"
-        time.sleep(0.05)
-    return code
-
-
-def wait_for_file(path: Path, timeout: float = 120) -> str:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text()):
-        assert time.monotonic() < deadline, f"{path} never written"
-        time.sleep(0.05)
-    return path.read_text()
-
-
 def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_forked_workers_run_with_their_own_environment_log_and_exit_code(tmp_path, zygote):
     first = worker(tmp_path, zygote, "job-worker-0", REPORTS, WHO="zero", EXIT_WITH="0")
     second = worker(tmp_path, zygote, "job-worker-1", REPORTS, WHO="one", EXIT_WITH="3")
     assert first.popen is None and parent_of(first.pid) == zygote.popen.pid, "not forked from the zygote"
-    assert exited(first) == 0 and exited(second) == 3
+    assert exit_code(first, NOW) == 0 and exit_code(second, NOW) == 3
     logs = [p.log_path.read_text() for p in (first, second)]
     assert logs[0].startswith("---- job-worker-0:") and "who zero random" in logs[0]
     assert "who one random" in logs[1] and "who zero" not in logs[1]
@@ -118,7 +96,7 @@ def test_terminate_reaches_a_forked_pods_agent(tmp_path, zygote):
     process = worker(tmp_path, zygote, "job-worker-3", SLEEPS, str(up))
     wait_for_file(up)
     process.terminate(NOW)
-    assert exited(process) == 143
+    assert exit_code(process, NOW) == 143
     assert marked_pids(process.marker, sessions=(process.pid,)) == []
 
 
@@ -132,7 +110,7 @@ def test_a_zygote_that_cannot_import_leaves_workers_to_start_as_new_interpreters
     try:
         process = worker(tmp_path, failed, "job-worker-4", REPORTS, PYTHONPATH=str(broken))
         assert process.popen is not None, "started as a new interpreter"
-        assert exited(process) == 1
+        assert exit_code(process, NOW) == 1
         assert "no torch in this image" in process.log_path.read_text()
         assert "no torch in this image" in (tmp_path / "zygote.log").read_text()
     finally:
