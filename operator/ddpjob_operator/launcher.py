@@ -43,10 +43,13 @@ from torch.distributed.run import main
 
 def run_trainer(module, target, *args):
     # In the forked child: the agent's signal handlers are not the trainer's, and os._exit (which
-    # would skip handing torchrun the return value it waits for) becomes a normal exit.
+    # would skip handing torchrun the return value it waits for) becomes a normal exit, in the trainer
+    # only: a process the trainer forks (a DataLoader worker) ending with os._exit must not unwind the
+    # trainer's frames it was forked inside, or freeing its copy of the process group aborts it.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
-    real_exit, os._exit = os._exit, sys.exit
+    real_exit, trainer = os._exit, os.getpid()
+    os._exit = lambda code: sys.exit(code) if os.getpid() == trainer else real_exit(code)
     sys.argv = [target, *args]
     try:
         if module:
@@ -127,16 +130,17 @@ def launch(args):
 
 LAUNCHER_PROGRAM = LAUNCHER_SETUP + "launch(sys.argv[1:])\n"
 
-# The local runner's worker starter (a zygote): one process per local run imports torch for the agent
-# once, then forks a worker launcher per request in milliseconds instead of each worker importing it
-# again (2.3 s of CPU each on a 2-core machine, bench/recovery.py). It does not import torch._dynamo,
-# which the trainer's first optimizer imports (2 s more): with it imported here, DataLoader workers
-# of a trainer forked three levels below aborted at random (std::system_error, examples/byo).
+# The local runner's worker starter (a zygote): one process per local run imports what every worker
+# imports once (torch for the agent; torch._dynamo, which the trainer's first optimizer imports), then
+# forks a worker launcher per request in milliseconds: a new generation costs no imports, where each
+# worker took 4-5 s of CPU (2.3 s for torch, 2 s for torch._dynamo) on a 2-core machine
+# (bench/recovery.py).
 # Protocol, one JSON object or word line each way: stdin gets {"args", "env", "log"}; stdout answers
 # "ready" once, then "started PID" per request and "exit PID CODE" (CODE as Popen's returncode) when a
 # worker ends. Its own diagnostics go to stderr. It exits when stdin closes; its workers live on.
 ZYGOTE_PROGRAM = LAUNCHER_SETUP + """\
 import json, select, traceback
+import torch._dynamo, torch.optim
 
 def become_worker(request, sibling_fds):
     # Like a new container: a session of its own (the runner signals its process group and finds its

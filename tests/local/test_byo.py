@@ -41,8 +41,10 @@ def byo_job() -> dict:
 def test_byo_example_survives_a_worker_kill_and_a_scale_down(tmp_path: Path) -> None:
     job = validation.parse_job(byo_job())
     view = TimelineView(timeout=240)
+    # The kill lands between two periodic checkpoints (every 20 steps): on a checkpoint's own step the
+    # survivor has nothing newer to rescue.
     runner = LocalRunner(job, RunOptions(state_dir=tmp_path / ".ddpjob",
-                                         faults=(FaultInjection(index=1, at_step=40, kind=KILL),),
+                                         faults=(FaultInjection(index=1, at_step=45, kind=KILL),),
                                          changes=(SpecChange(replicas=1, at_step=100, world_size=2),)), view)
     try:
         runner.run()

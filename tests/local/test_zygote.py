@@ -23,7 +23,8 @@ BASE_ENV = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
 REPORTS = """
 import os, sys
 import numpy
-print("who", os.environ["WHO"], "random", numpy.random.random(), flush=True)
+print("who", os.environ["WHO"], "random", numpy.random.random(), "optimizer imports done", "torch._dynamo" in sys.modules,
+      flush=True)
 sys.exit(int(os.environ["EXIT_WITH"]))
 """
 SPAWNS_DETACHED_CHILD = """
@@ -73,6 +74,7 @@ def test_forked_workers_run_with_their_own_environment_log_and_exit_code(tmp_pat
     assert exit_code(first, NOW) == 0 and exit_code(second, NOW) == 3
     logs = [p.log_path.read_text() for p in (first, second)]
     assert logs[0].startswith("---- job-worker-0:") and "who zero random" in logs[0]
+    assert all("optimizer imports done True" in log for log in logs), "the zygote imported torch._dynamo for them"
     assert "who one random" in logs[1] and "who zero" not in logs[1]
     assert "exited with code 3" in (tmp_path / "job-worker-1.termination-log").read_text()
     draws = [log.split("random ")[1].split()[0] for log in logs]

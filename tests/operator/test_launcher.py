@@ -87,6 +87,30 @@ def test_os_exit_in_a_forked_trainer_ends_it_with_that_code(tmp_path, exit_code)
     assert code == exit_code, out
 
 
+FORKS_LIKE_A_DATALOADER = """
+import os
+class Frame:
+    def __del__(self):
+        print("the trainer's frames unwound in", "its child" if os.getpid() != trainer else "the trainer", flush=True)
+def train():
+    frame = Frame()
+    child = os.fork()
+    if child == 0:
+        os._exit(7)  # how a DataLoader worker (multiprocessing) ends
+    print("child exit", os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), flush=True)
+trainer = os.getpid()
+train()
+"""
+
+
+def test_a_process_the_forked_trainer_forks_ends_with_the_real_os_exit(tmp_path):
+    """Not the trainer's exit: a SystemExit in a DataLoader worker would unwind the trainer's frames it
+    was forked inside, and freeing its copy of the process group there aborts it (std::system_error)."""
+    code, out = Launched(tmp_path, FORKS_LIKE_A_DATALOADER, **{builders.FORK_TRAINER_ENV: "1"}).wait()
+    assert code == 0 and "child exit 7" in out, out
+    assert "unwound in its child" not in out, out
+
+
 def test_sigterm_to_the_launcher_stops_the_trainer_and_exits_143(tmp_path):
     launched = Launched(tmp_path, SLEEP_UNTIL_SIGTERM)
     assert launched.proc.stdout is not None
