@@ -4,8 +4,8 @@ Two setups of the same job (examples/cpu-digits.yaml: the bundled digits trainer
 1:2, a checkpoint every `intervalSteps`), measured in one run, on this machine, no cluster:
 
 - ours: `ddpjob run --local` semantics (LocalRunner: real torchrun agents, the operator's decision
-  layer, a dedicated rendezvous store, `--max-restarts=0`, a new generation per incident; the
-  surviving trainer saves a rescue checkpoint).
+  layer, a dedicated rendezvous store, `--max-restarts=0`, a new generation per incident, every
+  worker forked from the run's zygote; the surviving trainer saves a rescue checkpoint).
 - stock: what Kubeflow's PyTorchJob sets up for an elastic job: `torchrun --nnodes=1:2
   --rdzv-backend=c10d` with torch's rendezvous defaults (keep-alive 5 s x 3, last call 30 s), the
   store hosted by worker 0's agent (`is_host`), `--max-restarts=3`, one rendezvous id for the job's
