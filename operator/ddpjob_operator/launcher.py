@@ -135,9 +135,8 @@ LAUNCHER_PROGRAM = LAUNCHER_SETUP + "launch(sys.argv[1:])\n"
 # forks a worker launcher per request in milliseconds: a new generation costs no imports, where each
 # worker took 4-5 s of CPU (2.3 s for torch, 2 s for torch._dynamo) on a 2-core machine
 # (bench/recovery.py).
-# Protocol, one JSON object or word line each way: stdin gets {"args", "env", "log"}; stdout answers
-# "ready" once, then "started PID" per request and "exit PID CODE" (CODE as Popen's returncode) when a
-# worker ends. Its own diagnostics go to stderr. It exits when stdin closes; its workers live on.
+# Protocol, one line each way: stdin gets {"args", "env", "log"} as JSON; stdout answers "started PID"
+# per request and "exit PID CODE" (CODE as Popen's returncode) when a worker ends. Its own diagnostics go to stderr. It exits when stdin closes; its workers live on.
 ZYGOTE_PROGRAM = LAUNCHER_SETUP + """\
 import json, select, traceback
 import torch._dynamo, torch.optim
@@ -169,7 +168,6 @@ def become_worker(request, sibling_fds):
 
 def serve():
     pending, children = b"", {}  # pidfd -> pid of every worker still running
-    os.write(1, b"ready\\n")
     while True:
         readable, _, _ = select.select([0, *children], [], [])
         for fd in readable:

@@ -115,6 +115,8 @@ def test_a_zygote_that_cannot_import_leaves_workers_to_start_as_new_interpreters
         assert exit_code(process, NOW) == 1
         assert "no torch in this image" in process.log_path.read_text()
         assert "no torch in this image" in (tmp_path / "zygote.log").read_text()
+        again = worker(tmp_path, failed, "job-worker-5", REPORTS, PYTHONPATH=str(broken))
+        assert failed.failed and again.popen is not None and exit_code(again, NOW) == 1, "not tried again"
     finally:
         kill_marked(marker_for(RUN, "broken-zygote"))
         failed.close()

@@ -85,12 +85,12 @@ class Zygote:
     It is started on first use; a worker it cannot start (it failed to import) starts as a new
     interpreter instead, so every failure still surfaces as that worker's exit."""
 
-    READY_TIMEOUT = 120.0
+    START_TIMEOUT = 120.0  # the first start waits for its imports
 
     def __init__(self, python: str, env: dict[str, str], marker: str, log_path: Path):
         self.python, self.env, self.marker, self.log_path = python, env, marker, log_path
         self.popen: subprocess.Popen | None = None
-        self.ready = False
+        self.failed = False  # it exited or hung before starting a worker: not tried again
         self._pending = b""
         self._started: list[int] = []
         self._exits: dict[int, int] = {}
@@ -104,27 +104,34 @@ class Zygote:
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                           start_new_session=True)
         os.set_blocking(self.popen.stdout.fileno(), False)
-        self.ready, self._pending = False, b""
+        self._pending = b""
 
     def handles(self, argv: list[str]) -> bool:
-        return argv[:3] == [self.python, "-c", LAUNCHER_PROGRAM]
+        return not self.failed and argv[:3] == [self.python, "-c", LAUNCHER_PROGRAM]
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> int | None:
-        """The started worker's pid; None when the zygote is not usable (it exited)."""
+        """The started worker's pid; None when the zygote is not usable (it exited or hung in its
+        imports), from then on."""
         self.start()
-        assert self.popen is not None and self.popen.stdin is not None
         request = json.dumps({"args": argv[3:], "env": env, "log": str(log_path)}).encode() + b"\n"
+        pid = self._answer(request)
+        if pid is None:
+            self.failed = True
+            if self.popen is not None:
+                self.popen.kill()
+        return pid
+
+    def _answer(self, request: bytes) -> int | None:
+        assert self.popen is not None and self.popen.stdin is not None
         try:
             self.popen.stdin.write(request)
             self.popen.stdin.flush()
         except BrokenPipeError:
             return None
-        deadline = time.monotonic() + self.READY_TIMEOUT
+        deadline = time.monotonic() + self.START_TIMEOUT
         while not self._started:
-            if not self._read(timeout=max(0.0, deadline - time.monotonic())):
-                return None
-            if time.monotonic() > deadline:  # hung in its imports: never used again
-                self.popen.kill()
+            remaining = deadline - time.monotonic()
+            if remaining < 0 or not self._read(timeout=remaining):
                 return None
         return self._started.pop(0)
 
@@ -171,9 +178,7 @@ class Zygote:
                 return False
             *lines, self._pending = (self._pending + data).split(b"\n")
             for word, *values in (line.split() for line in lines):
-                if word == b"ready":
-                    self.ready = True
-                elif word == b"started":
+                if word == b"started":
                     self._started.append(int(values[0]))
                 elif word == b"exit":
                     self._exits[int(values[0])] = int(values[1])
