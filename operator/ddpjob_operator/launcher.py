@@ -138,7 +138,7 @@ LAUNCHER_PROGRAM = LAUNCHER_SETUP + "launch(sys.argv[1:])\n"
 # Protocol, one line each way: stdin gets {"args", "env", "log"} as JSON; stdout answers "started PID"
 # per request and "exit PID CODE" (CODE as Popen's returncode) when a worker ends. Its own diagnostics go to stderr. It exits when stdin closes; its workers live on.
 ZYGOTE_PROGRAM = LAUNCHER_SETUP + """\
-import json, select, traceback
+import io, json, select, traceback
 import torch._dynamo, torch.optim
 
 def become_worker(request, sibling_fds):
@@ -158,6 +158,10 @@ def become_worker(request, sibling_fds):
         os.close(log)
         os.environ.clear()
         os.environ.update(request["env"])
+        if os.environ.get("PYTHONUNBUFFERED"):  # read when an interpreter starts: as if this one had
+            sys.stdout = io.TextIOWrapper(open(1, "wb", 0, closefd=False), write_through=True)
+            sys.stderr = io.TextIOWrapper(open(2, "wb", 0, closefd=False), write_through=True,
+                                          errors="backslashreplace")
         sys.argv = ["-c", *request["args"]]
         launch(request["args"])
     except SystemExit as stop:

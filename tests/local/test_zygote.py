@@ -4,6 +4,7 @@ torchrun agent and trainer each, behaving like a worker started as a new interpr
 from __future__ import annotations
 
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -38,6 +39,13 @@ import signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 open(sys.argv[1], "w").write("up")
 time.sleep(600)
+"""
+
+PRINTS_THEN_WAITS = """
+import pathlib, sys, time
+print("printed without a flush")
+while not pathlib.Path(sys.argv[1]).exists():
+    time.sleep(0.05)
 """
 
 
@@ -79,6 +87,19 @@ def test_forked_workers_run_with_their_own_environment_log_and_exit_code(tmp_pat
     assert "exited with code 3" in (tmp_path / "job-worker-1.termination-log").read_text()
     draws = [log.split("random ")[1].split()[0] for log in logs]
     assert draws[0] != draws[1], "forked workers must not share numpy's random state"
+
+
+def test_pythonunbuffered_holds_for_a_forked_worker_as_for_a_new_interpreter(tmp_path, zygote):
+    go = tmp_path / "go"
+    process = worker(tmp_path, zygote, "job-worker-6", PRINTS_THEN_WAITS, str(go), PYTHONUNBUFFERED="1")
+    try:
+        deadline = time.monotonic() + 120
+        while "printed without a flush" not in process.log_path.read_text():
+            assert time.monotonic() < deadline and process.poll(NOW) is None, "the line never reached the log"
+            time.sleep(0.05)
+    finally:
+        go.write_text("go")
+    assert exit_code(process, NOW) == 0
 
 
 def test_kill_takes_a_forked_pods_whole_tree(tmp_path, zygote):
