@@ -136,7 +136,8 @@ LAUNCHER_PROGRAM = LAUNCHER_SETUP + "launch(sys.argv[1:])\n"
 # worker took 4-5 s of CPU (2.3 s for torch, 2 s for torch._dynamo) on a 2-core machine
 # (bench/recovery.py).
 # Protocol, one line each way: stdin gets {"args", "env", "log"} as JSON; stdout answers "started PID"
-# per request and "exit PID CODE" (CODE as Popen's returncode) when a worker ends. Its own diagnostics go to stderr. It exits when stdin closes; its workers live on.
+# per request and "exit PID CODE" (CODE as Popen's returncode) when a worker ends. Its own
+# diagnostics go to stderr. It exits when stdin closes; its workers live on.
 ZYGOTE_PROGRAM = LAUNCHER_SETUP + """\
 import io, json, select, traceback
 import torch._dynamo, torch.optim
