@@ -24,8 +24,8 @@ BASE_ENV = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
 REPORTS = """
 import os, sys
 import numpy
-print("who", os.environ["WHO"], "random", numpy.random.random(), "optimizer imports done", "torch._dynamo" in sys.modules,
-      flush=True)
+print("who", os.environ["WHO"], "random", numpy.random.random(),
+      "optimizer imports done", "torch._dynamo" in sys.modules, flush=True)
 sys.exit(int(os.environ["EXIT_WITH"]))
 """
 SPAWNS_DETACHED_CHILD = """

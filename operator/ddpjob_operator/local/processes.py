@@ -100,9 +100,9 @@ class Zygote:
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen([self.python, "-c", ZYGOTE_PROGRAM], env={**self.env, MARKER_ENV: self.marker},
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                          start_new_session=True)
+            self.popen = subprocess.Popen([self.python, "-c", ZYGOTE_PROGRAM],
+                                          env={**self.env, MARKER_ENV: self.marker}, stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         os.set_blocking(self.popen.stdout.fileno(), False)
         self._pending = b""
 
