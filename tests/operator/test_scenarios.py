@@ -266,6 +266,10 @@ async def test_killed_store_is_an_uncharged_disruption_and_a_new_generation(harn
             await nodes.exit(f"store-worker-{i}", 1, STORE_GONE)
         await nodes.exit("store-rdzv", 137)
     await eventually(lambda: harness.status("store").get("generation") == 1, what="generation 1")
+    # The replacements start only once the operator has replaced the store: workers started against the
+    # dead one would rightly need a generation more (a kubelet can start them that early; then the
+    # operator moves on to generation 2, still charging nothing).
+    await nodes.settle("store", lambda: creations(harness, "store")["store-rdzv"] == 2, what="a fresh store")
     await nodes.generation_running("store", 1, 2)
     last = harness.status("store")["incidents"][-1]
     # Store first: both workers were live when it went. Agents first: the incident holds the exits seen
