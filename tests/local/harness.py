@@ -9,10 +9,13 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ddpjob_operator.local.processes import LocalProcess
 
 DDPJOB = [sys.executable, "-m", "ddpjob_operator.cli"]
 TAG_ENV = "LOCAL_RUNNER_TEST_TAG"  # not DDPJOB_*: the runner strips those, this must reach every process
@@ -107,6 +110,16 @@ def kill_tagged(tag: str) -> None:
             pass
 
 
+# A process tree's root that starts a grandchild in a session of its own, as torchrun does with its trainers.
+SPAWNS_DETACHED_CHILD = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+open(sys.argv[1], "w").write(str(child.pid))
+if sys.argv[2] == "stay":
+    time.sleep(600)
+"""
+
+
 def alive(pid: int) -> bool:
     """Running or stopped, not a zombie."""
     try:
@@ -123,8 +136,8 @@ def wait_for_file(path: Path, timeout: float = 120) -> str:
     return path.read_text()
 
 
-def exit_code(process: Any, now: Any, timeout: float = 120) -> int:
-    """A local pod's (processes.LocalProcess) exit code, once it has ended."""
+def exit_code(process: LocalProcess, now: datetime, timeout: float = 120) -> int:
+    """A local pod's exit code, once it has ended."""
     deadline = time.monotonic() + timeout
     while (code := process.poll(now)) is None:
         assert time.monotonic() < deadline, f"{process.name} still running after {timeout}s"

@@ -10,16 +10,7 @@ import pytest
 
 from ddpjob_operator.local.processes import LocalProcess, exit_code_of, marked_pids, marker_for
 
-from .harness import alive, exit_code, wait_for_file
-
-# The root starts a grandchild in a session of its own, as torchrun does with its trainers.
-SPAWNS_DETACHED_CHILD = """
-import subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-open(sys.argv[1], "w").write(str(child.pid))
-if sys.argv[2] == "stay":
-    time.sleep(600)
-"""
+from .harness import SPAWNS_DETACHED_CHILD, alive, exit_code, wait_for_file
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -13,7 +13,7 @@ import pytest
 from ddpjob_operator import builders
 from ddpjob_operator.local.processes import LocalProcess, Zygote, kill_marked, marked_pids, marker_for
 
-from .harness import alive, exit_code, wait_for_file
+from .harness import SPAWNS_DETACHED_CHILD, alive, exit_code, wait_for_file
 
 pytestmark = pytest.mark.slow  # one zygote importing torch, a torchrun agent per test
 
@@ -27,12 +27,6 @@ import numpy
 print("who", os.environ["WHO"], "random", numpy.random.random(),
       "optimizer imports done", "torch._dynamo" in sys.modules, flush=True)
 sys.exit(int(os.environ["EXIT_WITH"]))
-"""
-SPAWNS_DETACHED_CHILD = """
-import subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-open(sys.argv[1], "w").write(str(child.pid))
-time.sleep(600)
 """
 SLEEPS = """
 import signal, sys, time
@@ -104,7 +98,7 @@ def test_pythonunbuffered_holds_for_a_forked_worker_as_for_a_new_interpreter(tmp
 
 def test_kill_takes_a_forked_pods_whole_tree(tmp_path, zygote):
     pid_file = tmp_path / "child.pid"
-    process = worker(tmp_path, zygote, "job-worker-2", SPAWNS_DETACHED_CHILD, str(pid_file))
+    process = worker(tmp_path, zygote, "job-worker-2", SPAWNS_DETACHED_CHILD, str(pid_file), "stay")
     child = int(wait_for_file(pid_file))
     tree = marked_pids(process.marker, sessions=(process.pid,))
     assert {process.pid, child} <= set(tree) and len(tree) >= 3, "root, trainer and its detached child"
