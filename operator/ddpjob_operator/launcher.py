@@ -42,14 +42,15 @@ from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.run import main
 
 def run_trainer(module, target, *args):
-    # In the forked child: the agent's signal handlers are not the trainer's, and os._exit (which
-    # would skip handing torchrun the return value it waits for) becomes a normal exit, in the trainer
-    # only: a process the trainer forks (a DataLoader worker) ending with os._exit must not unwind the
-    # trainer's frames it was forked inside, or freeing its copy of the process group aborts it.
+    # In the forked child: the agent's signal handlers are not the trainer's, and the trainer's own
+    # os._exit(0) (which would skip handing torchrun the return value it waits for) becomes a normal
+    # exit. Any other os._exit stays one: a failing trainer must not run cleanup that can block on its
+    # peers, and a process the trainer forks (a DataLoader worker) must not unwind the trainer's frames
+    # it was forked inside (freeing its copy of the process group aborts it).
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
     real_exit, trainer = os._exit, os.getpid()
-    os._exit = lambda code: sys.exit(code) if os.getpid() == trainer else real_exit(code)
+    os._exit = lambda code: sys.exit(0) if code == 0 and os.getpid() == trainer else real_exit(code)
     sys.argv = [target, *args]
     try:
         if module:

@@ -87,6 +87,21 @@ def test_os_exit_in_a_forked_trainer_ends_it_with_that_code(tmp_path, exit_code)
     assert code == exit_code, out
 
 
+EXITS_INSIDE_A_CLEANUP = """
+import os
+try:
+    os._exit(3)  # how the trainer's fault injection fails: nothing cleaned up
+finally:
+    print("cleanup ran", flush=True)
+"""
+
+
+def test_a_failing_os_exit_in_the_forked_trainer_runs_no_cleanup(tmp_path):
+    """Cleanup on the way out of a failed trainer can block on its peers (a collective, a join)."""
+    code, out = Launched(tmp_path, EXITS_INSIDE_A_CLEANUP, **{builders.FORK_TRAINER_ENV: "1"}).wait()
+    assert code == 3 and "cleanup ran" not in out, out
+
+
 FORKS_LIKE_A_DATALOADER = """
 import os
 class Frame:
