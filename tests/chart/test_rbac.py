@@ -142,5 +142,8 @@ def test_progress_permission_is_exactly_tokenreview_create():
     assert not PROGRESS & (REQUIRED | LEASE)
     assert not permissions.allows("authorization.k8s.io", "subjectaccessreviews", "create")
     assert not permissions.allows("", "serviceaccounts/token", "create")
-    assert install_dry_run({"progress": {"enabled": False}}).of_kind("ClusterRoleBinding")[0]["metadata"]["name"] \
-        != PROGRESS_ROLE
+    # Disabled, the progress role and its binding are gone, while the jobs' own binding stays.
+    disabled = install_dry_run({"progress": {"enabled": False}})
+    names = [o["metadata"]["name"] for kind in ("ClusterRole", "ClusterRoleBinding") for o in disabled.of_kind(kind)]
+    assert PROGRESS_ROLE not in names, names
+    assert len(disabled.of_kind("ClusterRoleBinding")) == 1 and _jobs_cluster_roles(disabled)
