@@ -23,6 +23,10 @@ FAST = Settings(health_port=0, metrics_port=0, resync_seconds=0.5, stuck_termina
                 cannot_start_seconds=1.0, incident_settle_seconds=1.0, retry_seconds=0.2, request_timeout_seconds=10)
 
 
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "settings(**changes): the operator fixture's Settings, changed for one test")
+
+
 async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition",
                      between: Callable[[], Awaitable[Any]] | None = None) -> Any:
     """Poll until check() returns something truthy (the operator works asynchronously)."""
