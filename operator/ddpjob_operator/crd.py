@@ -122,6 +122,8 @@ def build_crd() -> dict[str, Any]:
                     "description": "DDPJob runs elastic PyTorch DistributedDataParallel training "
                                    "with torchrun rendezvous, restarts and checkpoints.",
                     "required": ["spec"],
+                    # Rules across metadata.name and spec (the API server lets root rules read metadata.name).
+                    "x-kubernetes-validations": [dict(r) for r in model.DDPJob.cel_rules],
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},

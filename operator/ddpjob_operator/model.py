@@ -16,6 +16,7 @@ import celpy
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
+from . import k8s_fields as k8s
 from .launcher import FORK_TRAINER_ENV
 
 GROUP = "elastic.ddp.dev"
@@ -32,8 +33,10 @@ SHORT_NAMES = ["ddpj"]
 MAX_JOB_NAME_LENGTH = 50
 DNS_1035_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 DNS_1123_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
-ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+QUANTITY_PATTERN = k8s.NONNEGATIVE_QUANTITY
+ENV_NAME_PATTERN = k8s.ENV_NAME
+# An entrypoint starting with `-` would be parsed by torchrun as its own flag (--standalone, --max-restarts).
+ENTRYPOINT_PATTERN = r"^[^-\s]\S*$"
 
 # torchrun and the operator own these; a user value would silently break rendezvous.
 RESERVED_ENV_NAMES = (
@@ -41,6 +44,8 @@ RESERVED_ENV_NAMES = (
     "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
 )
 RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "DDPJOB_")
+# Set by the builders for every worker (builders.worker_env): a user value would replace the operator's.
+OPERATOR_ENV_NAMES = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHONUNBUFFERED", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 # ...except these, which the launcher reads for the user to set (docs/launch-contract.md).
 USER_SETTABLE_ENV_NAMES = (FORK_TRAINER_ENV,)
 
@@ -62,8 +67,9 @@ def free_form(description: str) -> Any:
 class APIModel(BaseModel):
     """camelCase on the wire, unknown fields rejected, CEL rules checked after field validation."""
 
+    # strict: no true -> 1 or "2" -> 2, as the API server's `type: integer` refuses both.
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
-                              validate_default=True)
+                              validate_default=True, strict=True)
     cel_rules: ClassVar[tuple[dict[str, str], ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -170,11 +176,12 @@ def evaluate_cel(rule: str, value: Any) -> bool:
 class EnvVar(APIModel):
     cel_rules = (
         cel("self.name in " + str(list(USER_SETTABLE_ENV_NAMES)) + " || (!(self.name in "
-            + str(list(RESERVED_ENV_NAMES)) + ") && "
+            + str(list(RESERVED_ENV_NAMES + OPERATOR_ENV_NAMES)) + ") && "
             + " && ".join(f"!self.name.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES) + ")",
             "env name is reserved for torchrun and the operator (MASTER_ADDR, MASTER_PORT, RANK, "
-            "WORLD_SIZE, LOCAL_RANK, GROUP_RANK, PET_*, TORCHELASTIC_*, DDPJOB_*): rename the variable; "
-            "rendezvous and ranks are wired automatically", ".name"),
+            "WORLD_SIZE, LOCAL_RANK, GROUP_RANK, PET_*, TORCHELASTIC_*, DDPJOB_*, "
+            + ", ".join(OPERATOR_ENV_NAMES) + "): rename the variable; rendezvous, ranks and these "
+            "settings are wired automatically", ".name"),
         cel("!(has(self.value) && has(self.valueFrom))",
             "set either value or valueFrom, not both", ".valueFrom"),
     )
@@ -193,8 +200,10 @@ class Resources(APIModel):
     gpu_count: int | None = Field(default=None, ge=1, le=64, description=(
         "GPUs per worker pod when gpu is true. Defaults to nprocPerNode; must not be below it "
         "(every training process needs its own GPU)."))
-    gpu_resource_name: str = Field(default="nvidia.com/gpu", min_length=1, description=(
-        "Extended resource name for the GPU device plugin."))
+    gpu_resource_name: str = Field(default="nvidia.com/gpu", min_length=1, max_length=253,
+                                   pattern=k8s.EXTENDED_RESOURCE_NAME, description=(
+        "Extended resource name for the GPU device plugin (domain-qualified, e.g. nvidia.com/gpu, amd.com/gpu; "
+        "never cpu, memory or a kubernetes.io/ name)."))
     cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN,
                             description="CPU request and limit per worker pod, e.g. `4` or `500m`.")
     memory: str | None = Field(default=None, pattern=QUANTITY_PATTERN,
@@ -206,15 +215,23 @@ class Resources(APIModel):
     cel_rules = (
         cel("!has(self.gpuCount) || self.gpu", "gpuCount needs gpu: true; set resources.gpu: true "
             "or remove gpuCount", ".gpuCount"),
+        cel("!self.gpuResourceName.contains('kubernetes.io/') && !self.gpuResourceName.startsWith('requests.')",
+            "gpuResourceName must be a device plugin's extended resource (such as nvidia.com/gpu), not a "
+            "kubernetes.io/ or requests. name: use the name your GPU device plugin advertises", ".gpuResourceName"),
     )
 
 
 # ---------------------------------------------------------------- the pod template beyond the typed fields
 
-# The worker pod's only container, and the volumes and labels the operator owns.
+# The worker pod's only container, and the volumes, paths and labels the operator owns.
 TRAINER_CONTAINER = "trainer"
 SHM_VOLUME = "dshm"
+SHM_PATH = "/dev/shm"
 CHECKPOINT_VOLUME = "checkpoints"
+# Volumes named `ddpjob-*` and mounts under this directory are the operator's (the progress token, ...).
+OPERATOR_VOLUME_PREFIX = "ddpjob-"
+OPERATOR_SECRETS_DIR = "/var/run/secrets/ddpjob"
+TERMINATION_LOG = "/dev/termination-log"
 OPERATOR_LABEL_PREFIX = f"{GROUP}/"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 # Gang scheduling keys the operator sets on worker pods (runPolicy.schedulingPolicy).
@@ -243,8 +260,8 @@ def _k8s_list(description: str, *, max_items: int = 64, alias: str | None = None
                  json_schema_extra={"items": items})
 
 
-def _scalar(description: str, *, alias: str | None = None) -> Any:
-    return Field(default=None, description=description, alias=alias)
+def _scalar(description: str, *, alias: str | None = None, **constraints: Any) -> Any:
+    return Field(default=None, description=description, alias=alias, **constraints)
 
 
 def _not_here(field: str, why: str) -> dict[str, str]:
@@ -269,7 +286,7 @@ class PodSpecOverrides(APIModel):
     security_context: dict[str, Any] | None = _k8s_object(
         "Pod security context (runAsUser, runAsNonRoot, seccompProfile, sysctls, ...), as in a Pod. The "
         "rendezvous store pod gets it too, so both pass the namespace's Pod Security level. fsGroup: use "
-        "template.fsGroup.", fsGroup={"type": "integer", "description": "Use template.fsGroup."})
+        "template.fsGroup.", fsGroup={"type": "integer", "description": "Use template.fsGroup.", "maximum": k8s.MAX_INT64})
     host_network: bool | None = _scalar(
         "Use the node's network (RDMA / EFA without a CNI plugin). The operator then sets dnsPolicy "
         "ClusterFirstWithHostNet (unless set), so workers still resolve the rendezvous Service, and keeps "
@@ -280,20 +297,28 @@ class PodSpecOverrides(APIModel):
     topology_spread_constraints: list[dict[str, Any]] | None = _k8s_list(
         "How workers spread over zones or nodes, as in a Pod. Select the job's workers with the label "
         "elastic.ddp.dev/job-name.")
-    runtime_class_name: str | None = _scalar("RuntimeClass of the worker pods (e.g. nvidia, kata).")
+    runtime_class_name: str | None = _scalar("RuntimeClass of the worker pods (e.g. nvidia, kata).",
+                                             max_length=253, pattern=DNS_1123_SUBDOMAIN_PATTERN)
     scheduler_name: str | None = _scalar(
-        "Scheduler of the worker pods. With runPolicy.schedulingPolicy, set its schedulerName instead.")
+        "Scheduler of the worker pods. With runPolicy.schedulingPolicy, set its schedulerName instead.",
+        max_length=253, pattern=DNS_1123_SUBDOMAIN_PATTERN)
     dns_policy: str | None = _scalar(
         "ClusterFirst (default), ClusterFirstWithHostNet or None (with dnsConfig). Not Default: workers must "
         "resolve the rendezvous Service.")
-    dns_config: dict[str, Any] | None = _k8s_object("DNS options, as in a Pod.")
+    dns_config: dict[str, Any] | None = _k8s_object(
+        "DNS options, as in a Pod.",
+        nameservers={"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 45},
+                     "description": "Up to 3 DNS server IP addresses."},
+        searches={"type": "array", "maxItems": 32, "items": {"type": "string", "maxLength": 253},
+                  "description": "Up to 32 search domains."})
     host_aliases: list[dict[str, Any]] | None = _k8s_list("Extra /etc/hosts entries, as in a Pod.")
-    node_name: str | None = _scalar("Run every worker on this node, bypassing the scheduler.")
+    node_name: str | None = _scalar("Run every worker on this node, bypassing the scheduler.",
+                                    max_length=253, pattern=DNS_1123_SUBDOMAIN_PATTERN)
     automount_service_account_token: bool | None = _scalar("Mount the service account token.")
     enable_service_links: bool | None = _scalar("Inject Service environment variables.")
     share_process_namespace: bool | None = _scalar("Share one process namespace between the containers.")
     set_hostname_as_fqdn: bool | None = _scalar("Use the pod's FQDN as its hostname.", alias="setHostnameAsFQDN")
-    preemption_policy: str | None = _scalar("PreemptLowerPriority or Never.")
+    preemption_policy: Literal["PreemptLowerPriority", "Never"] | None = _scalar("PreemptLowerPriority or Never.")
     readiness_gates: list[dict[str, Any]] | None = _k8s_list("Extra readiness conditions, as in a Pod.")
     resource_claims: list[dict[str, Any]] | None = _k8s_list("Dynamic resource claims, as in a Pod.")
     scheduling_gates: list[dict[str, Any]] | None = _k8s_list("Scheduling gates, as in a Pod.")
@@ -311,11 +336,13 @@ class PodSpecOverrides(APIModel):
     service_account_name: str | None = _scalar("Not allowed: use template.serviceAccountName.")
     service_account: str | None = _scalar("Not allowed: use template.serviceAccountName.")
     priority_class_name: str | None = _scalar("Not allowed: use template.priorityClassName.")
-    priority: int | None = _scalar("Not allowed: the API server sets it from the priority class.")
+    priority: int | None = _scalar("Not allowed: the API server sets it from the priority class.",
+                                   ge=-k8s.MAX_INT32 - 1, le=k8s.MAX_INT32)
     volumes: list[dict[str, Any]] | None = _k8s_list("Not allowed: use template.volumes.")
     termination_grace_period_seconds: int | None = _scalar(
-        "Not allowed: use template.terminationGracePeriodSeconds.")
-    active_deadline_seconds: int | None = _scalar("Not allowed: use runPolicy.activeDeadlineSeconds.")
+        "Not allowed: use template.terminationGracePeriodSeconds.", ge=0, le=k8s.MAX_INT64)
+    active_deadline_seconds: int | None = _scalar("Not allowed: use runPolicy.activeDeadlineSeconds.",
+                                                  ge=0, le=k8s.MAX_INT64)
     ephemeral_containers: list[dict[str, Any]] | None = _k8s_list("Not allowed: added by kubectl debug.")
 
     cel_rules = (
@@ -351,11 +378,25 @@ class PodSpecOverrides(APIModel):
         cel("!has(self.initContainers) || self.initContainers.all(c, !has(c.name) || c.name != 'trainer')",
             "initContainers: the name `trainer` is the trainer container's; rename the init container",
             ".initContainers"),
+        cel("!has(self.dnsPolicy) || self.dnsPolicy in ['ClusterFirst', 'ClusterFirstWithHostNet', 'None', "
+            "'Default']", "dnsPolicy must be ClusterFirst, ClusterFirstWithHostNet or None (with dnsConfig)",
+            ".dnsPolicy"),
+        cel("!has(self.dnsPolicy) || self.dnsPolicy != 'None' || (has(self.dnsConfig) && "
+            "has(self.dnsConfig.nameservers) && size(self.dnsConfig.nameservers) > 0)",
+            "dnsPolicy None takes the pod's DNS servers from dnsConfig only: add dnsConfig.nameservers (the "
+            "cluster DNS, so workers resolve the rendezvous Service) or use dnsPolicy ClusterFirst", ".dnsConfig"),
     )
 
 
-Quantity = Annotated[int | str, WithJsonSchema({"x-kubernetes-int-or-string": True,
-                                                "description": "A quantity, e.g. 1, 500m, 2Gi."})]
+Quantity = Annotated[Annotated[int, Field(ge=0, le=k8s.MAX_INT64)] | Annotated[str, Field(pattern=QUANTITY_PATTERN)],
+                     WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN,
+                                     "description": "A quantity, e.g. 1, 500m, 2Gi."})]
+
+
+def _resource_names(part: str) -> dict[str, str]:
+    return cel(f"!has(self.{part}) || self.{part}.all(k, k.matches('{k8s.CONTAINER_RESOURCE_NAME}'))",
+               f"{part}: a resource name is ephemeral-storage, hugepages-<size> or a domain-qualified extended "
+               f"resource such as rdma/hca (cpu, memory and GPUs come from spec.resources)", f".{part}")
 
 
 class ContainerResources(APIModel):
@@ -371,7 +412,8 @@ class ContainerResources(APIModel):
         cel(f"!has(self.{part}) || !('{name}' in self.{part})",
             f"{part}.{name} is set by spec.resources.{name} (requests and limits alike): set it there",
             f".{part}")
-        for part in ("requests", "limits") for name in ("cpu", "memory"))
+        for part in ("requests", "limits") for name in ("cpu", "memory")) + (
+        _resource_names("requests"), _resource_names("limits"))
 
 
 class TrainerContainer(APIModel):
@@ -383,7 +425,10 @@ class TrainerContainer(APIModel):
     resources: ContainerResources | None = Field(default=None, description=(
         "Extra requests and limits (RDMA devices, hugepages); cpu, memory and GPUs come from spec.resources."))
     env_from: list[dict[str, Any]] | None = _k8s_list(
-        "Environment from config maps and secrets, as in a Container (spec.env and the operator's variables win).")
+        "Environment from config maps and secrets, as in a Container (spec.env and the operator's variables win). "
+        "A prefix must not be able to produce a variable of torchrun's or the operator's (PET_*, TORCHELASTIC_*, "
+        "DDPJOB_*, MASTER_ADDR, RANK, ...).",
+        prefix={"type": "string", "maxLength": 253, "description": "Prepended to every key of the source."})
     ports: list[dict[str, Any]] | None = _k8s_list("Ports (metrics, profiling), as in a Container.")
     liveness_probe: dict[str, Any] | None = _k8s_object("Liveness probe, as in a Container.")
     readiness_probe: dict[str, Any] | None = _k8s_object("Readiness probe, as in a Container.")
@@ -421,15 +466,46 @@ class TrainerContainer(APIModel):
                   "/dev/termination-log; remove it"),
         _not_here("terminationMessagePolicy", "is the operator's (FallbackToLogsOnError); remove it"),
         _not_here("restartPolicy", "is not allowed on the trainer: it is never restarted in place; remove it"),
+        cel("!has(self.envFrom) || self.envFrom.all(e, !has(e.prefix) || e.prefix == '' || "
+            f"(e.prefix.matches('{k8s.ENV_NAME}') && "
+            f"!{list(RESERVED_ENV_NAMES + OPERATOR_ENV_NAMES + RESERVED_ENV_PREFIXES)}.exists(r, r.startsWith(e.prefix)) && "
+            + " && ".join(f"!e.prefix.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES) + "))",
+            "envFrom: a prefix could produce a variable of torchrun's or the operator's (PET_*, TORCHELASTIC_*, "
+            "DDPJOB_*, MASTER_ADDR, RANK, ...), which would rewire the rendezvous: use a prefix such as APP_", ".envFrom"),
     )
 
 
+LabelValue = Annotated[str, Field(max_length=63, pattern=k8s.LABEL_VALUE)]
+
+
+def _qualified_keys(field: str, what: str) -> dict[str, str]:
+    """A rule: every key of the map `field` is a qualified name (label and annotation keys, node selectors)."""
+    return cel(f"!has(self.{field}) || self.{field}.all(k, k.matches('{k8s.QUALIFIED_NAME}') && "
+               f"k.matches('{k8s.QUALIFIED_NAME_PREFIX_LENGTH}'))",
+               f"{field}: every {what} key is an optional DNS subdomain prefix and '/' and a name of at most 63 "
+               f"letters, digits, '-', '_' and '.' that starts and ends with a letter or digit (such as "
+               f"example.com/team): rename the key", f".{field}")
+
+
+def _mount_path_rule(path: str, where: str) -> list[dict[str, str]]:
+    """Rules for one mount path expression `path` (a string in `where`)."""
+    return [
+        cel(f"{path}.matches('{k8s.NORMALIZED_PATH}')",
+            f"{where}: a mountPath is an absolute path without a trailing slash, '//', '.' or '..' (the "
+            f"container runtime would normalise it onto another mount): write it like /data", ""),
+        cel(f"{path} != '{SHM_PATH}' && {path} != '{TERMINATION_LOG}' && {path} != '{OPERATOR_SECRETS_DIR}' "
+            f"&& !{path}.startsWith('{OPERATOR_SECRETS_DIR}/')",
+            f"{where}: {SHM_PATH} (size it with spec.resources.sharedMemory), {TERMINATION_LOG} and "
+            f"{OPERATOR_SECRETS_DIR} are the operator's: mount elsewhere", ""),
+    ]
+
+
 class PodTemplate(APIModel):
-    labels: dict[str, str] | None = Field(default=None, max_length=64, description=(
+    labels: dict[str, LabelValue] | None = Field(default=None, max_length=64, description=(
         f"Extra labels for worker pods (at most 64; not the operator's {OPERATOR_LABEL_PREFIX}* keys)."))
     annotations: dict[str, str] | None = Field(default=None, max_length=64, description=(
         "Extra annotations for worker pods (at most 64)."))
-    node_selector: dict[str, str] | None = Field(default=None, description=(
+    node_selector: dict[str, LabelValue] | None = Field(default=None, max_length=64, description=(
         "Node selector for worker pods (and the rendezvous store pod, unless "
         "rendezvous.storeTemplate.nodeSelector is set)."))
     tolerations: list[dict[str, Any]] | None = Field(default=None, description=(
@@ -449,11 +525,12 @@ class PodTemplate(APIModel):
         "rendezvous.storeTemplate.priorityClassName is set)."))
     volumes: list[dict[str, Any]] | None = _k8s_list(
         f"Extra volumes, as in a Pod; mount them with volumeMounts (init containers and sidecars may too). "
-        f"Not named {SHM_VOLUME} or {CHECKPOINT_VOLUME} (the operator's).", max_items=64,
+        f"Not named {SHM_VOLUME}, {CHECKPOINT_VOLUME} or {OPERATOR_VOLUME_PREFIX}* (the operator's).", max_items=64,
         name={"type": "string", "description": "Volume name.", "maxLength": 63})
     volume_mounts: list[dict[str, Any]] | None = _k8s_list(
-        "Extra volume mounts for the trainer container, as in a Container. Not at /dev/shm or the checkpoint "
-        "mountPath (the operator's).", max_items=64,
+        f"Extra volume mounts for the trainer container, as in a Container. Not at {SHM_PATH}, the checkpoint "
+        f"mountPath, {TERMINATION_LOG} or under {OPERATOR_SECRETS_DIR} (the operator's).", max_items=64,
+        name={"type": "string", "description": "Name of a volume.", "maxLength": 63},
         mountPath={"type": "string", "description": "Where the volume is mounted.", "maxLength": 4096})
     fs_group: int = Field(default=1000, ge=1, le=2147483647, description=(
         "Group that owns the mounted volumes (pod securityContext.fsGroup). Every container process "
@@ -484,13 +561,27 @@ class PodTemplate(APIModel):
         cel(f"!has(self.annotations) || !('{VOLCANO_GROUP_ANNOTATION}' in self.annotations)",
             f"the annotation {VOLCANO_GROUP_ANNOTATION} is set by spec.runPolicy.schedulingPolicy (gangScheduler "
             f"Volcano): remove it and set the policy", ".annotations"),
+        cel(f"!has(self.volumes) || self.volumes.all(v, has(v.name) && v.name.matches('{k8s.DNS_1123_LABEL}'))",
+            "volumes: every volume needs a name of lowercase letters, digits and '-' (a DNS-1123 label): "
+            "rename the volume", ".volumes"),
         cel(f"!has(self.volumes) || self.volumes.all(v, !has(v.name) || (v.name != '{SHM_VOLUME}' "
-            f"&& v.name != '{CHECKPOINT_VOLUME}'))",
-            f"volume names {SHM_VOLUME} and {CHECKPOINT_VOLUME} are the operator's (/dev/shm and the checkpoint "
-            f"claim): rename the volume", ".volumes"),
-        cel("!has(self.volumeMounts) || self.volumeMounts.all(m, !has(m.mountPath) || m.mountPath != '/dev/shm')",
-            "/dev/shm is the operator's memory-backed volume (size it with spec.resources.sharedMemory): mount "
-            "elsewhere", ".volumeMounts"),
+            f"&& v.name != '{CHECKPOINT_VOLUME}' && !v.name.startsWith('{OPERATOR_VOLUME_PREFIX}')))",
+            f"volume names {SHM_VOLUME}, {CHECKPOINT_VOLUME} and {OPERATOR_VOLUME_PREFIX}* are the operator's "
+            f"(/dev/shm, the checkpoint claim, the progress token): rename the volume", ".volumes"),
+        cel("!has(self.volumes) || self.volumes.all(v, !has(v.name) || "
+            "self.volumes.exists_one(w, has(w.name) && w.name == v.name))",
+            "volumes: names must be unique: rename or remove the duplicate volume", ".volumes"),
+        cel("!has(self.volumeMounts) || self.volumeMounts.all(m, has(m.name) && has(m.mountPath))",
+            "volumeMounts: every mount needs name (a volume of template.volumes) and mountPath", ".volumeMounts"),
+        *[dict(rule, rule="!has(self.volumeMounts) || self.volumeMounts.all(m, !has(m.mountPath) || "
+               + rule["rule"] + ")", fieldPath=".volumeMounts")
+          for rule in _mount_path_rule("m.mountPath", "volumeMounts")],
+        cel("!has(self.volumeMounts) || self.volumeMounts.all(m, !has(m.mountPath) || "
+            "self.volumeMounts.exists_one(n, has(n.mountPath) && n.mountPath == m.mountPath))",
+            "volumeMounts: mountPath must be unique: mount the duplicate elsewhere or remove it", ".volumeMounts"),
+        _qualified_keys("labels", "label"),
+        _qualified_keys("annotations", "annotation"),
+        _qualified_keys("nodeSelector", "node selector"),
     )
 
 
@@ -528,7 +619,9 @@ class StoreResources(APIModel):
 
 
 class StoreTemplate(APIModel):
-    node_selector: dict[str, str] | None = Field(default=None, description=(
+    cel_rules = (_qualified_keys("nodeSelector", "node selector"),)
+
+    node_selector: dict[str, LabelValue] | None = Field(default=None, max_length=64, description=(
         "Node selector of the rendezvous store pod. Unset: the workers' (template.nodeSelector); `{}`: "
         "any node."))
     tolerations: list[Toleration] | None = Field(default=None, max_length=64, description=(
@@ -560,7 +653,7 @@ class Rendezvous(APIModel):
         "group without it; smaller values detect a lost worker sooner."))
     keep_alive_max_attempts: int = Field(default=3, ge=1, le=100, description=(
         "Missed heartbeats after which a worker counts as dead in the rendezvous."))
-    store_image: str | None = Field(default=None, min_length=1, description=(
+    store_image: str | None = Field(default=None, min_length=1, max_length=4096, pattern=k8s.NO_WHITESPACE, description=(
         "Image of the rendezvous store pod (must have torch). Defaults to spec.image."))
     store_template: StoreTemplate = Field(default_factory=StoreTemplate, description=(
         "Scheduling and resources of the rendezvous store pod. Unset fields take the workers' values "
@@ -580,13 +673,14 @@ class Checkpoint(APIModel):
                                    description="An existing PersistentVolumeClaim for checkpoints.")
     claim_template: ClaimTemplate | None = Field(default=None, description=(
         "Create a PersistentVolumeClaim `<job>-checkpoints` owned by the job."))
-    mount_path: str = Field(default="/checkpoints", pattern=r"^/.*", description=(
+    mount_path: str = Field(default="/checkpoints", max_length=4096, pattern=k8s.NORMALIZED_PATH, description=(
         "Where the checkpoint volume is mounted in every worker (DDPJOB_CHECKPOINT_DIR)."))
-    interval_steps: int = Field(default=100, ge=1, description="Save every N optimizer steps.")
+    interval_steps: int = Field(default=100, ge=1, le=k8s.MAX_INT32, description="Save every N optimizer steps.")
     keep: int = Field(default=3, ge=2, le=100, description=(
         "Complete checkpoints to keep (at least 2, so a corrupt newest one never leaves none)."))
 
     cel_rules = (
+        *[dict(rule, fieldPath=".mountPath") for rule in _mount_path_rule("self.mountPath", "mountPath")[1:]],
         cel("has(self.claimName) != has(self.claimTemplate)",
             "set exactly one of checkpoint.claimName (an existing PVC) or checkpoint.claimTemplate "
             "(a PVC the operator creates)", ".claimName"),
@@ -687,10 +781,12 @@ class SchedulingPolicy(APIModel):
 
 
 class RunPolicy(APIModel):
-    active_deadline_seconds: int | None = Field(default=None, ge=1, description=(
-        "Fail the job with reason DeadlineExceeded when it runs longer than this."))
-    ttl_seconds_after_finished: int | None = Field(default=None, ge=0, description=(
-        "Delete the finished DDPJob (and, through ownership, everything it owns) this long after it ends."))
+    active_deadline_seconds: int | None = Field(default=None, ge=1, le=k8s.MAX_DURATION_SECONDS, description=(
+        "Fail the job with reason DeadlineExceeded when it runs longer than this (at most ten years, "
+        f"{k8s.MAX_DURATION_SECONDS})."))
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=k8s.MAX_DURATION_SECONDS, description=(
+        "Delete the finished DDPJob (and, through ownership, everything it owns) this long after it ends "
+        f"(at most ten years, {k8s.MAX_DURATION_SECONDS})."))
     suspend: bool = Field(default=False, description=(
         "Suspend: delete the workers (they checkpoint on SIGTERM) and keep the checkpoint volume. "
         "Set back to false to resume from the last checkpoint."))
@@ -724,12 +820,13 @@ class DDPJobSpec(APIModel):
         "Most workers the job may scale to (`kubectl scale`). Defaults to replicas; at most 1024."))
     nproc_per_node: int = Field(default=1, ge=1, le=64, description=(
         "Training processes per worker pod, normally its GPU count."))
-    image: str = Field(min_length=1, description="Trainer image (must contain torch).")
+    image: str = Field(min_length=1, max_length=4096, pattern=k8s.NO_WHITESPACE,
+                       description="Trainer image (must contain torch).")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="Pull policy for the trainer and store images.")
-    entrypoint: str = Field(min_length=1, pattern=r"^[^\s]+$", description=(
+    entrypoint: str = Field(min_length=1, max_length=4096, pattern=ENTRYPOINT_PATTERN, description=(
         "What torchrun runs: a Python module (`ddp_trainer`, run with -m) or a script path ending "
-        "in .py."))
+        "in .py. Not starting with `-` (torchrun would read it as one of its own flags)."))
     args: list[str] = Field(default_factory=list, max_length=1024,
                             description="Arguments passed to the entrypoint.")
     env: list[EnvVar] = Field(default_factory=list, max_length=128, description=(
@@ -763,6 +860,11 @@ class DDPJobSpec(APIModel):
             "!(self.resources.gpuResourceName in self.template.trainer.resources.limits)))",
             "GPUs are requested with spec.resources.gpu (and gpuCount), which also sets NCCL and the GPU "
             "toleration: remove the GPU resource from template.trainer.resources", ".template.trainer.resources"),
+        cel("!has(self.template) || !has(self.template.volumeMounts) || self.template.volumeMounts.all(m, "
+            f"!has(m.name) || m.name == '{SHM_VOLUME}' || (has(self.checkpoint) && m.name == '{CHECKPOINT_VOLUME}') || "
+            "(has(self.template.volumes) && self.template.volumes.exists(v, has(v.name) && v.name == m.name)))",
+            "a volumeMount's name must be a volume of template.volumes (or dshm, or checkpoints with spec.checkpoint): "
+            "add the volume to template.volumes or fix the name", ".template.volumeMounts"),
         cel("!has(self.checkpoint) || !has(self.template) || !has(self.template.volumeMounts) || "
             "self.template.volumeMounts.all(m, !has(m.mountPath) || m.mountPath != self.checkpoint.mountPath)",
             "the checkpoint volume is mounted at checkpoint.mountPath: mount this volume elsewhere, or change "
@@ -783,6 +885,20 @@ class DDPJobSpec(APIModel):
             "a ReadWriteOncePod claim can be used by one pod only, and this job may run several workers: use "
             "ReadWriteMany (see docs/install.md, \"Checkpoint storage\")", ".checkpoint.claimTemplate.accessModes"),
     )
+
+    @model_validator(mode="after")
+    def _check_container_resources(self) -> "DDPJobSpec":
+        """The API server's quantity rules for the trainer's merged requests and limits (beyond a schema's reach:
+        the operator refuses these with the same message when the CRD let one through)."""
+        extra = self.template.trainer.resources if self.template.trainer is not None else None
+        if extra is None:
+            return self
+        merged = {part: dict(getattr(extra, part) or {}) for part in ("requests", "limits")}
+        for where, problem in k8s.container_resource_problems(
+                merged, has_cpu_or_memory=bool(self.resources.cpu or self.resources.memory)):
+            raise CelRuleError({"rule": "", "message": f"{where}: {problem}",
+                                "fieldPath": f".template.trainer.resources.{where.split('.')[0]}"})
+        return self
 
     @property
     def min_available(self) -> int:
@@ -810,7 +926,7 @@ class DDPJobSpec(APIModel):
 class JobMetadata(APIModel):
     """The part of metadata the schema may constrain (the API server owns the rest)."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=True)
     name: str = Field(min_length=1, max_length=MAX_JOB_NAME_LENGTH, pattern=DNS_1035_PATTERN,
                       description="DNS-1035 label: lowercase letters, digits and '-', starting with a letter.")
 
@@ -837,6 +953,11 @@ class RankStatus(APIModel):
     ready: bool = Field(default=False, description="Pod is Ready.")
     node: str | None = Field(default=None, description="Node the pod runs on.")
     restarts: int = Field(default=0, description="Times this rank was replaced.")
+    uid: str | None = Field(default=None, max_length=64, description=(
+        "UID of the pod serving this rank (a survivor keeps its pod across generations)."))
+    generation: int | None = Field(default=None, ge=0, le=2**31 - 1, description=(
+        "Rendezvous generation this rank's pod serves: the one it was created for, or a later one a "
+        "survivor joined in place (restartScope Pod)."))
     last_exit_code: int | None = Field(default=None, description="Exit code of its last failure.")
     last_reason: str | None = Field(default=None, description="Reason of its last failure.")
     last_message: str | None = Field(default=None, description=(
@@ -904,10 +1025,37 @@ class DDPJobStatus(APIModel):
         "rendezvous generation, with its cause."))
 
 
+# A worker's FQDN with setHostnameAsFQDN: `<job>-worker-<i>.<job>-workers.<ns>.svc.<cluster domain>`; the kubelet
+# refuses to start a pod whose FQDN is longer than a Linux hostname (64).
+MAX_FQDN_LENGTH = 64
+DEFAULT_CLUSTER_DOMAIN = "cluster.local"
+
+
+def worker_fqdn_length(name: str, namespace: str, max_replicas: int, cluster_domain: str = DEFAULT_CLUSTER_DOMAIN) -> int:
+    """Length of the longest worker FQDN (the last index at maxReplicas)."""
+    index = str(max_replicas - 1)
+    return len(f"{name}-worker-{index}.{name}-workers.{namespace}.svc.{cluster_domain}")
+
+
+# With the shortest namespace (one letter): longer is refused whatever the namespace.
+_FQDN_FIXED = worker_fqdn_length("", "n", 1) - 1  # all but 2 x name and the index digits
+
+
 class DDPJob(APIModel):
     """A whole manifest as `kubectl apply` sends it."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    cel_rules = (
+        cel("!has(self.spec.template) || !has(self.spec.template.podSpec) || "
+            "!has(self.spec.template.podSpec.setHostnameAsFQDN) || !self.spec.template.podSpec.setHostnameAsFQDN || "
+            "2 * size(self.metadata.name) + size(string((has(self.spec.maxReplicas) ? self.spec.maxReplicas : "
+            f"self.spec.replicas) - 1)) + {_FQDN_FIXED} <= {MAX_FQDN_LENGTH}",
+            f"with spec.template.podSpec.setHostnameAsFQDN the worker's hostname is <job>-worker-<i>.<job>-workers."
+            f"<namespace>.svc.{DEFAULT_CLUSTER_DOMAIN}, longer than {MAX_FQDN_LENGTH} characters for this name at "
+            f"maxReplicas (the kubelet would not start the pod): shorten metadata.name or remove setHostnameAsFQDN",
+            ".metadata.name"),
+    )
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=True)
     api_version: Literal["elastic.ddp.dev/v1alpha1"] = Field(alias="apiVersion")
     kind: Literal["DDPJob"]
     metadata: JobMetadata

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from . import model
+from . import k8s_fields, model
 
 # Exit status of every `ddpjob` command that refuses its input (validate, render, run).
 EXIT_INVALID = 2
@@ -113,7 +113,9 @@ def _explain(err: dict[str, Any], root: type[BaseModel], loc: tuple[Any, ...]) -
     if kind in ("string_too_short", "too_short"):
         return "must not be empty", f"give at least {ctx.get('min_length', 1)}"
     if kind in ("int_parsing", "int_type", "int_from_float"):
-        return f"must be a whole number{got}", "write an integer without quotes"
+        return f"must be a whole number{got}", "write an integer without quotes (not true/false, not \"2\")"
+    if kind in ("float_parsing", "float_type"):
+        return f"must be a number{got}", "write a number without quotes"
     if kind in ("bool_parsing", "bool_type"):
         return f"must be true or false{got}", "write true or false without quotes"
     if kind in ("string_type",):
@@ -128,11 +130,12 @@ def _explain(err: dict[str, Any], root: type[BaseModel], loc: tuple[Any, ...]) -
 _PATTERN_FIXES = {
     model.DNS_1035_PATTERN: "use lowercase letters, digits and '-', start with a letter and end with "
                             "a letter or digit (DNS-1035 label)",
-    model.QUANTITY_PATTERN: "use a Kubernetes quantity such as 500m, 4, 16Gi",
     model.DNS_1123_SUBDOMAIN_PATTERN: "use lowercase letters, digits, '-' and '.' (DNS-1123 subdomain)",
     model.ENV_NAME_PATTERN: "use letters, digits, '_', '-' and '.', not starting with a digit",
     r"^[^\s]+$": "remove spaces; put arguments in `args`",
-    r"^/.*": "use an absolute path such as /checkpoints",
+    model.ENTRYPOINT_PATTERN: "name a module or a .py script, not starting with '-' (torchrun would take it for "
+                              "one of its own flags); put arguments in `args`",
+    **k8s_fields.PATTERN_FIXES,
 }
 
 
@@ -185,21 +188,92 @@ class Document:
         return f"{where} ({name})" if name else where
 
 
+# The API server's limits: a request body of at most 3 MiB, and aliases that cannot expand a small file into
+# a huge object ("billion laughs"). Counted in YAML nodes after expanding every alias; nesting is bounded too.
+MAX_YAML_BYTES = 3 * 1024 * 1024
+MAX_YAML_NODES = 100_000
+MAX_YAML_DEPTH = 100
+
+
+class _YAMLLimit(yaml.YAMLError):
+    def __init__(self, problem: str, mark: Any = None):
+        super().__init__(problem)
+        self.problem, self.problem_mark = problem, mark
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys and documents whose aliases expand beyond MAX_YAML_NODES."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_expansion(node)
+        return super().construct_document(node)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` entries are meant to be overridden
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.setdefault(key, line)
+            except TypeError:
+                continue  # an unhashable key: SafeLoader reports it
+            if first != line:
+                raise _YAMLLimit(f"duplicate key {key!r} (first at line {first})", key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    sizes: dict[int, int] = {}  # id(node) -> expanded size: shared (aliased) nodes are counted once each
+
+    def size(node: yaml.Node, depth: int) -> int:
+        if depth > MAX_YAML_DEPTH:
+            raise _YAMLLimit(f"nested deeper than {MAX_YAML_DEPTH} levels", node.start_mark)
+        if id(node) in sizes:
+            return sizes[id(node)]
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(item, depth + 1) for item in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
+        if total > MAX_YAML_NODES:
+            raise _YAMLLimit(f"aliases expand to more than {MAX_YAML_NODES} values", node.start_mark)
+        sizes[id(node)] = total
+        return total
+
+    size(root, 0)
+
+
 def load_documents(path: str | Path) -> Iterator[Document]:
     """Every non-empty YAML document in a file; a YAML syntax error becomes InvalidJob."""
     source = str(path)
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as file:
+            raw = file.read(MAX_YAML_BYTES + 1)
     except OSError as exc:
         raise InvalidJob([FieldError("", f"cannot read {source}: {exc.strerror}", "check the path")]) from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise InvalidJob([FieldError("", f"{source} is larger than {MAX_YAML_BYTES} bytes (the API server's "
+                                         "request limit)", "split it into smaller files")])
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidJob([FieldError("", f"{source} is not UTF-8 text (byte {exc.start})",
+                                     "save it as UTF-8")]) from None
+    try:
+        docs = [d for d in yaml.load_all(text, Loader=StrictLoader) if d is not None]
+    except RecursionError:
+        raise InvalidJob([FieldError("", f"not valid YAML: nested deeper than {MAX_YAML_DEPTH} levels",
+                                     "flatten the document")]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise InvalidJob([FieldError("", f"not valid YAML{where}: {problem}",
-                                     "fix the indentation or quoting there")]) from None
+        fix = "fix the indentation or quoting there"
+        if isinstance(exc, _YAMLLimit):
+            fix = "remove one of the two" if problem.startswith("duplicate key") else "write the values out"
+        raise InvalidJob([FieldError("", f"not valid YAML{where}: {problem}", fix)]) from None
     for index, body in enumerate(docs):
         yield Document(source, index, body)
 
