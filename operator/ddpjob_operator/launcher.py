@@ -22,6 +22,23 @@ PEER_FAILURE_PATTERN = (r"Connection (closed|reset) by peer|Broken pipe|Connecti
                         r"timeout caused pair closure|NCCL (communicator was aborted|error)|remote process exited|"
                         r"ncclRemoteError|ProcessGroupNCCL.*(Watchdog|abort)|Socket Timeout|Read error")
 
+# Survivors rejoin in place (restartScope Pod): when a peer's failure ends a generation, a surviving
+# agent keeps its pod and joins the next generation once the operator has started a pod for it. The
+# channel is the job's rendezvous store, which outlives every worker: every agent publishes its
+# generation there when it starts (GENERATION_KEY holds the newest, NNODES_KEY its node range), and
+# the operator starts a generation's pods only after it has charged the incident that ended the last
+# one, so a survivor never moves without the status having moved first.
+REJOIN_ENV = "DDPJOB_REJOIN"  # "1": wait for the next generation in place instead of exiting
+REJOIN_TIMEOUT_ENV = "DDPJOB_REJOIN_TIMEOUT_SECONDS"
+REJOIN_TIMEOUT_SECONDS = 120  # longer than a node controller's verdict on a silent node plus a pod start
+GENERATION_KEY = "ddpjob/{uid}/generation"
+NNODES_KEY = "ddpjob/{uid}/nnodes/{generation}"
+# A survivor that waited REJOIN_TIMEOUT_SECONDS for a newer generation and saw none starts its message
+# with this; every message ends with the generation its failure happened in (GENERATION_MARK).
+REJOIN_FAILED_PREFIX = "rejoin failed"
+GENERATION_MARK = "[generation {generation}]"
+GENERATION_MARK_PATTERN = r"\[generation (\d+)\]"
+
 # On a node without GPUs the trainer starts as a fork of the agent, which has imported torch already,
 # instead of a new interpreter importing it again: seconds off every start and restart
 # (bench/recovery.py). Where a GPU is visible it starts as a new interpreter, as torchrun does: CUDA
@@ -34,8 +51,10 @@ GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")  # NVIDIA's and AMD's driver n
 # 1), 128+N for a signal N, and the failure is written where the kubelet reads termination messages.
 # A constant, never built from user input.
 LAUNCHER_SETUP = f"""\
-import logging, os, runpy, signal, sys
+import logging, os, re, runpy, signal, sys, threading, time
+from datetime import timedelta
 import torch.distributed.run as torchrun
+from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
@@ -47,7 +66,7 @@ def run_trainer(module, target, *args):
     # exit. Any other os._exit stays one: a failing trainer must not run cleanup that can block on its
     # peers, and a process the trainer forks (a DataLoader worker) must not unwind the trainer's frames
     # it was forked inside (freeing its copy of the process group aborts it).
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_DFL)
     real_exit, trainer = os._exit, os.getpid()
     os._exit = lambda code: sys.exit(0) if code == 0 and os.getpid() == trainer else real_exit(code)
@@ -90,9 +109,10 @@ def finish(code):
     sys.stderr.flush()
     os._exit(code)
 
-def report(text, closed=True):
+def report(text, closed=True, generation=None):
     path = os.environ.get("{TERMINATION_LOG_ENV}", "{TERMINATION_LOG_PATH}")
-    mark = " {RENDEZVOUS_CLOSED_MARK}" if closed else ""
+    mark = " " + "{GENERATION_MARK}".format(generation=generation) if generation is not None else ""
+    mark += " {RENDEZVOUS_CLOSED_MARK}" if closed else ""
     data = text.encode("utf-8", "replace")[:{TERMINATION_MESSAGE_LIMIT} - len(mark)] + mark.encode()
     try:
         with open(path, "wb") as log:
@@ -100,7 +120,77 @@ def report(text, closed=True):
     except OSError:
         pass  # no termination log here (not in a container): the log has the same story
 
-def launch(args):
+def flag(args, name):
+    prefix = f"--{{name}}="
+    return next((a[len(prefix):] for a in args if a.startswith(prefix)), None)
+
+def with_flags(args, **values):
+    # Only torchrun's own flags, which come before the entrypoint: the user's args are never touched.
+    out, ours = [], True
+    for a in args:
+        name = a[2:].split("=", 1)[0] if ours and a.startswith("--") and "=" in a else None
+        if name is None:
+            ours = False
+        key = name.replace("-", "_") if name else None
+        out.append(f"--{{name}}={{values[key]}}" if key in values else a)
+    return out
+
+class Generations:
+    # The job's rendezvous store as the survivors' channel (see REJOIN_ENV in launcher.py).
+    def __init__(self, endpoint, uid):
+        host, _, port = endpoint.rpartition(":")
+        self.uid = uid
+        self.store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+
+    def publish(self, generation, nnodes):
+        self.store.set("{NNODES_KEY}".format(uid=self.uid, generation=generation), nnodes)
+        key, seen = "{GENERATION_KEY}".format(uid=self.uid), ""
+        while True:  # the newest generation wins: compare-and-set until ours is no longer newer
+            current = self.store.compare_set(key, seen, str(generation)).decode()
+            if int(current) >= generation:
+                return
+            seen = current
+
+    def newest(self):
+        key = "{GENERATION_KEY}".format(uid=self.uid)
+        if not self.store.check([key]):
+            return None
+        generation = int(self.store.get(key))
+        return generation, self.store.get("{NNODES_KEY}".format(uid=self.uid, generation=generation)).decode()
+
+    def wait_newer(self, generation, timeout, stop=None):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not (stop and stop.is_set()):
+            newest = self.newest()
+            if newest is not None and newest[0] > generation:
+                return newest
+            time.sleep(0.2)
+        return None
+
+def on_superseded(signum, frame):
+    # Raised in the agent's main thread, wherever it waits: torchrun stops its trainers with SIGTERM
+    # (they checkpoint) and leaves this generation.
+    raise SignalException("a newer rendezvous generation started", sigval=signal.SIGTERM)
+
+def watch(generations, generation, stop, superseded):
+    # A generation the operator has moved past can never complete: leave it as soon as it is seen.
+    try:
+        watcher = Generations(*generations)
+        if watcher.wait_newer(generation, float("inf"), stop) is not None and not stop.is_set():
+            superseded.set()
+            os.kill(os.getpid(), signal.SIGUSR1)
+    except Exception as error:  # the agent's own store calls will report a lost store
+        print(f"generation watch stopped: {{error}}", file=sys.stderr, flush=True)
+
+def generation_of(rdzv_id):
+    match = re.search(r"-g(\\d+)$", rdzv_id or "")
+    return int(match.group(1)) if match else None
+
+def run_generation(args, generation, rejoin):
+    # One generation under torchrun: (code, message, closed) for a failure, None when superseded.
+    stop, superseded = threading.Event(), threading.Event()
+    if rejoin is not None:
+        threading.Thread(target=watch, args=(rejoin, generation, stop, superseded), daemon=True).start()
     try:
         main(args)
         finish(0)
@@ -114,19 +204,62 @@ def launch(args):
         else:
             detail = ""  # exited without a recorded exception: its log says why
         print(failed, file=sys.stderr, flush=True)
-        report(f"rank {{rank}} (local rank {{failure.local_rank}}) exited with code {{code}}"
-               + (f": {{detail}}" if detail else ""))
-        finish(code)
+        return code, (f"rank {{rank}} (local rank {{failure.local_rank}}) exited with code {{code}}"
+                      + (f": {{detail}}" if detail else "")), True
     except RendezvousError as error:
-        report(f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}")
-        print(f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}", file=sys.stderr, flush=True)
-        finish(1)
+        if superseded.is_set():
+            return None
+        text = f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}"
+        print(text, file=sys.stderr, flush=True)
+        return 1, text, True
     except SignalException as stopped:
-        report(f"torchrun stopped by {{stopped.sigval.name}}; exit code {{128 + stopped.sigval}}", closed=False)
-        finish(128 + stopped.sigval)
+        if superseded.is_set():
+            return None
+        return 128 + stopped.sigval, f"torchrun stopped by {{stopped.sigval.name}}; exit code {{128 + stopped.sigval}}", False
     except Exception as error:
-        report(f"torchrun failed: {{type(error).__name__}}: {{error}}")
+        report(f"torchrun failed: {{type(error).__name__}}: {{error}}", generation=generation)
         raise
+    finally:
+        stop.set()
+
+def launch(args):
+    generation = generation_of(flag(args, "rdzv-id"))
+    rejoin, generations = None, None
+    if os.environ.get("{REJOIN_ENV}") == "1" and generation is not None:
+        uid = flag(args, "rdzv-id")[:-len(f"-g{{generation}}")]
+        rejoin = (flag(args, "rdzv-endpoint"), uid)
+        try:
+            generations = Generations(*rejoin)
+            generations.publish(generation, flag(args, "nnodes"))
+        except Exception as error:  # no store: torchrun's own join reports it
+            print(f"cannot publish generation {{generation}}: {{error}}", file=sys.stderr, flush=True)
+            rejoin = generations = None
+    signal.signal(signal.SIGUSR1, on_superseded)
+    timeout = float(os.environ.get("{REJOIN_TIMEOUT_ENV}", "{REJOIN_TIMEOUT_SECONDS}"))
+    while True:
+        failure = run_generation(args, generation, rejoin)
+        if failure is None:
+            newest = generations.newest()
+        else:
+            code, text, closed = failure
+            if generations is None or not (code < 128 and re.search(PEER_FAILURE, text)):
+                report(text, closed=closed, generation=generation)
+                finish(code)
+            # A peer's failure ended this generation: wait here for the operator's next one.
+            print(f"waiting up to {{timeout:g}} s for rendezvous generation {{generation + 1}} or newer: {{text}}",
+                  file=sys.stderr, flush=True)
+            newest = generations.wait_newer(generation, timeout)
+            if newest is None:
+                report(f"{REJOIN_FAILED_PREFIX}: no rendezvous generation newer than {{generation}} started within "
+                       f"{{timeout:g}} s; {{text}}", closed=closed, generation=generation)
+                finish(code)
+        generation, nnodes = newest
+        rdzv_id = f"{{rejoin[1]}}-g{{generation}}"
+        args = with_flags(args, rdzv_id=rdzv_id, nnodes=nnodes)
+        os.environ.update(DDPJOB_GENERATION=str(generation), PET_RDZV_ID=rdzv_id, PET_NNODES=nnodes)
+        print(f"joining rendezvous generation {{generation}} in place ({{nnodes}} nodes)", file=sys.stderr, flush=True)
+
+PEER_FAILURE = re.compile({PEER_FAILURE_PATTERN!r}, re.IGNORECASE)
 """
 
 LAUNCHER_PROGRAM = LAUNCHER_SETUP + "launch(sys.argv[1:])\n"

@@ -28,6 +28,7 @@ def job(s=None, status=None, generation=1, **kw) -> d.JobView:
 
 def w(index, phase="Running", generation=0, **kw) -> d.WorkerObservation:
     kw.setdefault("ready", phase == "Running")
+    kw.setdefault("uid", f"pod-{index}-g{generation}-a{kw.get('attempt', 0)}")  # every pod has its own
     return d.WorkerObservation(index=index, name=f"j-worker-{index}", generation=generation, phase=phase, **kw)
 
 
@@ -91,13 +92,16 @@ def test_a_failed_rendezvous_is_not_a_user_error_although_torchrun_exits_1(messa
     ("rendezvous failed: RendezvousClosedError: ", 0),  # its peers had closed it: nobody's failure
     ("rendezvous failed: RendezvousTimeoutError: timed out", 1),
 ])
-def test_a_failed_rendezvous_moves_to_a_fresh_generation_even_with_pod_scope(message, charged):
-    """A closed or timed-out rendezvous never reopens: rejoining it would fail forever."""
+def test_a_failed_rendezvous_moves_to_a_fresh_generation_the_survivor_joining_in_place(message, charged):
+    """A closed or timed-out rendezvous never reopens: rejoining it would fail forever. The survivor keeps
+    its pod and joins the fresh generation (restartScope Pod)."""
     st = running_status(ranks=[{"index": 0, "pod": "j-worker-0", "phase": "Running"},
                                {"index": 1, "pod": "j-worker-1", "phase": "Running"}])
     out = decide(job(status=st), seen(w(0), failed(1, 1, message=message)))
     assert out.status.restarts == charged and out.status.generation == 1
-    assert any(e.reason == d.REASON_GANG_RESTART and "rendezvous" in e.message for e in of(out, d.Event))
+    assert (out.status.ranks[0].uid, out.status.ranks[0].generation) == (w(0).uid, 1)
+    assert not of(out, d.DeleteWorker) or of(out, d.DeleteWorker)[0].name == "j-worker-1"
+    assert any(e.reason == d.REASON_REPLACE and "join it in place" in e.message for e in of(out, d.Event))
 
 
 def test_oom_is_retryable_by_default():
@@ -219,17 +223,20 @@ def test_retryable_failure_pod_scope_waits_for_backoff_then_replaces_only_that_r
     s = spec(minReplicas=1)
     first = decide(job(s, running_status()), seen(w(0), failed(1, 137, "OOMKilled")))
     st = first.status
-    assert st.phase == "Restarting" and st.restarts == 1 and st.generation == 0
+    # Charged at once: the survivor keeps its pod and is carried into generation 1 (it joins in place).
+    assert st.phase == "Restarting" and st.restarts == 1 and st.generation == 1
+    assert (st.ranks[0].uid, st.ranks[0].generation) == (w(0).uid, 1)
     assert st.ranks[1].restarts == 1 and st.ranks[1].last_exit_code == 137 and st.ranks[1].last_reason == "OOMKilled"
     assert of(first, d.DeleteWorker) == [] and first.requeue_after == 10
     assert any(e.reason == "WorkerFailed" for e in of(first, d.Event))
-    # Same observation again: not charged twice.
+    # Same observation again: not charged twice, and the survivor is still the generation's.
     again = decide(job(s, st), seen(w(0), failed(1, 137, "OOMKilled"), now=T0 + timedelta(seconds=5)))
-    assert again.status.restarts == 1 and again.requeue_after == 5
-    # Backoff passed: the exited pod is removed at once and replaced in the same pass (same
+    assert again.status.restarts == 1 and again.requeue_after == 5 and not of(again, d.DeleteWorker)
+    # Backoff passed: the exited pod is removed at once and replaced in the same pass (the new
     # generation, next attempt); the survivor is untouched.
     later = decide(job(s, again.status), seen(w(0), failed(1, 137, "OOMKilled"), now=T0 + timedelta(seconds=10)))
-    assert later.actions[:2] == (d.DeleteWorker("j-worker-1", d.REASON_REPLACE, force=True), d.CreateWorker(1, 0, 1))
+    assert later.actions[:2] == (d.DeleteWorker("j-worker-1", d.REASON_REPLACE, force=True), d.CreateWorker(1, 1, 1))
+    assert of(later, d.DeleteWorker) == [d.DeleteWorker("j-worker-1", d.REASON_REPLACE, force=True)]
     assert later.status.restarts == 1
     # Had the delete not finished yet (pod still listed), nothing is created twice: the name is taken.
     pending = decide(job(s, later.status), seen(w(0), failed(1, 137, "OOMKilled", terminating_since=T0),
@@ -237,9 +244,10 @@ def test_retryable_failure_pod_scope_waits_for_backoff_then_replaces_only_that_r
     assert of(pending, d.CreateWorker) == [] and pending.status.restarts == 1
     # Once it is gone, a pass that missed the create makes it.
     replaced = decide(job(s, later.status), seen(w(0), now=T0 + timedelta(seconds=11)))
-    assert of(replaced, d.CreateWorker) == [d.CreateWorker(1, 0, 1)] and replaced.status.restarts == 1
-    back = decide(job(s, replaced.status), seen(w(0), w(1, attempt=1), now=T0 + timedelta(seconds=30)))
-    assert back.status.phase == "Running" and back.status.ranks[1].restarts == 1
+    assert of(replaced, d.CreateWorker) == [d.CreateWorker(1, 1, 1)] and replaced.status.restarts == 1
+    back = decide(job(s, replaced.status), seen(w(0), w(1, generation=1, attempt=1), now=T0 + timedelta(seconds=30)))
+    assert back.status.phase == "Running" and back.status.ranks[1].restarts == 1 and not back.actions[:-1]
+    assert [r.generation for r in back.status.ranks] == [1, 1]
 
 
 def test_second_failure_of_replacement_is_charged_again():
@@ -296,9 +304,9 @@ def test_disruption_is_recorded_but_not_charged(worker):
     st = out.status
     assert st.phase == "Restarting" and st.restarts == 0 and st.disruptions == 1 and st.ranks[1].restarts == 1
     assert any(e.reason == "WorkerDisrupted" for e in of(out, d.Event))
-    # The survivors would fail on their next collective: the gang moves to a fresh generation at once.
+    # The survivor's next collective fails: a fresh generation at once, which it joins in place.
     assert st.generation == 1 and st.incidents[-1].cause == d.DISRUPTION and not st.incidents[-1].charged
-    assert d.DeleteWorker("j-worker-0", d.REASON_OLD_GENERATION) in of(out, d.DeleteWorker)
+    assert all(a.name == "j-worker-1" for a in of(out, d.DeleteWorker)) and st.ranks[0].generation == 1
     if worker.phase == "Failed":  # no backoff for disruptions
         assert d.DeleteWorker("j-worker-1", d.REASON_REPLACE, force=True) in of(out, d.DeleteWorker)
 
@@ -320,18 +328,26 @@ def test_restart_scope_all_moves_gang_to_new_generation_after_backoff():
     assert of(mid, d.CreateWorker) == [d.CreateWorker(0, 1, 0), d.CreateWorker(1, 1, 1)]
 
 
-def test_pod_scope_below_min_replicas_moves_to_fresh_generation():
-    # min == replicas (static job): survivors cannot continue, so no one waits on a closed rendezvous.
+def test_pod_scope_static_job_keeps_its_survivor_in_place():
+    # min == replicas (static job): the fresh generation's round completes when the replacement joins.
     out = decide(job(spec(), running_status()), seen(w(0), failed(1, 143)))
     assert out.status.generation == 1 and out.status.restarts == 1
-    assert d.DeleteWorker("j-worker-0", d.REASON_OLD_GENERATION) in of(out, d.DeleteWorker)
+    assert not of(out, d.DeleteWorker) and out.status.ranks[0].generation == 1
 
 
-def test_pod_scope_elastic_survivors_continue_in_same_generation():
+def test_pod_scope_elastic_survivors_join_the_next_generation_in_place():
     s = spec(replicas=3, minReplicas=2, maxReplicas=3)
     out = decide(job(s, running_status()), seen(w(0), w(1), failed(2, 143)))
-    assert out.status.generation == 0 and not of(out, d.DeleteWorker)
-    assert out.status.world_size == 2
+    assert out.status.generation == 1 and not of(out, d.DeleteWorker)
+    assert out.status.world_size == 2 and [r.generation for r in out.status.ranks[:2]] == [1, 1]
+
+
+def test_restart_scope_all_replaces_every_pod():
+    s = spec(replicas=3, minReplicas=2, maxReplicas=3, failurePolicy={"restartScope": "All"})
+    out = decide(job(s, running_status()), seen(w(0), w(1), failed(2, 143)))
+    assert out.status.generation == 1
+    assert {a.name for a in of(out, d.DeleteWorker)} == {"j-worker-0", "j-worker-1"}
+    assert all(r.generation is None for r in out.status.ranks)
 
 
 def test_generation_is_taken_from_pods_when_status_lags():
@@ -479,12 +495,12 @@ def test_pod_deleted_behind_our_back_is_a_disruption_and_replaced():
     st = out.status
     assert st.disruptions == 1 and st.restarts == 0 and st.generation == 1
     assert st.incidents[-1].reason == d.REASON_POD_VANISHED and st.incidents[-1].ranks == [1]
-    assert of(out, d.DeleteWorker) == [d.DeleteWorker("j-worker-0", d.REASON_OLD_GENERATION)]
-    again = decide(job(s, st), seen(w(0, terminating_since=T0)))  # nothing charged twice
-    assert again.status.disruptions == 1 and not of(again, d.CreateWorker)
-    done = decide(job(s, again.status), seen())
-    assert done.status.disruptions == 1 and of(done, d.CreateWorker) == [d.CreateWorker(0, 1, 0),
-                                                                         d.CreateWorker(1, 1, 1)]
+    # The survivor stays; the vanished rank is created again in the fresh generation, once.
+    assert of(out, d.DeleteWorker) == [] and of(out, d.CreateWorker) == [d.CreateWorker(1, 1, 1)]
+    again = decide(job(s, st), seen(w(0)))  # its create not seen yet: nothing charged twice
+    assert again.status.disruptions == 1 and of(again, d.CreateWorker) == [d.CreateWorker(1, 1, 1)]
+    done = decide(job(s, again.status), seen(w(0), w(1, generation=1, attempt=1)))
+    assert done.status.disruptions == 1 and not of(done, d.CreateWorker) and done.status.phase == "Running"
 
 
 def test_resume_while_suspended_pods_still_terminate_charges_nothing_and_waits():

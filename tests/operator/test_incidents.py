@@ -40,12 +40,14 @@ def test_four_workers_exiting_in_one_pass_are_one_charge(scope):
 def test_the_same_incident_over_two_passes_is_one_charge():
     s = spec(replicas=4, failurePolicy={"maxRestarts": 3})
     first = decide(job(s, running_status(ranks=ranks(4))), seen(w(0), w(1), failed(2, 137), failed(3, 137)))
-    assert first.status.restarts == 0 and first.requeue_after == 10  # survivors may follow: settling
+    # Charged at once: the survivors are carried into generation 1, where they rejoin in place.
+    assert first.status.restarts == 1 and first.status.generation == 1
     later = T0 + timedelta(seconds=1)
+    # Survivors that exited after all (the incident's own consequences) are replaced, never charged again.
     second = decide(job(s, first.status), seen(failed(0, 1, message=CLOSED, at=later),
                                                failed(1, 1, message=CLOSED, at=later), failed(2, 137),
                                                failed(3, 137), now=later))
-    assert second.status.restarts == 1 and second.status.generation == 1
+    assert second.status.restarts == 1 and second.status.generation == 1 and second.status.phase == "Restarting"
     # The old generation's pods exiting after the charge belong to it: nothing more is charged.
     third = decide(job(s, second.status), seen(failed(0, 1), failed(1, 1), failed(2, 137), failed(3, 137),
                                                now=later + timedelta(seconds=30)))
@@ -89,14 +91,16 @@ def test_pod_scope_agent_that_closed_the_rendezvous_moves_the_job_to_a_new_gener
     assert not [a for a in of(out, d.CreateWorker) if a.generation == 0]
 
 
-def test_pod_scope_kill_without_closing_keeps_survivors_after_settling():
+def test_pod_scope_kill_replaces_only_the_killed_rank_and_keeps_the_survivors_at_once():
     s = spec(replicas=3, minReplicas=1)
     view = job(s, running_status(ranks=ranks(3)))
-    waiting = decide(view, seen(w(0), w(1), failed(2, 137)))
-    assert waiting.status.restarts == 0 and not of(waiting, d.CreateWorker)
-    out = decide(view, seen(w(0), w(1), failed(2, 137), now=T0 + timedelta(seconds=10)))
-    assert out.status.restarts == 1 and out.status.generation == 0
-    assert of(out, d.CreateWorker) == [d.CreateWorker(2, 0, 1)]
+    out = decide(view, seen(w(0), w(1), failed(2, 137)))
+    assert out.status.restarts == 1 and out.status.generation == 1 and not of(out, d.DeleteWorker)
+    assert [(r.uid, r.generation) for r in out.status.ranks[:2]] == [(w(0).uid, 1), (w(1).uid, 1)]
+    # After the crash-loop backoff (no step reported), the killed pod goes and only it is created again.
+    later = decide(job(s, out.status), seen(w(0), w(1), failed(2, 137), now=T0 + timedelta(seconds=10)))
+    assert of(later, d.DeleteWorker) == [d.DeleteWorker("j-worker-2", d.REASON_REPLACE, force=True)]
+    assert of(later, d.CreateWorker) == [d.CreateWorker(2, 1, 1)] and later.status.restarts == 1
 
 
 # ---------------------------------------------------------------- 3. one budget; disruptions never charge

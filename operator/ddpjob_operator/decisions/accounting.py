@@ -29,17 +29,18 @@ import re
 from datetime import timedelta
 
 from .. import builders, model
-from ..launcher import PEER_FAILURE_PATTERN
-from .common import Plan, describe_failure, fail, record_failure, rfc3339
+from ..launcher import GENERATION_MARK_PATTERN, PEER_FAILURE_PATTERN, REJOIN_FAILED_PREFIX
+from .common import Plan, describe_failure, fail, parse_time, record_failure, rfc3339
 from .types import (CONSEQUENCE, DISRUPTION, MISSING, PEER_FAILURE, PERMANENT, REASON_BUDGET_EXHAUSTED,
                     REASON_GANG_RESTART, REASON_PERMANENT_ERROR, REASON_POD_DELETED, REASON_POD_VANISHED,
-                    REASON_RENDEZVOUS_CLOSED, REASON_STORE_LOST, REASON_WORKER_DISRUPTED, REASON_WORKER_FAILED,
+                    REASON_RENDEZVOUS_CLOSED, REASON_REPLACE, REASON_STORE_LOST, REASON_WORKER_DISRUPTED, REASON_WORKER_FAILED,
                     RETRYABLE, FailureClass, WorkerObservation)
 
 CLOSED_ERROR = "RendezvousClosedError"
 PEER_FAILURE_TEXT = re.compile(PEER_FAILURE_PATTERN, re.IGNORECASE)
 PEER_SILENT_TEXT = re.compile(r"timed out|timeout", re.IGNORECASE)  # Gloo's and NCCL's words for a silent peer
 STORE_UNREACHABLE = "RendezvousConnectionError"
+GENERATION_MARK = re.compile(GENERATION_MARK_PATTERN)
 
 
 def rendezvous_failed(message: str | None) -> bool:
@@ -114,9 +115,46 @@ def _capacity_wait(plan: Plan) -> bool:
         (store is not None and store.unschedulable is not None)
 
 
-def _members(plan: Plan, spec: model.DDPJobSpec,
-             current: list[WorkerObservation]) -> list[tuple[WorkerObservation, FailureClass]]:
-    """The exited or lost workers of the generation not accounted for yet."""
+def _left_behind(plan: Plan, w: WorkerObservation) -> bool:
+    """A survivor carried into the generation in use whose exit belongs to the incident that carried it:
+    its failure happened in an older generation (the launcher's generation mark), it gave up waiting
+    for the new one, or it ended (a SIGKILL leaves no message) within the settle time of that incident."""
+    if plan.served_generation(w) == w.generation and w.generation == plan.status.generation:
+        return False  # created for this generation: its exits are this generation's
+    mark = GENERATION_MARK.search(w.message or "")
+    if mark is not None:
+        return int(mark.group(1)) < plan.status.generation
+    if (w.message or "").startswith(REJOIN_FAILED_PREFIX):
+        return True
+    carried_by = next((i for i in reversed(plan.status.incidents) if i.generation == plan.status.generation - 1), None)
+    began = parse_time(carried_by.time) if carried_by is not None else None
+    return began is not None and w.finished_at is not None and \
+        w.finished_at <= began + timedelta(seconds=plan.options.incident_settle_seconds)
+
+
+def _replace_left_behind(plan: Plan, current: list[WorkerObservation]) -> list[WorkerObservation]:
+    """Survivors that died with the incident that carried them: replaced in the generation in use
+    (whose round cannot have completed without them), never charged again. The rest is returned."""
+    rest = []
+    for w in current:
+        rank = plan.rank(w.index)
+        ended = w.phase == "Failed" or (w.phase != "Succeeded" and w.terminating_since is not None)
+        if ended and w.attempt == rank.restarts and _left_behind(plan, w):
+            record_failure(plan, w)
+            rank.restarts += 1
+            plan.event("Normal", REASON_RENDEZVOUS_CLOSED,
+                       f"{describe_failure(w)}: it ended with the incident of generation "
+                       f"{plan.status.generation - 1}; replacing it in generation {plan.status.generation} "
+                       f"(not charged again)")
+            continue
+        rest.append(w)
+    return rest
+
+
+def _members(plan: Plan, spec: model.DDPJobSpec, current: list[WorkerObservation],
+             present: set[int]) -> list[tuple[WorkerObservation, FailureClass]]:
+    """The exited or lost workers of the generation not accounted for yet (`present`: the indices
+    that have a pod in it)."""
     members = []
     for w in current:
         rank = plan.rank(w.index)
@@ -124,7 +162,6 @@ def _members(plan: Plan, spec: model.DDPJobSpec,
         ended = w.phase == "Failed" or (w.phase != "Succeeded" and w.terminating_since is not None)
         if ended and w.attempt == rank.restarts:
             members.append((w, _member_class(plan, spec, w)))
-    present = {w.index for w in current}
     for index in range(spec.replicas):
         rank = plan.rank(index)
         if index not in present and rank.phase in ("Pending", "Running"):
@@ -138,8 +175,10 @@ def _members(plan: Plan, spec: model.DDPJobSpec,
 
 def _settle_seconds(plan: Plan, cause: FailureClass, members: list[tuple[WorkerObservation, FailureClass]],
                     survivors: list[WorkerObservation]) -> float:
+    # Survivors that gave up waiting in place have already waited longer than a node controller's verdict.
+    waited = all((w.message or "").startswith(REJOIN_FAILED_PREFIX) for w, _ in members)
     silent_peer = cause == PEER_FAILURE and any(PEER_SILENT_TEXT.search(w.message or "") for w, _ in members) \
-        and any(w.node is not None for w in survivors)
+        and any(w.node is not None for w in survivors) and not waited
     return plan.options.silent_peer_settle_seconds if silent_peer else plan.options.incident_settle_seconds
 
 
@@ -148,7 +187,9 @@ def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
     pass: the job failed, or the incident is still gathering the exits it causes."""
     status, policy = plan.status, spec.failure_policy
     current = [w for w in plan.current() if w.index < spec.replicas]
-    members = _members(plan, spec, current)
+    present = {w.index for w in current}
+    current = _replace_left_behind(plan, current)
+    members = _members(plan, spec, current, present)
     if not members:
         return False
     classes = {kind for _, kind in members}
@@ -156,10 +197,14 @@ def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
     in_incident = {w.name for w, _ in members}
     survivors = [w for w in current if w.live and w.name not in in_incident]
     gang = policy.restart_scope == "All"
-    closed = any(rendezvous_closed(w.message) or rendezvous_failed(w.message) for w, _ in members)
+    # restartScope Pod: the survivors keep their pods and join the next generation in place, so they
+    # are not waited for; their exits that still follow are left-behind ones (_replace_left_behind).
+    store_lost = cause == DISRUPTION and any(STORE_UNREACHABLE in (w.message or "") for w, kind in members
+                                             if kind == DISRUPTION)
+    in_place = not gang and bool(survivors) and cause in (RETRYABLE, DISRUPTION, CONSEQUENCE) \
+        and not store_lost
     finished = [w.finished_at for w, _ in members]
-    if survivors and None not in finished and (cause in (PERMANENT, PEER_FAILURE)
-                                               or (cause == RETRYABLE and not gang and not closed)):
+    if survivors and None not in finished and cause in (PERMANENT, PEER_FAILURE):
         # The exit that caused these may still be on its way (a peer's failure reaches the operator
         # after the survivors' own), and survivors may be about to follow.
         settle = _settle_seconds(plan, cause, members, survivors)
@@ -181,7 +226,7 @@ def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
                                         f"{status.generation} with it)" if others else "")
     charged = cause == RETRYABLE
     budget_spent = charged and status.restarts + 1 > policy.max_restarts
-    store_lost = cause == DISRUPTION and STORE_UNREACHABLE in (root.message or "")
+    store_lost = cause == DISRUPTION and STORE_UNREACHABLE in (root.message or "")  # the root's own words
     reason = {DISRUPTION: REASON_STORE_LOST if store_lost else root.reason or REASON_POD_DELETED,
               RETRYABLE: REASON_WORKER_FAILED,
               PERMANENT: REASON_PERMANENT_ERROR, CONSEQUENCE: REASON_RENDEZVOUS_CLOSED}[cause]
@@ -215,13 +260,20 @@ def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
         plan.event("Normal", REASON_RENDEZVOUS_CLOSED,
                    f"{summary}: the generation's rendezvous was closed; starting a fresh one (not charged)")
 
-    if gang or closed or cause != RETRYABLE or len(survivors) < spec.min_nodes:
-        # A closed or failed rendezvous never reopens, a disrupted gang's survivors fail on their next
-        # collective, and below minReplicas no round can form: every worker moves to a fresh generation.
-        status.generation += 1
-        why = ("restartScope All" if gang else "its rendezvous was closed" if closed
-               else "a disruption" if cause == DISRUPTION else "the rendezvous cannot continue"
-               if cause == CONSEQUENCE else f"fewer than minReplicas={spec.min_nodes} workers left")
+    # Every incident ends its generation's rendezvous (a peer's failure fails every survivor's next
+    # collective): the next one has a fresh id.
+    status.generation += 1
+    if in_place:
+        for w in survivors:
+            plan.carry(w, status.generation)
+        plan.event("Normal", REASON_REPLACE,
+                   f"replacing worker{'s' if len(members) > 1 else ''} "
+                   f"{', '.join(str(i) for i in sorted({w.index for w, _ in members}))} in rendezvous generation "
+                   f"{status.generation}; {len(survivors)} surviving worker{'s' if len(survivors) > 1 else ''} "
+                   f"keep their pods and join it in place")
+    else:
+        why = ("restartScope All" if gang else "no worker survived" if not survivors
+               else "the rendezvous store was lost" if store_lost else "the rendezvous cannot continue")
         plan.event("Normal", REASON_GANG_RESTART,
                    f"restarting all workers in rendezvous generation {status.generation} ({why})")
     return False

@@ -97,9 +97,22 @@ class Plan:
         self.status.ranks.append(entry)
         return entry
 
+    def served_generation(self, w: WorkerObservation) -> int:
+        """The generation a pod serves: the one it was created for, or a later one its rank's survivor
+        was carried into (restartScope Pod: the status names the pod by uid)."""
+        rank = next((r for r in self.status.ranks if r.index == w.index), None)
+        if rank is not None and w.uid is not None and rank.uid == w.uid and rank.generation is not None:
+            return max(rank.generation, w.generation)
+        return w.generation
+
     def current(self) -> list[WorkerObservation]:
         """Workers of the generation in use."""
-        return [w for w in self.observed.workers if w.generation == self.status.generation]
+        return [w for w in self.observed.workers if self.served_generation(w) == self.status.generation]
+
+    def carry(self, w: WorkerObservation, generation: int) -> None:
+        """A survivor keeps its pod and joins `generation` in place (its agent learns it from the store)."""
+        rank = self.rank(w.index)
+        rank.uid, rank.generation = w.uid, generation
 
     def record_incident(self, incident: model.Incident) -> None:
         self.status.incidents = (self.status.incidents + [incident])[-INCIDENT_HISTORY:]
@@ -125,6 +138,8 @@ def update_counts(plan: Plan, spec: model.DDPJobSpec, current: list[WorkerObserv
         rank.phase = MISSING if w is None else ("Terminating" if w.terminating_since else w.phase)
         rank.ready = bool(w and w.ready)
         rank.node = w.node if w else None
+        rank.uid = w.uid if w else None
+        rank.generation = plan.served_generation(w) if w else None
         ranks.append(rank)
     status.ranks = ranks
 

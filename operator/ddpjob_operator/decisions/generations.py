@@ -108,7 +108,7 @@ def _unschedulable(plan: Plan, current: list[WorkerObservation]) -> str | None:
 def replace_and_create(plan: Plan, spec: model.DDPJobSpec) -> None:
     status, now, generation = plan.status, plan.now, plan.status.generation
     current = plan.current()
-    stale = [w for w in plan.observed.workers if w.generation != generation]
+    stale = [w for w in plan.observed.workers if plan.served_generation(w) != generation]
     restarting = bool(stale)
     # Pods that have exited are removed at once (force: nothing is left to stop), so their
     # replacements can be created in this same pass; DeleteWorker actions run before CreateWorker.
@@ -127,7 +127,7 @@ def replace_and_create(plan: Plan, spec: model.DDPJobSpec) -> None:
                 freed.add(w.name)
             else:
                 plan.wake_at(gate)
-        elif w.generation != generation:
+        elif plan.served_generation(w) != generation:
             plan.act(DeleteWorker(w.name, REASON_OLD_GENERATION, force=w.exited))
             if w.exited:
                 freed.add(w.name)
@@ -138,7 +138,7 @@ def replace_and_create(plan: Plan, spec: model.DDPJobSpec) -> None:
     store = plan.observed.store
     store_ready_or_coming = store is None or store.usable
     remaining = [w for w in plan.observed.workers if w.name not in freed]
-    if not any(w.generation != generation for w in remaining) and store_ready_or_coming:
+    if not any(plan.served_generation(w) != generation for w in remaining) and store_ready_or_coming:
         occupied = {w.index for w in remaining}
         for i in range(spec.replicas):
             if i not in occupied:

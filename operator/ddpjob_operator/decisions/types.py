@@ -112,7 +112,7 @@ class Waiting:
 class WorkerObservation:
     index: int
     name: str
-    generation: int
+    generation: int  # the generation it was created for (its label); a survivor serves later ones too
     phase: str  # Pending, Running, Succeeded, Failed, Unknown
     attempt: int = 0  # the rank's replacement count when this pod/process was created
     ready: bool = False
@@ -128,6 +128,7 @@ class WorkerObservation:
     waiting: Waiting | None = None
     node_range: str | None = None  # the `--nnodes` its agent was started with ("2-4")
     unschedulable: Waiting | None = None  # the scheduler's PodScheduled=False reason and message
+    uid: str | None = None  # this pod, not the next one of the same name (status.ranks[].uid)
 
     @property
     def exited(self) -> bool:
@@ -193,6 +194,7 @@ class ProgressObservation:
     steps_per_second: float | None = None  # the recent step rate (for the ETA)
     updated_at: datetime | None = None  # the newest report shown
     ranks: tuple[RankReport, ...] = ()  # per worker; empty where reports carry no worker (local runs)
+    last_refused: datetime | None = None  # the operator last could not take one of the job's reports
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
@@ -143,6 +143,7 @@ class WorkerProcess:
     held: bool = False
     held_until: datetime | None = None
     exit_recorded: bool = False
+    uid: str = field(default_factory=lambda: str(uuid.uuid4()))  # like a pod's: this one, not the next
 
 
 def utc_now() -> datetime:
@@ -373,7 +374,7 @@ class LocalRunner:
         message = None
         if w.held:
             return decisions.WorkerObservation(
-                index=w.index, name=name, generation=w.generation, phase="Pending", attempt=w.attempt,
+                index=w.index, name=name, uid=w.uid, generation=w.generation, phase="Pending", attempt=w.attempt,
                 terminating_since=w.process.terminating_since, node_range=w.node_range,
                 unschedulable=decisions.Waiting(UNSCHEDULABLE, UNSCHEDULABLE_MESSAGE, w.created_at))
         if code is None:
@@ -382,7 +383,7 @@ class LocalRunner:
             phase, reason = ("Succeeded", "Completed") if code == 0 else ("Failed", "Error")
             message = _read_text(w.termination_log)
         return decisions.WorkerObservation(
-            index=w.index, name=name, generation=w.generation, phase=phase, attempt=w.attempt,
+            index=w.index, name=name, uid=w.uid, generation=w.generation, phase=phase, attempt=w.attempt,
             ready=code is None, exit_code=code, reason=reason, message=message,
             terminating_since=w.process.terminating_since, node_range=w.node_range,
             node=LOCALHOST, started_at=w.process.started_at, finished_at=w.process.finished_at)
