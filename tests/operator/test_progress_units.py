@@ -14,6 +14,8 @@ import pytest
 
 from ddpjob_operator import progress
 
+from .conftest import eventually
+
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 11, 22, 12, tzinfo=timezone.utc)
 
@@ -58,7 +60,8 @@ async def test_token_review_is_cached_and_checks_the_audience_and_the_pod_bindin
     async def review(token, audiences):
         calls.append((token, tuple(audiences)))
         return {"good": review_answer(), "api": review_answer(audiences=("https://kubernetes.default.svc",)),
-                "unbound": {"status": {"authenticated": True, "user": {"username": "system:serviceaccount:ns:x"}}},
+                "unbound": {"status": {"authenticated": True, "audiences": [progress.DEFAULT_AUDIENCE],
+                                       "user": {"username": "system:serviceaccount:ns:x"}}},
                 }.get(token, {"status": {"authenticated": False, "error": "invalid bearer token"}})
 
     now = [0.0]
@@ -76,11 +79,10 @@ async def test_token_review_is_cached_and_checks_the_audience_and_the_pod_bindin
 
 
 async def test_concurrent_reports_with_one_token_share_one_review():
-    started = asyncio.Event()
+    gate = asyncio.Event()
 
     async def review(token, audiences):
-        started.set()
-        await asyncio.sleep(0.05)
+        await gate.wait()  # in flight until every report has asked
         return review_answer()
     reviewer = progress.TokenReviewer(review, progress.DEFAULT_AUDIENCE)
     calls = 0
@@ -91,8 +93,13 @@ async def test_concurrent_reports_with_one_token_share_one_review():
         calls += 1
         return await original(token)
     reviewer._review = counted  # type: ignore[method-assign]
-    await asyncio.gather(*(reviewer.authenticate("t") for _ in range(20)))
-    assert calls == 1
+    reports = [asyncio.ensure_future(reviewer.authenticate("t")) for _ in range(20)]
+    await eventually(lambda: calls >= 1, 10, "the review to start")
+    for _ in range(5):  # let every report reach the reviewer
+        await asyncio.sleep(0)
+    gate.set()
+    identities = await asyncio.gather(*reports)
+    assert calls == 1 and len(set(identities)) == 1
 
 
 def test_tracker_publishes_at_a_bounded_rate_and_keeps_the_live_clock():
@@ -156,16 +163,14 @@ async def test_trainer_client_reports_to_the_real_endpoint_with_its_token(tmp_pa
         client = ProgressReporter(None, url, enabled=False, http_enabled=True, token_file=str(token), rank=0,
                                   heartbeat_s=0.2, min_interval_s=0.05)
         await asyncio.to_thread(client.report, step=7, total_steps=70, loss=0.25)
-        await asyncio.sleep(0.5)
-        assert counts.get("standby", 0) >= 2 and "accepted" not in counts  # 503 retried once, then dropped
+        await eventually(lambda: counts.get("standby", 0) >= 2, 30, "the 503 and its one retry")
+        assert "accepted" not in counts  # a standby stores nothing
         leading[0] = True
-        await asyncio.sleep(0.6)  # heartbeats now reach the leader
-        assert counts["accepted"] >= 1
+        await eventually(lambda: counts.get("accepted", 0) >= 1, 30, "a heartbeat reaching the leader")
         seen = tracker.observation("uid", datetime.now(timezone.utc))
         assert seen.step == 7 and seen.total_steps == 70 and seen.loss == 0.25
         token.write_text("rotated-but-wrong")  # read at every send
-        await asyncio.sleep(0.5)
-        assert counts.get("unauthenticated", 0) >= 1
+        await eventually(lambda: counts.get("unauthenticated", 0) >= 1, 30, "a heartbeat with the wrong token")
         await asyncio.to_thread(client.close)
     finally:
         await server.stop()

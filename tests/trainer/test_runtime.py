@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 from ddp_trainer.runtime import (CheckpointDirError, ProgressReporter, ResumableDistributedSampler, ResumeMismatch,
                                  check_writable)
-from trainer_harness import base_env, read_json, run, tail, torchrun_cmd
+from trainer_harness import base_env, read_json, run, tail, torchrun_cmd, wait_for
 
 
 def test_the_runtime_library_imports_nothing_beyond_torch_and_the_standard_library() -> None:
@@ -41,18 +40,25 @@ def test_progress_is_a_no_op_when_unconfigured_and_on_other_ranks(tmp_path: Path
 
 def test_progress_never_blocks_training_and_the_newest_report_wins(tmp_path: Path) -> None:
     reporter = ProgressReporter(tmp_path)
-    slow_send = reporter._send
+    real_send, writing, release = reporter._send, threading.Event(), threading.Event()
+    sent: list[int] = []
 
-    def slow(values):  # a disk (or endpoint) that takes 200 ms per write
-        time.sleep(0.2)
-        slow_send(values)
+    def hanging(values):  # a disk (or endpoint) whose write returns only when the test lets it go
+        sent.append(values["step"])
+        real_send(values)
+        if threading.current_thread() is not threading.main_thread():  # a report() that waited would hang
+            writing.set()
+            release.wait(60)
 
-    reporter._send = slow
-    t = time.perf_counter()
-    for step in range(1, 1001):
+    reporter._send = hanging
+    reporter.report(step=1, total_steps=1000, loss=1.0, epoch=0)
+    assert writing.wait(60), "the first report was never written"
+    for step in range(2, 1001):  # all of them while that write hangs: report() returns at once
         reporter.report(step=step, total_steps=1000, loss=1.0 / step, epoch=0)
-    assert time.perf_counter() - t < 0.5  # 1000 reports while at most two writes ran
+    assert sent == [1]
+    release.set()
     reporter.close()
+    assert sent == [1, 1000]  # the newest only, once
     progress = read_json(tmp_path / "progress.json")
     assert progress["step"] == 1000 and progress["total_steps"] == 1000 and progress["epoch"] == 0
 
@@ -112,13 +118,14 @@ def test_progress_http_sends_the_token_retries_a_503_and_heartbeats(tmp_path: Pa
         reporter.heartbeat_s = 0.2
         reporter.min_interval_s = 0.05  # the default paces POSTs to one a second (issue 12)
         reporter.report(step=5, total_steps=10, loss=0.5)
-        time.sleep(0.3)
+        wait_for(lambda: len(seen) >= 2, 30, "the report, retried after the 503")
         token.write_text("secret-2\n")  # rotated by the kubelet
-        time.sleep(0.5)
+        # Nothing new is reported: only a heartbeat sends again, and it reads the token afresh.
+        wait_for(lambda: any(a == "Bearer secret-2" for _, a, _ in seen), 30, "a heartbeat with the new token")
         reporter.close()
     finally:
         server.shutdown()
-    assert [c for c, _, _ in seen[:2]] == [503, 204] and len(seen) >= 4, seen
+    assert [c for c, _, _ in seen[:2]] == [503, 204] and len(seen) >= 3, seen
     assert {b["step"] for _, _, b in seen} == {5} and seen[0][2]["rank"] == 3
     assert seen[0][1] == "Bearer secret-1" and seen[-1][1] == "Bearer secret-2"
     assert not (tmp_path / "progress.json").exists()  # the file is global rank 0's
