@@ -134,7 +134,8 @@ class Controller:
             find_worker=lambda ns, name, who: progress.find_worker_in(self.pods, self.jobs, ns, name, who,
                                                                       builders.ROLE_WORKER),
             leading=self.leading, accepted=self._progress_reported,
-            count=lambda result: metrics.progress_reports.labels(result=result).inc(), clock=clock)
+            count=lambda result: metrics.progress_reports.labels(result=result).inc(), clock=clock,
+            refused=self._progress_refused)
         metrics.registry.register(progress.TrackerCollector(self.progress, clock))
 
     # ------------------------------------------------------------ lifecycle
@@ -297,7 +298,7 @@ class Controller:
         view = store.job_view(body, self.written.get(uid), self._parsed_spec(uid, body))
         now = self.clock()
         pods = await self._with_mount_failures(key[0], tuple(self.pods.get((key[0], uid), ())), now)
-        observed = store.observe(pods, now, tuple(self.rejected.get(uid, {}).values()))
+        observed = store.observe(pods, now, tuple(self.rejected.get(uid, {}).values()), job_uid=uid)
         observed = dataclasses.replace(observed, progress=self.progress.observation(uid, now))
         decision = decisions.decide(view, observed, self.options)
         decision = dataclasses.replace(decision, status=self._heartbeat(decision.status, now))
@@ -390,6 +391,13 @@ class Controller:
         due = self.progress.due_in(uid, self.clock())
         if due is not None and self.leading():
             self.requeue((namespace, name), due)
+
+    def _progress_refused(self, namespace: str, name: str) -> None:
+        """A report for this job could not be taken (a review budget spent, a failed review): the stall
+        clock holds (decisions/progress.py), since the silence is the operator's."""
+        body = self.jobs.get((namespace, name))
+        if body is not None:
+            self.progress.refused(body["metadata"].get("uid", ""), self.clock())
 
     def _spawn(self, work: Awaitable[None]) -> None:
         async def run() -> None:
@@ -503,7 +511,12 @@ def build_registry(controller: Controller, connection: kube.Connection) -> kopf.
     @kopf.index("", "v1", "pods", id="ddpjob_pods", labels=OWNED_PODS, registry=registry)
     def ddpjob_pods(namespace: str, labels: Mapping[str, str], body: kopf.Body,
                     **_: Any) -> dict[tuple[str, str], store.PodSummary]:
-        return {(namespace, labels[builders.LABEL_JOB_UID]): store.summarize_pod(body)}
+        # Keyed by the job that controls the pod (ownerReference, controller: true), never by its labels:
+        # a pod someone else made with a job's labels is not that job's worker ({}: not indexed).
+        owner = store.controller_uid(body.get("metadata") or {})
+        if not owner or owner != labels.get(builders.LABEL_JOB_UID):
+            return {}
+        return {(namespace, owner): store.summarize_pod(body)}
 
     @kopf.on.event(model.GROUP, model.VERSION, model.PLURAL, id="ddpjob_event", registry=registry)
     async def ddpjob_event(type: str | None, body: kopf.Body, ddpjob_pods: kopf.Index[Any, Any],

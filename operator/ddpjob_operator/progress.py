@@ -54,7 +54,20 @@ NEGATIVE_CACHE_SECONDS = 10.0
 TOKEN_CACHE_ENTRIES = 10_000
 RATE_PER_POD = 2.0  # reports a second, sustained (the client heartbeats every 5 s and reports per log interval)
 BURST_PER_POD = 10.0
-REVIEWS_PER_SECOND = 50.0  # TokenReviews the operator sends at most (unique tokens; cached ones cost none)
+# TokenReviews the operator sends, in two budgets a flood cannot cross: tokens never seen valid (anyone
+# can send those) and re-reviews of tokens that were valid (only real pods hold those), so random
+# tokens never starve a worker whose cached review expired. Cached ones cost none.
+REVIEWS_PER_SECOND = 50.0
+REREVIEWS_PER_SECOND = 50.0
+# Reviews of unknown tokens per peer address: one client (pod) cannot spend the unknown budget alone.
+SOURCE_REVIEWS_PER_SECOND = 2.0
+SOURCE_REVIEW_BURST = 20.0
+MAX_STEP = 10**12  # beyond any real run; a larger step would freeze the stall clock (refused, 422)
+MAX_JSON_DEPTH = 8  # a report is a flat object; deeper nesting is refused before parsing (400)
+HEADER_SECONDS = 10.0  # a connection's request headers (and idle keep-alive) must arrive within this
+BODY_SECONDS = 10.0  # and its body within this
+MAX_CONNECTIONS = 1024  # open connections at once; more are closed on accept
+RANK0_CLAIM_SECONDS = 15.0  # a pod's claim to rank 0 lapses after this long without its reports
 RATE_WINDOW_SECONDS = 120.0  # the step rate behind the ETA is measured over about this long
 POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
 POD_UID_KEY = "authentication.kubernetes.io/pod-uid"
@@ -87,8 +100,34 @@ _FLOATS = ("loss", "samples_per_second")
 MAX_INT = 2**53
 
 
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in raw JSON (strings skipped), without parsing it:
+    json.loads recurses, so a few KiB of brackets would raise RecursionError."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
 def parse_report(raw: bytes) -> Report:
     """A report body -> Report; BadReport(400 or 422) naming the field. Unknown keys are ignored."""
+    if json_depth(raw) > MAX_JSON_DEPTH:
+        raise BadReport(400, f"the body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels; a report is "
+                             "a flat JSON object such as {\"step\": 120}")
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -97,15 +136,16 @@ def parse_report(raw: bytes) -> Report:
         raise BadReport(400, "the body must be a JSON object such as {\"step\": 120}")
     values: dict[str, Any] = {}
     step = body.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < MAX_INT:
-        raise BadReport(422, f"step must be a whole number >= 0, got {step!r}")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        raise BadReport(422, f"step must be a whole number from 0 to {MAX_STEP}, got {step!r}")
     values["step"] = step
     for key in _INTS:
         value = body.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_INT:
-            raise BadReport(422, f"{key} must be a whole number >= 0 or null, got {value!r}")
+        limit = MAX_STEP if key in ("total_steps", "last_checkpoint_step") else MAX_INT - 1
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+            raise BadReport(422, f"{key} must be a whole number from 0 to {limit} or null, got {value!r}")
         values[key] = value
     for key in _FLOATS:
         value = body.get(key)
@@ -158,26 +198,46 @@ class Unauthenticated(Exception):
 
 
 class TokenReviewer:
-    """TokenReview with the operator's audience, cached by the token's hash (never the token itself)."""
+    """TokenReview with the operator's audience, cached by the token's hash (never the token itself).
+
+    A flood of made-up tokens must not lock real workers out: valid and refused answers are cached
+    apart (refusals cannot evict valid entries), re-reviews of tokens once valid have a budget of their
+    own, and reviews of unknown tokens are limited per peer address before the shared budget."""
 
     def __init__(self, review: Callable[[str, list[str]], Any], audience: str,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, *, reviews_per_second: float = REVIEWS_PER_SECOND,
+                 rereviews_per_second: float = REREVIEWS_PER_SECOND,
+                 source_per_second: float = SOURCE_REVIEWS_PER_SECOND, source_burst: float = SOURCE_REVIEW_BURST):
         self.review, self.audience, self.clock = review, audience, clock
-        self._cache: collections.OrderedDict[str, tuple[float, Identity | None, str]] = collections.OrderedDict()
-        self._limit = TokenBucket(REVIEWS_PER_SECOND, 4 * REVIEWS_PER_SECOND, clock)  # a restart: every pod at once
+        self._valid: collections.OrderedDict[str, tuple[float, Identity]] = collections.OrderedDict()
+        self._refused: collections.OrderedDict[str, tuple[float, str]] = collections.OrderedDict()
+        self._known: collections.OrderedDict[str, None] = collections.OrderedDict()  # hashes once valid
+        # A restart sees every pod at once: a burst of 4 s of reviews.
+        self._unknown_budget = TokenBucket(reviews_per_second, 4 * reviews_per_second, clock)
+        self._known_budget = TokenBucket(rereviews_per_second, 4 * rereviews_per_second, clock)
+        self._sources = TokenBucket(source_per_second, source_burst, clock)
         self._in_flight: dict[str, asyncio.Future[tuple[Identity | None, str]]] = {}
 
-    async def authenticate(self, token: str) -> Identity:
-        """The token's pod; Unauthenticated (with why) when the API server does not vouch for it.
-        Raises the API client's errors when the review itself fails (the caller answers 503)."""
+    async def authenticate(self, token: str, source: str = "") -> Identity:
+        """The token's pod; Unauthenticated (with why) when the API server does not vouch for it;
+        RateLimited when a budget is spent. Raises the API client's errors when the review itself fails
+        (the caller answers 503). `source`: the peer address, for the per-source limit."""
         key = hashlib.sha256(token.encode()).hexdigest()
-        cached = self._cache.get(key)
-        if cached is not None and cached[0] > self.clock():
-            identity, why = cached[1], cached[2]
-        elif key in self._in_flight:
+        now = self.clock()
+        valid, refused = self._valid.get(key), self._refused.get(key)
+        if valid is not None and valid[0] > now:
+            return valid[1]
+        if refused is not None and refused[0] > now:
+            raise Unauthenticated(refused[1])
+        if key in self._in_flight:
             identity, why = await asyncio.shield(self._in_flight[key])
         else:
-            if not self._limit.allow("reviews"):
+            if key in self._known:
+                if not self._known_budget.allow("reviews"):
+                    raise RateLimited("too many token reviews; try again later")
+            elif not self._sources.allow(source):
+                raise RateLimited("too many unknown tokens from this address; try again later")
+            elif not self._unknown_budget.allow("reviews"):
                 raise RateLimited("too many unknown tokens; try again later")
             future: asyncio.Future[tuple[Identity | None, str]] = asyncio.get_running_loop().create_future()
             self._in_flight[key] = future
@@ -190,10 +250,13 @@ class TokenReviewer:
                 raise
             finally:
                 self._in_flight.pop(key, None)
-            ttl = TOKEN_CACHE_SECONDS if identity is not None else NEGATIVE_CACHE_SECONDS
-            self._cache[key] = (self.clock() + ttl, identity, why)
-            while len(self._cache) > TOKEN_CACHE_ENTRIES:
-                self._cache.popitem(last=False)
+            if identity is not None:
+                _put(self._valid, key, (self.clock() + TOKEN_CACHE_SECONDS, identity))
+                _put(self._known, key, None)
+                self._refused.pop(key, None)
+            else:
+                _put(self._refused, key, (self.clock() + NEGATIVE_CACHE_SECONDS, why))
+                self._valid.pop(key, None)
         if identity is None:
             raise Unauthenticated(why)
         return identity
@@ -202,7 +265,8 @@ class TokenReviewer:
         status = (await self.review(token, [self.audience]) or {}).get("status") or {}
         if not status.get("authenticated"):
             return None, status.get("error") or f"the token is not valid for audience {self.audience}"
-        if self.audience not in (status.get("audiences") or [self.audience]):
+        # An empty list means "the API server's own audiences": never ours.
+        if self.audience not in (status.get("audiences") or []):
             return None, f"the token is not valid for audience {self.audience}"
         user = status.get("user") or {}
         username, extra = user.get("username") or "", user.get("extra") or {}
@@ -211,6 +275,13 @@ class TokenReviewer:
             return None, "the token is not a pod-bound service-account token (a projected token of a worker pod)"
         namespace = username[len(SERVICE_ACCOUNT_PREFIX):].split(":", 1)[0]
         return Identity(namespace, pod_name, pod_uid), ""
+
+
+def _put(cache: collections.OrderedDict[str, Any], key: str, value: Any) -> None:
+    cache.pop(key, None)
+    cache[key] = value
+    while len(cache) > TOKEN_CACHE_ENTRIES:
+        cache.popitem(last=False)
 
 
 class RateLimited(Exception):
@@ -239,6 +310,8 @@ class JobProgress:
     published: decisions.ProgressObservation | None = None
     published_at: datetime | None = None
     dirty: bool = False
+    rank0_index: int | None = None  # the pod (replica index) whose reports say rank 0 in this generation
+    last_refused: datetime | None = None  # the operator last could not take a report for this job
 
 
 class ProgressTracker:
@@ -260,13 +333,27 @@ class ProgressTracker:
             return  # a pod of a generation left behind (still stopping): its rank's silence is all it tells
         if generation > job.generation:
             job.generation, job.step, job.last_advance, job.latest = generation, -1, None, None
+            job.rank0_index = None
             job.history.clear()
         if report.step > job.step:
             job.step, job.last_advance = report.step, now
             job.history.append((now, report.step))
         # Rank 0's values are the job's (its loss is already averaged over ranks); otherwise the newest step.
+        # The body's rank is only a claim: the first pod making it in a generation keeps it while it
+        # reports, so another pod saying `rank: 0` never takes over the job's values.
+        holder = job.ranks.get(job.rank0_index) if job.rank0_index is not None else None
+        if report.rank == 0 and (holder is None or holder.generation != generation
+                                 or (now - holder.last_seen).total_seconds() > RANK0_CLAIM_SECONDS):
+            job.rank0_index = index  # unclaimed, or its pod went silent (a re-rendezvous moved rank 0)
+        if report.rank == 0 and job.rank0_index != index:
+            report = dataclasses.replace(report, rank=None)
         if job.latest is None or report.rank == 0 or (job.latest.rank != 0 and report.step >= job.latest.step):
             job.latest, job.received_at, job.dirty = report, now, True
+
+    def refused(self, uid: str, now: datetime) -> None:
+        """The operator could not take a report for this job (a review budget spent, a failed review): its
+        silence is then the operator's, and decisions/progress.py holds the stall clock for it."""
+        self.jobs.setdefault(uid, JobProgress()).last_refused = now
 
     def due_in(self, uid: str, now: datetime) -> float | None:
         """Seconds until the job's new reports may be published (0: now); None when nothing is new."""
@@ -294,7 +381,8 @@ class ProgressTracker:
         if job.published is None:
             return None
         ranks = tuple(decisions.RankReport(i, r.generation, r.step, r.last_seen) for i, r in sorted(job.ranks.items()))
-        return _replace(job.published, generation=job.generation, last_advance=job.last_advance, ranks=ranks)
+        return _replace(job.published, generation=job.generation, last_advance=job.last_advance, ranks=ranks,
+                        last_refused=job.last_refused)
 
     @staticmethod
     def _rate(job: JobProgress) -> float | None:
@@ -359,36 +447,62 @@ class Worker:
     generation: int
 
 
+class _Refuse(asyncio.Protocol):
+    """Accepted past MAX_CONNECTIONS: closed at once (the client's retry or next report gets through)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
 class ProgressServer:
     """A small aiohttp app on its own port (DDPJOB_OPERATOR_PROGRESS_PORT), in the operator's loop.
 
     `find_worker(namespace, job, identity)` -> Worker | None is the operator's pod index lookup;
     `leading()` says whether this replica acts; `accepted(namespace, job, uid)` is called after each
-    accepted report (the controller schedules the job's reconcile when a publish is due)."""
+    accepted report (the controller schedules the job's reconcile when a publish is due);
+    `refused(namespace, job)` after each report the operator could not take (429 for a spent review
+    budget, 503 for a failed review, 500): the stall clock holds for it.
+
+    Slow or idle clients are bounded: headers (and keep-alive idleness) within `header_seconds`, the
+    body within `body_seconds`, at most `max_connections` open at once."""
 
     def __init__(self, tracker: ProgressTracker, reviewer: TokenReviewer,
                  find_worker: Callable[[str, str, Identity], Worker | None], leading: Callable[[], bool],
                  accepted: Callable[[str, str, str], None], count: Callable[[str], None],
-                 clock: Callable[[], datetime]):
+                 clock: Callable[[], datetime], refused: Callable[[str, str], None] = lambda ns, name: None, *,
+                 header_seconds: float = HEADER_SECONDS, body_seconds: float = BODY_SECONDS,
+                 max_connections: int = MAX_CONNECTIONS):
         self.tracker, self.reviewer, self.find_worker = tracker, reviewer, find_worker
         self.leading, self.accepted, self.count, self.clock = leading, accepted, count, clock
+        self.refused = refused
+        self.header_seconds, self.body_seconds, self.max_connections = header_seconds, body_seconds, max_connections
         self.limiter = TokenBucket(RATE_PER_POD, BURST_PER_POD)
         self.app = aiohttp.web.Application(client_max_size=MAX_BODY_BYTES)
         self.app.router.add_post("/v1/namespaces/{namespace}/ddpjobs/{name}/progress", self.handle)
         self.app.router.add_get("/healthz", self.healthz)
         self._runner: aiohttp.web.AppRunner | None = None
+        self._server: asyncio.base_events.Server | None = None
         self.port: int | None = None
 
     async def start(self, port: int, address: str = "0.0.0.0") -> None:
-        self._runner = aiohttp.web.AppRunner(self.app, access_log=None)
+        # aiohttp's keep-alive timer starts at accept and closes a connection that has not sent a whole
+        # request by then: the header bound (its default is an hour).
+        self._runner = aiohttp.web.AppRunner(self.app, access_log=None, keepalive_timeout=self.header_seconds)
         await self._runner.setup()
-        site = aiohttp.web.TCPSite(self._runner, address, port)
-        await site.start()
-        sockets = getattr(site._server, "sockets", None) or []  # the real port when 0 was asked for
-        self.port = sockets[0].getsockname()[1] if sockets else port
+        server = self._runner.server
+        assert server is not None
+
+        def protocol() -> asyncio.BaseProtocol:
+            return _Refuse() if len(server.connections) >= self.max_connections else server()
+        self._server = await asyncio.get_running_loop().create_server(protocol, address, port)
+        self.port = self._server.sockets[0].getsockname()[1]  # the real port when 0 was asked for
 
     async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
         if self._runner is not None:
+            await self._runner.shutdown()
             await self._runner.cleanup()
             self._runner = None
 
@@ -407,7 +521,14 @@ class ProgressServer:
             return await self._handle(request)
         except Exception:  # noqa: BLE001 - a client must never crash the operator
             logger.exception("progress report failed")
+            self._refused(request)
             return self._answer(500, "unavailable", "internal error")
+
+    def _refused(self, request: aiohttp.web.Request) -> None:
+        try:
+            self.refused(request.match_info["namespace"], request.match_info["name"])
+        except Exception:  # noqa: BLE001 - bookkeeping only
+            logger.exception("recording a refused progress report failed")
 
     async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
@@ -422,13 +543,15 @@ class ProgressServer:
                                                         "Authorization: Bearer <token>")
         token = token.strip()
         try:
-            identity = await self.reviewer.authenticate(token)
+            identity = await self.reviewer.authenticate(token, request.remote or "")
         except Unauthenticated as exc:
             return self._answer(401, "unauthenticated", str(exc))
         except RateLimited as exc:
+            self._refused(request)
             return self._answer(429, "rate_limited", str(exc))
         except Exception as exc:  # noqa: BLE001 - the API server could not review it: try later
             logger.warning("TokenReview failed: %s", exc)
+            self._refused(request)
             return self._answer(503, "unavailable", "the token could not be reviewed now; retry later")
         worker = self.find_worker(namespace, name, identity) if identity.namespace == namespace else None
         if worker is None:
@@ -437,9 +560,12 @@ class ProgressServer:
         if not self.limiter.allow(identity.pod_uid):
             return self._answer(429, "rate_limited", f"at most {RATE_PER_POD:g} reports a second per pod")
         try:
-            raw = await request.read()
+            async with asyncio.timeout(self.body_seconds):
+                raw = await request.read()
         except aiohttp.web.HTTPRequestEntityTooLarge:
             return self._answer(413, "too_large", f"a report is at most {MAX_BODY_BYTES} bytes")
+        except TimeoutError:
+            return self._answer(408, "invalid", f"the body did not arrive within {self.body_seconds:g}s")
         try:
             report = parse_report(raw)
         except BadReport as exc:
@@ -451,12 +577,24 @@ class ProgressServer:
 
 def find_worker_in(pods: Mapping[tuple[str, str], Any], jobs: Mapping[tuple[str, str], Mapping[str, Any]],
                    namespace: str, name: str, identity: Identity, worker_role: str) -> Worker | None:
-    """The operator's pod index lookup: the identity's pod, by name and uid, among the job's workers."""
+    """The operator's pod index lookup: the identity's pod, by name and uid, among the job's workers (pods
+    whose controller ownerReference is the job: labels alone are anyone's to copy)."""
     body = jobs.get((namespace, name))
     if body is None:
         return None
     uid = (body.get("metadata") or {}).get("uid", "")
     for pod in pods.get((namespace, uid), ()) or ():
-        if pod.name == identity.pod_name and pod.uid == identity.pod_uid and pod.role == worker_role:
-            return Worker(uid=uid, index=pod.index, generation=pod.generation)
+        if pod.name == identity.pod_name and pod.uid == identity.pod_uid and pod.role == worker_role \
+                and uid and pod.controller_uid == uid:
+            return Worker(uid=uid, index=pod.index, generation=served_generation(body, pod.index, pod.uid,
+                                                                                  pod.generation))
     return None
+
+
+def served_generation(job: Mapping[str, Any], index: int, pod_uid: str, label_generation: int) -> int:
+    """A survivor's pod serves the generation the operator carried it into (status.ranks[].uid and
+    .generation, the operator's own record), not only the one its label names."""
+    for rank in (job.get("status") or {}).get("ranks") or ():
+        if rank.get("index") == index and rank.get("uid") == pod_uid and isinstance(rank.get("generation"), int):
+            return max(label_generation, rank["generation"])
+    return label_generation

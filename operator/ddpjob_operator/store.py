@@ -50,6 +50,17 @@ class PodSummary:
     waiting: decisions.Waiting | None = None
     node_range: str | None = None
     unschedulable: decisions.Waiting | None = None
+    controller_uid: str = ""  # the uid of its controller ownerReference when that is a DDPJob, else ""
+
+
+def controller_uid(meta: Mapping[str, Any]) -> str:
+    """The DDPJob that controls the pod (ownerReference with controller: true), as the Job controller
+    decides ownership: labels alone are anyone's to copy onto a pod of their own."""
+    for ref in meta.get("ownerReferences") or ():
+        if ref.get("controller") is True and ref.get("kind") == model.KIND \
+                and str(ref.get("apiVersion", "")).split("/")[0] == model.GROUP:
+            return str(ref.get("uid") or "")
+    return ""
 
 
 def _int_label(labels: Mapping[str, str], key: str) -> int:
@@ -150,12 +161,13 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
         waiting=waiting,
         node_range=_interned(labels.get(builders.LABEL_NNODES)),
         unschedulable=unschedulable,
+        controller_uid=controller_uid(meta),
     )
 
 
 def worker_observation(pod: PodSummary) -> decisions.WorkerObservation:
     return decisions.WorkerObservation(
-        index=pod.index, name=pod.name, generation=pod.generation, phase=pod.phase, attempt=pod.attempt,
+        index=pod.index, name=pod.name, uid=pod.uid, generation=pod.generation, phase=pod.phase, attempt=pod.attempt,
         ready=pod.ready, exit_code=pod.exit_code, reason=pod.reason, message=pod.message,
         disruption=pod.disruption,
         terminating_since=pod.terminating_since, node=pod.node, started_at=pod.started_at,
@@ -164,9 +176,12 @@ def worker_observation(pod: PodSummary) -> decisions.WorkerObservation:
 
 
 def observe(pods: Iterable[PodSummary], now: datetime,
-            rejected: tuple[decisions.CreateRejected, ...] = ()) -> decisions.Observed:
+            rejected: tuple[decisions.CreateRejected, ...] = (), job_uid: str | None = None) -> decisions.Observed:
+    """`job_uid`: only pods that job controls are observed (never counted, reported or charged otherwise)."""
     workers, store = [], None
     for pod in pods:
+        if job_uid is not None and pod.controller_uid != job_uid:
+            continue
         if pod.role == builders.ROLE_STORE:
             store = decisions.StoreObservation(phase=pod.phase, ready=pod.ready, reason=pod.reason,
                                                terminating_since=pod.terminating_since, waiting=pod.waiting,

@@ -10,7 +10,8 @@ counted from that generation's first reported step (loading data and compiling a
 a retryable failure of the whole gang: one incident, reason `Stalled`, charged to the budget once; every
 worker is stopped (a hung collective never recovers by itself) and the job moves to a fresh generation,
 which resumes from the newest checkpoint. The Stalled condition stays True until a later generation
-reports a step again.
+reports a step again. While the operator refuses the job's reports (its review budget spent, a review
+failed) no stall is charged: the deadline counts again from the last refusal.
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ def stalled(plan: Plan, spec: model.DDPJobSpec) -> bool:
     if deadline is None or status.phase != "Running" or not live:
         return False
     expires = p.last_advance + timedelta(seconds=deadline)
+    if p.last_refused is not None:
+        # The operator refused (or could not review) reports of this job: their silence is its own, so a
+        # full deadline of reports it could take must pass before a stall is charged.
+        expires = max(expires, p.last_refused + timedelta(seconds=deadline))
     if plan.now < expires:
         plan.wake_at(expires)
         return False

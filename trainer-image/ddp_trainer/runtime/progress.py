@@ -13,8 +13,11 @@ process with none configured does nothing. Transports (docs/launch-contract.md, 
 - HTTP (local rank 0 of every pod): a JSON POST to `$DDPJOB_PROGRESS_URL` when set, with
   `Authorization: Bearer <$DDPJOB_PROGRESS_TOKEN_FILE>` (read at each send: the kubelet rotates it),
   timeout 2 s, body at most 4 KiB; the newest report is sent again every 5 s while nothing new comes
-  (a heartbeat); a 503 is retried once at once, other failures are logged once and dropped: progress
-  is advisory and must never stop training.
+  (a heartbeat); a 503 is retried once at once; failures are dropped: progress is advisory and must
+  never stop training. Transient ones (5xx, 429, the network) are logged at debug level only: they
+  say nothing about the training, and a warning could become the launcher's last log line, which a
+  killed worker's incident quotes. A refused token or report (another 4xx) is a misconfiguration:
+  warned once.
 
 `flush()` (also called by `close()`) writes the newest report synchronously, for the end of a run.
 """
@@ -141,10 +144,14 @@ class ProgressReporter:
             except urllib.error.HTTPError as e:
                 if e.code == 503 and attempt == 1:
                     continue
-                self._warn_once("http", f"progress POST to {self.url} failed: HTTP {e.code} {e.reason}")
+                message = f"progress POST to {self.url} failed: HTTP {e.code} {e.reason}"
+                if e.code >= 500 or e.code == 429:
+                    log.debug("%s (transient; dropped)", message)
+                else:
+                    self._warn_once("http", message)
                 return
             except Exception as e:  # noqa: BLE001 - any transport failure is dropped the same way
-                self._warn_once("http", f"progress POST to {self.url} failed: {e}")
+                log.debug("progress POST to %s failed: %s (transient; dropped)", self.url, e)
                 return
 
     def _warn_once(self, key: str, msg: str) -> None:
