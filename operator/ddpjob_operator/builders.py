@@ -331,7 +331,12 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
     if progress is not None:
         contract[PROGRESS_URL_ENV] = progress_url(progress.base_url, job.namespace, job.name)
         contract[PROGRESS_TOKEN_ENV] = f"{PROGRESS_TOKEN_DIR}/token"
-    env = [pod_ip] + [{"name": k, "value": v} for k, v in contract.items()] + [e.wire() for e in spec.env]
+    user_env = [e.wire() for e in spec.env]
+    # Kubernetes keeps the LAST of duplicate names: a contract variable the user also set (the model refuses
+    # that; a spec stored before the rule) is repeated after the user's, so the operator's value wins.
+    clashes = [k for k in contract if k in {e["name"] for e in user_env}]
+    env = [pod_ip] + [{"name": k, "value": v} for k, v in contract.items()] + user_env \
+        + [{"name": k, "value": contract[k]} for k in clashes]
 
     mounts = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {
@@ -565,7 +570,9 @@ def shared_manifests(job: JobRef, spec: model.DDPJobSpec) -> list[dict[str, Any]
     return ([group] if group else []) + [headless_service(job), store_service(job, spec)] + ([claim] if claim else [])
 
 
-def all_manifests(job: JobRef, spec: model.DDPJobSpec, *, generation: int = 0) -> list[dict[str, Any]]:
+def all_manifests(job: JobRef, spec: model.DDPJobSpec, *, generation: int = 0,
+                  progress: ProgressEndpoint | None = None) -> list[dict[str, Any]]:
     """Everything a fresh job creates, in creation order (for `ddpjob render`)."""
-    workers = [worker_pod(job, spec, index=i, generation=generation) for i in range(spec.replicas)]
+    workers = [worker_pod(job, spec, index=i, generation=generation, progress=progress)
+               for i in range(spec.replicas)]
     return shared_manifests(job, spec) + [store_pod(job, spec)] + workers

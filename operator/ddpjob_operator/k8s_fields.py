@@ -22,6 +22,9 @@ QUANTITY = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|(
             r"|(\.[0-9]+))))?$")
 NONNEGATIVE_QUANTITY = (r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?"
                         r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+# A claim's size: the API server refuses a zero one, so the number has a non-zero digit.
+POSITIVE_QUANTITY = (r"^\+?((0*[1-9][0-9]*(\.[0-9]*)?)|([0-9]*\.[0-9]*[1-9][0-9]*))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?"
+                     r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"
@@ -48,6 +51,7 @@ ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 PATTERN_FIXES = {
     QUANTITY: "use a Kubernetes quantity such as 500m, 4, 16Gi",
     NONNEGATIVE_QUANTITY: "use a non-negative Kubernetes quantity such as 500m, 4, 16Gi",
+    POSITIVE_QUANTITY: "use a Kubernetes quantity above zero such as 20Gi",
     LABEL_VALUE: "use at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit",
     EXTENDED_RESOURCE_NAME: "use the device plugin's domain-qualified extended resource name, such as "
                             "nvidia.com/gpu or amd.com/gpu (cpu, memory and kubernetes.io/ names are not GPUs)",

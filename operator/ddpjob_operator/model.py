@@ -9,11 +9,14 @@ with the same text, so `ddpjob validate` and the cluster agree.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_origin
 
 import celpy
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError, WithJsonSchema,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
 
 from . import k8s_fields as k8s
@@ -388,7 +391,18 @@ class PodSpecOverrides(APIModel):
     )
 
 
-Quantity = Annotated[Annotated[int, Field(ge=0, le=k8s.MAX_INT64)] | Annotated[str, Field(pattern=QUANTITY_PATTERN)],
+def _quantity(value: Any) -> int | str:
+    """A non-negative quantity as the API server takes it: a whole number, or a string such as 500m or 2Gi."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= k8s.MAX_INT64:
+        return value
+    if isinstance(value, str) and re.fullmatch(QUANTITY_PATTERN, value):
+        return value
+    raise PydanticCustomError("quantity", "must be a non-negative quantity such as 1, 500m or 2Gi (got {value})",
+                              {"value": repr(value)})
+
+
+# One error for a bad value (an int | str union would report it twice, once per member).
+Quantity = Annotated[Any, PlainValidator(_quantity),
                      WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN,
                                      "description": "A quantity, e.g. 1, 500m, 2Gi."})]
 
@@ -661,7 +675,7 @@ class Rendezvous(APIModel):
 
 
 class ClaimTemplate(APIModel):
-    size: str = Field(pattern=QUANTITY_PATTERN, description="Requested storage, e.g. `20Gi`.")
+    size: str = Field(pattern=k8s.POSITIVE_QUANTITY, max_length=64, description="Requested storage, e.g. `20Gi`.")
     storage_class_name: str | None = Field(default=None, description="StorageClass of the claim.")
     access_modes: list[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]] = Field(
         default_factory=lambda: ["ReadWriteMany"], min_length=1, description=(

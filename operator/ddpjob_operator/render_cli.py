@@ -1,8 +1,11 @@
 """`ddpjob render FILE`: print every object the operator would create for a DDPJob (as YAML).
 
-A preview for review and debugging: Services, checkpoint claim, rendezvous store pod and the
-worker pods of generation 0, exactly as the operator's builders produce them. The job's uid is
-assigned by the API server, so a stable stand-in is used (override it with --uid).
+A preview for review and debugging: PodGroup, Services, checkpoint claim, rendezvous store pod and the
+worker pods of generation 0, exactly as the operator's builders produce them, the progress token volume
+and DDPJOB_PROGRESS_* variables included (the chart turns the progress endpoint on by default). What only
+exists at run time is a placeholder: the job's uid is a stable stand-in (override it with --uid), the
+progress URL's base is `<progress-url>` unless --progress-url gives the operator's, and `$(DDPJOB_POD_IP)`
+is expanded by Kubernetes in the pod.
 """
 
 from __future__ import annotations
@@ -12,7 +15,11 @@ import sys
 
 import yaml
 
-from . import builders, validation
+from . import builders, model, validation
+from .settings import Settings
+
+# Where the operator's progress Service is, known to the operator (its settings), not to the manifest.
+PROGRESS_URL_PLACEHOLDER = "<progress-url>"
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -22,12 +29,24 @@ def cmd_render(args: argparse.Namespace) -> int:
         for error in exc.errors:
             print(f"{args.file}: {error}", file=sys.stderr)
         return validation.EXIT_INVALID
-    manifests = []
+    progress = None if args.no_progress else builders.ProgressEndpoint(args.progress_url, args.progress_audience)
+    manifests, failed = [], False
     for job in jobs:
+        pod_spec = job.spec.template.pod_spec
+        longest = model.worker_fqdn_length(job.metadata.name, args.namespace, job.spec.max_nodes)
+        if pod_spec is not None and pod_spec.set_hostname_as_fqdn and longest > model.MAX_FQDN_LENGTH:
+            # The model checks the shortest namespace; the real one is known here.
+            print(f"{args.file}: metadata.name: with setHostnameAsFQDN the FQDN of worker {job.spec.max_nodes - 1} "
+                  f"in namespace {args.namespace} has {longest} characters (at most {model.MAX_FQDN_LENGTH}). "
+                  f"Fix: shorten metadata.name or remove spec.template.podSpec.setHostnameAsFQDN", file=sys.stderr)
+            failed = True
+            continue
         ref = builders.JobRef.preview(job.metadata.name, args.namespace)
         if args.uid:
             ref = builders.JobRef(ref.name, ref.namespace, args.uid)
-        manifests += builders.all_manifests(ref, job.spec)
+        manifests += builders.all_manifests(ref, job.spec, progress=progress)
+    if failed:
+        return validation.EXIT_INVALID
     sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False, width=120))
     return 0
 
@@ -38,4 +57,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("file", metavar="FILE", help="manifest with one or more DDPJobs")
     p.add_argument("--namespace", "-n", default="default", help="namespace to render into (default: default)")
     p.add_argument("--uid", help="job uid to use instead of the stable stand-in (it appears in --rdzv-id)")
+    p.add_argument("--progress-url", default=PROGRESS_URL_PLACEHOLDER,
+                   help="the operator's progress endpoint base URL (its DDPJOB_OPERATOR_PROGRESS_URL; default: "
+                        f"the placeholder {PROGRESS_URL_PLACEHOLDER})")
+    p.add_argument("--progress-audience", default=Settings().progress_audience,
+                   help="audience of the workers' progress token (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="render as an operator without the progress endpoint (no token volume, no DDPJOB_PROGRESS_*)")
     p.set_defaults(func=cmd_render)

@@ -103,6 +103,8 @@ def _explain(err: dict[str, Any], root: type[BaseModel], loc: tuple[Any, ...]) -
                 "less_than": "<"}[kind]
         bound = next(iter(ctx.values()))
         return f"must be {sign} {bound}{got}", f"use a value {sign} {bound}"
+    if kind == "quantity":
+        return err["msg"], "write a quantity such as 1, 500m or 2Gi"
     if kind == "literal_error":
         return f"unsupported value{got}", f"use one of {ctx.get('expected')}"
     if kind == "string_pattern_mismatch":
