@@ -181,6 +181,7 @@ class OperatorProcess:
         self.thread: threading.Thread | None = None
         self.stop_flag = threading.Event()
         self.controller: Any = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the operator's own
 
     async def start(self) -> None:
         self.stop_flag, ready = threading.Event(), threading.Event()
@@ -188,11 +189,19 @@ class OperatorProcess:
         def main() -> None:
             asyncio.run(run_operator(self.settings, Connection(server=self.url, insecure=True),
                                      stop_flag=self.stop_flag, ready_flag=ready,
-                                     on_controller=lambda c: setattr(self, "controller", c)))
+                                     on_controller=self._adopt))
 
         self.thread = threading.Thread(target=main, name="operator", daemon=True)
         self.thread.start()
         await eventually(ready.is_set, 10, "the operator to start")
+
+    def _adopt(self, controller: Any) -> None:  # called in the operator's loop
+        self.controller, self.loop = controller, asyncio.get_running_loop()
+
+    async def in_operator(self, coroutine: Awaitable[Any]) -> Any:
+        """Run a coroutine in the operator's loop (its objects belong there) and wait for it."""
+        assert self.loop is not None
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self.loop))
 
     async def stop(self) -> None:
         if self.thread is not None:

@@ -318,6 +318,7 @@ def schema_path(obj: dict[str, Any], path: str) -> Any:
 @attrs.define(kw_only=True)
 class Cluster(kmock.KubernetesEmulator):
     calls: set[tuple[str, str, str]] = attrs.field(factory=set, init=False)
+    call_counts: collections.Counter[tuple[str, str, str]] = attrs.field(factory=collections.Counter, init=False)
     credentials: list[str] = attrs.field(factory=list, init=False)  # Authorization headers seen
     created: dict[tuple[str, str], float] = attrs.field(factory=dict, init=False)  # pod -> perf_counter()
     _in_flight: set[rendering.Request] = attrs.field(factory=set, init=False)
@@ -470,6 +471,7 @@ class Cluster(kmock.KubernetesEmulator):
             return
         resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
         self.calls.add((request.resource.group or "", resource, verb))
+        self.call_counts[(request.resource.group or "", resource, verb)] += 1
         if "Authorization" in request.headers:
             self.credentials.append(request.headers["Authorization"])
 
