@@ -1,0 +1,121 @@
+"""Issue 23 (item 3): only pods whose controller ownerReference is the job (uid match, `controller: true`)
+are ever counted, reported or charged, as Kubernetes' Job controller decides; labels are anyone's to copy."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import replace
+from datetime import datetime, timezone
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from ddpjob_operator import builders, model, progress, store
+
+from .conftest import FAST, NAMESPACE, OperatorProcess, assert_within_permissions, eventually
+from .emulator import PODS
+from .test_operator import started
+
+pytestmark = pytest.mark.timeout(90)
+AUDIENCE = progress.DEFAULT_AUDIENCE
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest_asyncio.fixture()
+async def operator(cluster):
+    emulator, url = cluster
+    settings = replace(FAST, progress_port=free_port(), progress_url="http://ddpjob-progress.ddpjob-system.svc:8090",
+                       progress_write_seconds=0.2, bind_address="127.0.0.1")
+    process = OperatorProcess(url, settings)
+    await process.start()
+    await eventually(lambda: process.controller and process.controller.progress_server.port, what="progress port")
+    try:
+        yield process
+    finally:
+        await process.stop()
+    assert_within_permissions(emulator)
+
+
+def impostor(job: dict, name: str, role: str = builders.ROLE_WORKER, owner: dict | None = None) -> dict:
+    """A plain Pod carrying every label of the job's worker 0 (or its store)."""
+    meta = job["metadata"]
+    labels = {builders.LABEL_MANAGED_BY: builders.MANAGED_BY, builders.LABEL_JOB_UID: meta["uid"],
+              builders.LABEL_JOB_NAME: meta["name"], builders.LABEL_ROLE: role,
+              builders.LABEL_REPLICA_INDEX: "0", builders.LABEL_GENERATION: "0", builders.LABEL_ATTEMPT: "0"}
+    metadata = {"name": name, "namespace": NAMESPACE, "labels": labels}
+    if owner is not None:
+        metadata["ownerReferences"] = [owner]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+            "spec": {"containers": [{"name": builders.TRAINER_CONTAINER, "image": "evil:1"}]}}
+
+
+async def test_a_pod_the_operator_did_not_create_is_never_a_worker(harness, operator):
+    job = await started(harness, "victim", minReplicas=1,
+                        failurePolicy={"maxRestarts": 3, "backoff": {"initialSeconds": 0, "maxSeconds": 1}})
+    uid = job["metadata"]["uid"]
+    # One with the labels only; one that names the job as a non-controlling owner.
+    not_controller = {"apiVersion": model.API_VERSION, "kind": model.KIND, "name": "victim", "uid": uid,
+                      "controller": False}
+    for pod in (impostor(job, "plain"), impostor(job, "adopted", owner=not_controller)):
+        await harness.cluster.create(PODS, NAMESPACE, pod)
+        await harness.run(pod["metadata"]["name"])
+    # A real worker's retryable failure after that: once it is handled, the operator has seen the
+    # impostors too (one watch, in order).
+    await harness.exit("victim-worker-1", 137, "OOMKilled")
+    await eventually(lambda: harness.status("victim").get("restarts") == 1, what="the real failure handled")
+    port = operator.controller.progress_server.port
+    url = f"http://127.0.0.1:{port}/v1/namespaces/{NAMESPACE}/ddpjobs/victim/progress"
+    async with aiohttp.ClientSession() as session:
+        for name in ("plain", "adopted"):
+            token = harness.cluster.issue_token(NAMESPACE, name, (AUDIENCE,))
+            async with session.post(url, json={"step": 5, "rank": 0},
+                                    headers={"Authorization": f"Bearer {token}"}) as response:
+                assert response.status == 403, (name, await response.text())
+    assert harness.status("victim").get("progress") is None
+    # Their exit 1 (a permanent error for a worker) charges nothing and fails nothing.
+    await harness.exit("plain", 1)
+    await harness.exit("adopted", 1)
+    await eventually(lambda: harness.pods("victim").get("victim-worker-1", {}).get("status", {}).get("phase")
+                     == "Pending", what="the replacement of worker 1")
+    await harness.run("victim-worker-1")
+    await eventually(lambda: (s := harness.status("victim")).get("phase") == "Failed" or (
+        s.get("phase") == "Running" and s.get("readyReplicas") == 2), what="Running again (or Failed)")
+    status = harness.status("victim")
+    assert status["phase"] == "Running", status.get("conditions")
+    assert status["restarts"] == 1 and [i["ranks"] for i in status["incidents"]] == [[1]]
+    assert [r["index"] for r in status["ranks"]] == [0, 1] and status["ranks"][0]["restarts"] == 0
+    # The operator never touched them: they are not its pods to delete either.
+    assert {"plain", "adopted"} <= {p["metadata"]["name"] for p in harness.cluster.live(PODS, NAMESPACE)}
+
+
+def summary(name: str, role: str, owner: str, phase: str = "Running") -> store.PodSummary:
+    return store.PodSummary(name=name, uid=f"uid-{name}", role=role, index=0, generation=0, attempt=0, phase=phase,
+                            ready=phase == "Running", exit_code=None, reason=None, message=None, disruption=False,
+                            terminating_since=None, node=None, started_at=None, finished_at=None,
+                            controller_uid=owner)
+
+
+def test_observations_and_the_progress_lookup_take_only_controlled_pods():
+    now = datetime(2026, 11, 25, tzinfo=timezone.utc)
+    pods = (summary("job-worker-0", builders.ROLE_WORKER, "job-uid"), summary("job-rdzv", builders.ROLE_STORE, "job-uid"),
+            summary("fake-worker", builders.ROLE_WORKER, ""), summary("fake-store", builders.ROLE_STORE, "other",
+                                                                       phase="Failed"))
+    observed = store.observe(pods, now, job_uid="job-uid")
+    assert [w.name for w in observed.workers] == ["job-worker-0"]
+    assert observed.store is not None and observed.store.phase == "Running"  # not the failed impostor store
+    jobs = {("ns", "job"): {"metadata": {"uid": "job-uid"}}}
+    index = {("ns", "job-uid"): pods}
+    find = lambda name: progress.find_worker_in(index, jobs, "ns", "job", progress.Identity("ns", name, f"uid-{name}"),
+                                                builders.ROLE_WORKER)  # noqa: E731
+    assert find("job-worker-0") is not None and find("fake-worker") is None
+    body = {"metadata": {"name": "p", "labels": {}, "ownerReferences": [
+        {"apiVersion": model.API_VERSION, "kind": model.KIND, "name": "job", "uid": "job-uid", "controller": True}]}}
+    assert store.summarize_pod(body).controller_uid == "job-uid"
+    body["metadata"]["ownerReferences"][0]["kind"] = "Job"
+    assert store.summarize_pod(body).controller_uid == ""
