@@ -9,7 +9,7 @@ import yaml
 
 from ddpjob_operator import cli, crd
 
-from .schema_checks import api_server_errors
+from .schema_checks import RuleDoesNotCompile, api_server_errors, independent_cel, independent_program
 
 ROOT = Path(__file__).resolve().parents[2]
 INVALID = sorted((Path(__file__).parent / "invalid").glob("*.yaml"))
@@ -42,10 +42,31 @@ def test_ddpjob_validate_names_field_and_fix(path, capsys):
     assert "Traceback" not in err
 
 
+def _crd_rules(node) -> list[str]:
+    if isinstance(node, dict):
+        return [r["rule"] for r in node.get("x-kubernetes-validations", [])] + \
+            [rule for value in node.values() for rule in _crd_rules(value)]
+    return [rule for value in node for rule in _crd_rules(value)] if isinstance(node, list) else []
+
+
+@pytest.mark.xfail(strict=True, reason="7 rules built in model.py write a regex's \\. and \\+ into a CEL string "
+                   "literal, invalid escapes in CEL's grammar (cel-go's too: an API server refuses the CRD); the "
+                   "backslashes must be doubled. Remove this mark with that fix.")
+def test_every_crd_rule_compiles_in_an_independent_cel_implementation():
+    refused = []
+    for rule in _crd_rules(_crd_schema()):
+        try:
+            independent_program(rule)
+        except RuleDoesNotCompile:
+            refused.append(rule)
+    assert refused == []
+
+
 @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
 def test_crd_schema_rejects_the_same_field(path):
+    """The CRD's rules judged by another CEL implementation than the model's own (celpy)."""
     field, _ = _expectation(path)
-    errors = api_server_errors(_crd_schema(), yaml.safe_load(path.read_text()))
+    errors = api_server_errors(_crd_schema(), yaml.safe_load(path.read_text()), independent_cel)
     assert any(e.startswith(field + ":") or e.startswith(field + "[") or e.startswith(field + ".")
                for e in errors), f"CRD did not reject {field}: {errors}"
 
@@ -53,7 +74,7 @@ def test_crd_schema_rejects_the_same_field(path):
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_examples_are_valid(path, capsys):
     assert cli.main(["validate", str(path)]) == 0
-    assert api_server_errors(_crd_schema(), yaml.safe_load(path.read_text())) == []
+    assert api_server_errors(_crd_schema(), yaml.safe_load(path.read_text()), independent_cel) == []
 
 
 def test_examples_cover_cpu_and_gpu():
