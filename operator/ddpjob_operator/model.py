@@ -61,6 +61,12 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str
     return entry
 
 
+def cel_string(text: str) -> str:
+    """`text` as a CEL string literal: a regex's backslashes doubled (`\\.` alone is an invalid escape in
+    CEL's grammar, and an API server would refuse the CRD)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def free_form(description: str) -> Any:
     """A Kubernetes object passed through as-is (affinity, tolerations, volumes...)."""
     return Field(default=None, description=description,
@@ -408,7 +414,7 @@ Quantity = Annotated[Any, PlainValidator(_quantity),
 
 
 def _resource_names(part: str) -> dict[str, str]:
-    return cel(f"!has(self.{part}) || self.{part}.all(k, k.matches('{k8s.CONTAINER_RESOURCE_NAME}'))",
+    return cel(f"!has(self.{part}) || self.{part}.all(k, k.matches({cel_string(k8s.CONTAINER_RESOURCE_NAME)}))",
                f"{part}: a resource name is ephemeral-storage, hugepages-<size> or a domain-qualified extended "
                f"resource such as rdma/hca (cpu, memory and GPUs come from spec.resources)", f".{part}")
 
@@ -481,7 +487,7 @@ class TrainerContainer(APIModel):
         _not_here("terminationMessagePolicy", "is the operator's (FallbackToLogsOnError); remove it"),
         _not_here("restartPolicy", "is not allowed on the trainer: it is never restarted in place; remove it"),
         cel("!has(self.envFrom) || self.envFrom.all(e, !has(e.prefix) || e.prefix == '' || "
-            f"(e.prefix.matches('{k8s.ENV_NAME}') && "
+            f"(e.prefix.matches({cel_string(k8s.ENV_NAME)}) && "
             f"!{list(RESERVED_ENV_NAMES + OPERATOR_ENV_NAMES + RESERVED_ENV_PREFIXES)}.exists(r, r.startsWith(e.prefix)) && "
             + " && ".join(f"!e.prefix.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES) + "))",
             "envFrom: a prefix could produce a variable of torchrun's or the operator's (PET_*, TORCHELASTIC_*, "
@@ -494,8 +500,8 @@ LabelValue = Annotated[str, Field(max_length=63, pattern=k8s.LABEL_VALUE)]
 
 def _qualified_keys(field: str, what: str) -> dict[str, str]:
     """A rule: every key of the map `field` is a qualified name (label and annotation keys, node selectors)."""
-    return cel(f"!has(self.{field}) || self.{field}.all(k, k.matches('{k8s.QUALIFIED_NAME}') && "
-               f"k.matches('{k8s.QUALIFIED_NAME_PREFIX_LENGTH}'))",
+    return cel(f"!has(self.{field}) || self.{field}.all(k, k.matches({cel_string(k8s.QUALIFIED_NAME)}) && "
+               f"k.matches({cel_string(k8s.QUALIFIED_NAME_PREFIX_LENGTH)}))",
                f"{field}: every {what} key is an optional DNS subdomain prefix and '/' and a name of at most 63 "
                f"letters, digits, '-', '_' and '.' that starts and ends with a letter or digit (such as "
                f"example.com/team): rename the key", f".{field}")
@@ -504,7 +510,7 @@ def _qualified_keys(field: str, what: str) -> dict[str, str]:
 def _mount_path_rule(path: str, where: str) -> list[dict[str, str]]:
     """Rules for one mount path expression `path` (a string in `where`)."""
     return [
-        cel(f"{path}.matches('{k8s.NORMALIZED_PATH}')",
+        cel(f"{path}.matches({cel_string(k8s.NORMALIZED_PATH)})",
             f"{where}: a mountPath is an absolute path without a trailing slash, '//', '.' or '..' (the "
             f"container runtime would normalise it onto another mount): write it like /data", ""),
         cel(f"{path} != '{SHM_PATH}' && {path} != '{TERMINATION_LOG}' && {path} != '{OPERATOR_SECRETS_DIR}' "
@@ -575,7 +581,7 @@ class PodTemplate(APIModel):
         cel(f"!has(self.annotations) || !('{VOLCANO_GROUP_ANNOTATION}' in self.annotations)",
             f"the annotation {VOLCANO_GROUP_ANNOTATION} is set by spec.runPolicy.schedulingPolicy (gangScheduler "
             f"Volcano): remove it and set the policy", ".annotations"),
-        cel(f"!has(self.volumes) || self.volumes.all(v, has(v.name) && v.name.matches('{k8s.DNS_1123_LABEL}'))",
+        cel(f"!has(self.volumes) || self.volumes.all(v, has(v.name) && v.name.matches({cel_string(k8s.DNS_1123_LABEL)}))",
             "volumes: every volume needs a name of lowercase letters, digits and '-' (a DNS-1123 label): "
             "rename the volume", ".volumes"),
         cel(f"!has(self.volumes) || self.volumes.all(v, !has(v.name) || (v.name != '{SHM_VOLUME}' "

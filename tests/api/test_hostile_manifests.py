@@ -17,7 +17,7 @@ from ddpjob_operator import builders, cli, crd, model, validation
 from ddpjob_operator.settings import Settings
 
 from .apiserver_rules import object_errors
-from .schema_checks import api_server_errors
+from .schema_checks import api_server_errors, independent_cel
 
 BASE = {"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": "victim"},
         "spec": {"replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer",
@@ -52,7 +52,7 @@ def assert_refused(tmp_path, capsys, doc: dict, field: str, text: str, *, crd_to
     assert any(text in line for line in lines), f"{text!r} not in {lines}"
     assert any("Fix:" in line or ": " in line for line in lines)
     if crd_too:
-        errors = api_server_errors(_crd_schema(), doc)
+        errors = api_server_errors(_crd_schema(), doc, independent_cel)
         assert any(e.startswith(field) for e in errors), f"the CRD accepts what validate refuses: {errors}"
 
 
@@ -112,7 +112,7 @@ def test_a_harmless_env_from_prefix_is_accepted(tmp_path, capsys):
     doc = manifest({"template": {"trainer": {"envFrom": [{"prefix": "APP_", "configMapRef": {"name": "c"}},
                                                          {"secretRef": {"name": "s"}}]}}})
     assert validate(tmp_path, doc, capsys)[0] == 0
-    assert api_server_errors(_crd_schema(), doc) == []
+    assert api_server_errors(_crd_schema(), doc, independent_cel) == []
 
 
 def _operator_env_names() -> set[str]:
@@ -293,7 +293,7 @@ def test_types_are_strict_like_the_api_server(tmp_path, capsys, field, value):
 def test_no_coercion_of_bools_strings_and_numbers(tmp_path, capsys, spec):
     code, err = validate(tmp_path, manifest(spec), capsys)
     assert code == validation.EXIT_INVALID, "validate coerced a value the API server refuses"
-    assert api_server_errors(_crd_schema(), manifest(spec)) != []
+    assert api_server_errors(_crd_schema(), manifest(spec), independent_cel) != []
 
 
 # ---------------------------------------------------------------- render shows what the operator creates
