@@ -38,6 +38,12 @@ RETRYABLE_ERRORS = (kube.ApiError, aiohttp.ClientError, asyncio.TimeoutError)
 # admission (webhooks, pod security, quota), a name owned by someone else, validation, throttling,
 # and 404: an API the cluster does not serve (a gang scheduler's PodGroup without its CRD).
 REFUSED_STATUSES = frozenset({400, 403, 404, 409, 422, 429})
+# Any other exception in one job's reconcile (a bug, a value the code cannot represent) becomes that job's
+# condition and Warning Event, and the reconcile is retried with backoff; other jobs are untouched.
+CONDITION_RECONCILE_ERROR = "ReconcileError"
+REASON_RECONCILE_ERROR = "ReconcileError"
+REASON_RECONCILED = "Reconciled"
+ERROR_BACKOFF_MAX_SECONDS = 300.0
 
 
 def utcnow() -> datetime:
@@ -125,6 +131,7 @@ class Controller:
         self._timers: dict[JobKey, tuple[float, asyncio.TimerHandle]] = {}
         self._resync: asyncio.TimerHandle | None = None
         self._side_tasks: set[asyncio.Task[None]] = set()
+        self._failures: dict[JobKey, int] = {}  # consecutive unexpected reconcile errors, for the backoff
         # Progress reports (progress.py): kept per job, published into the status at a bounded rate.
         self.progress = progress.ProgressTracker(settings.progress_write_seconds)
         self.progress_endpoint = builders.ProgressEndpoint(settings.progress_url, settings.progress_audience) \
@@ -285,8 +292,64 @@ class Controller:
             self.metrics.reconcile_errors.inc()
             logger.warning("reconcile of %s/%s failed, retrying in %ss: %s", *key, self.settings.retry_seconds, exc)
             self.requeue(key, self.settings.retry_seconds)
+        except Exception as exc:  # noqa: BLE001 - one job's bug must never stop the others
+            self.metrics.reconcile_errors.inc()
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+            delay = min(ERROR_BACKOFF_MAX_SECONDS, self.settings.retry_seconds * 2 ** min(failures - 1, 16))
+            logger.exception("reconcile of %s/%s raised; retrying in %.0fs", *key, delay)
+            self.requeue(key, delay)
+            try:
+                await self._report_error(key, exc)
+            except Exception:  # noqa: BLE001 - the API may be what fails: the retry covers it
+                logger.exception("could not record the reconcile error of %s/%s", *key)
+        else:
+            if self._failures.pop(key, None) is not None:
+                try:
+                    await self._clear_error(key)
+                except RETRYABLE_ERRORS as exc:
+                    logger.warning("could not clear the reconcile error of %s/%s: %s", *key, exc)
         finally:
             self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+    async def _report_error(self, key: JobKey, exc: Exception) -> None:
+        """The job's ReconcileError condition (True) and a Warning Event, once per distinct message."""
+        body = self.jobs.get(key)
+        if body is None or not self.leading():
+            return
+        uid = body["metadata"].get("uid", "")
+        now = self.clock()
+        message = decisions.short_message(f"the operator failed to reconcile this job and retries with backoff: "
+                                          f"{type(exc).__name__}: {exc}") or type(exc).__name__
+        stored = self.written.get(uid) or store.parse_status(body.get("status"))
+        previous = _condition(stored, CONDITION_RECONCILE_ERROR)
+        if previous is not None and previous.status == "True" and previous.message == message:
+            return
+        status = stored.model_copy(deep=True)
+        status.conditions = decisions.set_condition(
+            status.conditions, CONDITION_RECONCILE_ERROR, "True", REASON_RECONCILE_ERROR, message, now,
+            int(body["metadata"].get("generation") or 1))
+        patch = kube.merge_patch(stored.wire(), status.wire())
+        job = builders.JobRef(key[1], key[0], uid)
+        if patch and await self.api.patch_status(key[0], key[1], patch):
+            self.written[uid] = status
+        self._post_event(job, decisions.Event("Warning", REASON_RECONCILE_ERROR, message), now)
+
+    async def _clear_error(self, key: JobKey) -> None:
+        """A reconcile went through after failing: the ReconcileError condition turns False."""
+        body = self.jobs.get(key)
+        uid = body["metadata"].get("uid", "") if body is not None else ""
+        if body is None:
+            return
+        stored = self.written.get(uid) or store.parse_status(body.get("status"))
+        previous = _condition(stored, CONDITION_RECONCILE_ERROR)
+        if previous is None or previous.status != "True":
+            return
+        status = stored.model_copy(deep=True)
+        status.conditions = decisions.set_condition(
+            status.conditions, CONDITION_RECONCILE_ERROR, "False", REASON_RECONCILED,
+            "the operator reconciles this job again", self.clock(), int(body["metadata"].get("generation") or 1))
+        if await self.api.patch_status(key[0], key[1], kube.merge_patch(stored.wire(), status.wire())):
+            self.written[uid] = status
 
     # ------------------------------------------------------------ one reconcile
 
@@ -482,6 +545,10 @@ class Controller:
         task = asyncio.get_running_loop().create_task(post())
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
+
+
+def _condition(status: model.DDPJobStatus, type_: str) -> model.Condition | None:
+    return next((c for c in status.conditions if c.type == type_), None)
 
 
 def _pod_name(job: builders.JobRef, action: decisions.DeleteWorker | decisions.DeleteStore) -> str:
