@@ -953,11 +953,18 @@ class JobMetadata(APIModel):
 
 # ---------------------------------------------------------------- status
 
+
+class StatusModel(APIModel):
+    """What the operator writes: built in code, so not strict (the spec's models are, as the API server is)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
+                              validate_default=True, strict=False)
+
 Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[str, ...] = ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 
 
-class Condition(APIModel):
+class Condition(StatusModel):
     type: str = Field(description="Created, Running, Restarting, Suspended, Succeeded or Failed.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="CamelCase reason.")
@@ -966,7 +973,7 @@ class Condition(APIModel):
     observed_generation: int | None = Field(default=None, description="Spec generation seen.")
 
 
-class RankStatus(APIModel):
+class RankStatus(StatusModel):
     index: int = Field(description="Replica index i of `<job>-worker-<i>`.")
     pod: str = Field(description="Current pod name.")
     phase: str = Field(description="Pod phase (Pending, Running, Succeeded, Failed, Missing).")
@@ -984,7 +991,7 @@ class RankStatus(APIModel):
         "Termination message of its last failure (failed process, exit code, error), shortened."))
 
 
-class Progress(APIModel):
+class Progress(StatusModel):
     """What the trainer last reported (docs/launch-contract.md, "Progress"), kept after the job ends."""
 
     step: int | None = Field(default=None, description="Last optimizer step the trainer reported.")
@@ -1002,7 +1009,7 @@ class Progress(APIModel):
         "When the operator last received a report (RFC 3339); at most about 10 s old while training runs."))
 
 
-class Incident(APIModel):
+class Incident(StatusModel):
     """One failure or disruption of a rendezvous generation, with every exit it caused: charged at most once."""
 
     generation: int = Field(description="Rendezvous generation it ended or disturbed.")
@@ -1019,7 +1026,7 @@ class Incident(APIModel):
         "incident beyond the previous one's step is restarted without backoff."))
 
 
-class DDPJobStatus(APIModel):
+class DDPJobStatus(StatusModel):
     phase: Phase | None = Field(default=None, description="Lifecycle phase.")
     message: str | None = Field(default=None, description="Why the job is in this phase.")
     conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.",

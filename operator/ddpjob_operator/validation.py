@@ -7,6 +7,7 @@ so all three say the same thing about the same mistake.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -37,13 +38,23 @@ class InvalidJob(Exception):
         super().__init__("; ".join(str(e) for e in errors))
 
 
+def plain(value: Any) -> Any:
+    """JSON-shaped data as dicts and lists (a kopf body is a Mapping view): the model is strict about types
+    of values, as the API server is, not about which Python container holds them."""
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
 def parse_job(doc: Any) -> model.DDPJob:
     """A whole manifest (apiVersion, kind, metadata, spec) -> DDPJob, or InvalidJob."""
     if not isinstance(doc, dict):
         raise InvalidJob([FieldError("", "a manifest must be a YAML mapping",
                                      "start from examples/cpu-digits.yaml")])
     try:
-        return model.DDPJob.model_validate(doc)
+        return model.DDPJob.model_validate(plain(doc))
     except ValidationError as exc:
         raise InvalidJob(describe(exc, model.DDPJob)) from None
 
@@ -51,7 +62,7 @@ def parse_job(doc: Any) -> model.DDPJob:
 def parse_spec(spec: Any, *, prefix: str = "spec") -> model.DDPJobSpec:
     """Only the spec, as the operator receives it from the API server."""
     try:
-        return model.DDPJobSpec.model_validate(spec if spec is not None else {})
+        return model.DDPJobSpec.model_validate(plain(spec) if spec is not None else {})
     except ValidationError as exc:
         raise InvalidJob(describe(exc, model.DDPJobSpec, prefix=(prefix,))) from None
 
