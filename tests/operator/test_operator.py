@@ -55,7 +55,10 @@ async def test_retryable_failure_replaces_only_that_rank(harness, operator):
                      .get("labels", {}).get(builders.LABEL_ATTEMPT) == "1", what="the replacement")
     assert harness.pods("pod-scope")["pod-scope-worker-0"]["metadata"]["uid"] == survivor_uid
     status = harness.status("pod-scope")
-    assert status["restarts"] == 1 and status["generation"] == 0
+    # A fresh generation, which the survivor (same pod) joins in place: the status names it by uid.
+    assert status["restarts"] == 1 and status["generation"] == 1
+    assert (status["ranks"][0]["uid"], status["ranks"][0]["generation"]) == (survivor_uid, 1)
+    assert harness.pods("pod-scope")["pod-scope-worker-1"]["metadata"]["labels"][builders.LABEL_GENERATION] == "1"
     rank = status["ranks"][1]
     assert rank["restarts"] == 1 and rank["lastExitCode"] == 137 and rank["lastReason"] == "OOMKilled"
     await harness.run("pod-scope-worker-1")
@@ -94,12 +97,13 @@ async def test_budget_exhaustion_fails_the_job(harness, operator):
 
 async def test_eviction_is_a_disruption_not_charged(harness, operator):
     await started(harness, "evicted", minReplicas=1, failurePolicy={"maxRestarts": 0, **FAST_BACKOFF})
+    survivor = harness.pods("evicted")["evicted-worker-1"]["metadata"]["uid"]
     await harness.evict("evicted-worker-0")
-    # The survivor would fail on its next collective: it is stopped gracefully, and the gang restarts
-    # in a fresh generation once it is gone.
+    # A fresh generation: the evicted rank is replaced, the survivor joins it in place (same pod).
     await eventually(lambda: harness.status("evicted").get("generation") == 1, what="generation 1")
-    await harness.settle("evicted", lambda: len(generation_of(harness, "evicted", "1")) == 2,
-                         what="2 workers of generation 1")
+    await harness.settle("evicted", lambda: len(generation_of(harness, "evicted", "1")) == 1,
+                         what="the replacement in generation 1")
+    assert harness.pods("evicted")["evicted-worker-1"]["metadata"]["uid"] == survivor
     status = harness.status("evicted")
     assert status["restarts"] == 0 and status["disruptions"] == 1 and status["phase"] != "Failed"
     assert status["incidents"][-1]["cause"] == "Disruption" and not status["incidents"][-1]["charged"]
@@ -224,8 +228,8 @@ async def test_stuck_terminating_pod_is_force_deleted_and_replaced(harness, oper
     assert code == 200
     await eventually(lambda: "unreachable-worker-1" not in harness.pods("unreachable"), timeout=8,
                      what="the stuck worker 1 to be force-deleted")
-    await harness.finish_terminating("unreachable")  # the survivor, stopped for the fresh generation
-    await harness.wait_workers("unreachable", 2, generation="1")
+    await harness.wait_workers("unreachable", 1, generation="1")  # the replacement; the survivor stays
+    assert set(harness.pods("unreachable")) == {"unreachable-worker-0", "unreachable-worker-1"}
     assert harness.status("unreachable")["disruptions"] == 1 and harness.status("unreachable")["restarts"] == 0
 
 
@@ -264,7 +268,7 @@ async def test_operator_restart_mid_job_duplicates_nothing_and_loses_nothing(har
     pods = harness.pods("survivor")
     assert set(pods) == {"survivor-worker-0", "survivor-worker-1"}
     assert pods["survivor-worker-0"]["metadata"]["uid"] == before["survivor-worker-0"]
-    assert harness.status("survivor")["restarts"] == 1 and harness.status("survivor")["generation"] == 0
+    assert harness.status("survivor")["restarts"] == 1 and harness.status("survivor")["generation"] == 1
     assert len(harness.pods("survivor", builders.ROLE_STORE)) == 1
 
 
@@ -273,9 +277,11 @@ async def test_force_deleted_worker_is_replaced_as_a_disruption(harness, operato
     code, _ = await harness.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/forced-worker-0",
                                     {"gracePeriodSeconds": 0}, "application/json")
     assert code == 200
-    await harness.settle("forced", lambda: len(harness.pods("forced")) == 2 and all(
-        p["metadata"]["labels"][builders.LABEL_GENERATION] == "1" for p in harness.pods("forced").values()),
-        what="both workers in generation 1")
+    survivor = harness.pods("forced")["forced-worker-1"]["metadata"]["uid"]
+    await harness.settle("forced", lambda: len(harness.pods("forced")) == 2 and harness.pods("forced").get(
+        "forced-worker-0", {}).get("metadata", {}).get("labels", {}).get(builders.LABEL_GENERATION) == "1",
+        what="worker 0 again, in generation 1")
+    assert harness.pods("forced")["forced-worker-1"]["metadata"]["uid"] == survivor
     status = harness.status("forced")
     assert status["disruptions"] == 1 and status["restarts"] == 0 and status["phase"] != "Failed"
 

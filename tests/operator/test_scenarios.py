@@ -129,15 +129,25 @@ class Nodes:
         """Wait for the workers of `generation` (confirming the old ones' deletions), start them, and wait
         for the job to be Running."""
         await self.settle(job, lambda: self.workers_of(job, generation) == replicas and not [
-            p for p in self.h.pods(job).values()
-            if p["metadata"]["labels"][builders.LABEL_GENERATION] != str(generation)]
+            p for p in self.h.pods(job).values() if self.served(job, p) != generation]
             and self.h.pods(job, builders.ROLE_STORE), timeout, f"{replicas} workers of generation {generation}")
         await self.start_all(job)
         await self.h.wait_phase(job, "Running", timeout)
 
+    def served(self, job: str, pod: dict[str, Any]) -> int:
+        """The generation a pod serves: its label's, or the later one the operator carried its survivor
+        into (status.ranks[].uid and .generation: its agent joins that one in place)."""
+        label = int(pod["metadata"]["labels"][builders.LABEL_GENERATION])
+        index = int(pod["metadata"]["labels"][builders.LABEL_REPLICA_INDEX])
+        for rank in self.h.status(job).get("ranks", []):
+            if rank["index"] == index and rank.get("uid") == pod["metadata"]["uid"] and rank.get("generation"):
+                return max(label, rank["generation"])
+        return label
+
     def workers_of(self, job: str, generation: int) -> int:
         return sum(1 for p in self.h.pods(job).values() if not p["metadata"].get("deletionTimestamp")
-                   and p["metadata"]["labels"][builders.LABEL_GENERATION] == str(generation))
+                   and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                   and self.served(job, p) == generation)
 
 
 @pytest.fixture()
@@ -291,7 +301,7 @@ async def test_killed_store_is_an_uncharged_disruption_and_a_new_generation(harn
 
 async def test_retryable_code_every_generation_exhausts_the_budget(harness, operator, nodes):
     """The trainer of rank 1 exits 75 (failurePolicy.retryableExitCodes) in every generation; its agent
-    closes the rendezvous and the peer's agent follows with exit 1."""
+    closes the rendezvous, and the surviving pod joins each next generation in place (restartScope Pod)."""
     await started(harness, nodes, "budget", failurePolicy={"maxRestarts": 2, "retryableExitCodes": [75],
                                                             **NO_BACKOFF})
     crash = "rank 1 (local rank 0) exited with code 75: RuntimeError: CUDA error: an illegal memory access " \
@@ -302,7 +312,6 @@ async def test_retryable_code_every_generation_exhausts_the_budget(harness, oper
             break
         await eventually(lambda: harness.status("budget").get("generation") == generation + 1,
                          what=f"generation {generation + 1}")
-        await nodes.exit("budget-worker-0", 1, PEER_LOST.format(rank=0))
         await nodes.generation_running("budget", generation + 1, 2)
         assert harness.status("budget")["restarts"] == generation + 1
     await harness.wait_phase("budget", "Failed")
@@ -310,6 +319,7 @@ async def test_retryable_code_every_generation_exhausts_the_budget(harness, oper
                             disruptions=0, generation=2, incident=("Retryable", False, [1]))
     assert [i["charged"] for i in status["incidents"]] == [True, True, False]
     assert "exit code 75" in harness.condition("budget", "Failed")["message"]
+    assert creations(harness, "budget") == {"budget-worker-0": 1, "budget-worker-1": 3, "budget-rdzv": 1}
 
 
 async def test_user_error_on_all_ranks_fails_at_once_uncharged(harness, operator, nodes):
@@ -362,8 +372,10 @@ async def test_disruption_is_uncharged_and_the_job_comes_back(harness, operator,
     await nodes.generation_running("dis", 1, 2)
     assert_outcome(harness, "dis", phase="Running", reason="Running", restarts=0, disruptions=1, generation=1,
                    incident=("Disruption", False, [1]))
-    assert not set(uids(harness, "dis").values()) & set(before.values())
-    assert deletions(harness, "dis-worker-0") == [60]  # the survivor was stopped gracefully (checkpoint)
+    after = uids(harness, "dis")
+    # Only the disrupted pod was replaced: the survivor kept its pod and joined generation 1 in place.
+    assert after["dis-worker-0"] == before["dis-worker-0"] and after["dis-worker-1"] != before["dis-worker-1"]
+    assert deletions(harness, "dis-worker-0") == []
 
 
 async def test_node_down_then_up_is_one_uncharged_disruption(harness, operator, nodes):
@@ -658,7 +670,7 @@ async def test_training_finishes_while_a_replacement_is_pending(harness, operato
     await nodes.exit("finish-worker-0", 0)
     await nodes.exit("finish-worker-1", 0)
     await harness.wait_phase("finish", "Succeeded")
-    assert_outcome(harness, "finish", phase="Succeeded", reason="Succeeded", restarts=1, disruptions=0, generation=0,
+    assert_outcome(harness, "finish", phase="Succeeded", reason="Succeeded", restarts=1, disruptions=0, generation=1,
                    incident=("Retryable", True, [2]))
     await eventually(lambda: "finish-worker-2" not in harness.pods("finish"), what="the pending replacement removed")
 
@@ -715,7 +727,7 @@ async def test_operator_killed_mid_reconcile_duplicates_and_charges_nothing(harn
     await nodes.start_all("crash")
     await harness.wait_phase("crash", "Running")
     await asyncio.sleep(0.6)  # a resync or two: nothing more happens
-    assert_outcome(harness, "crash", phase="Running", reason="Running", restarts=1, disruptions=0, generation=0,
+    assert_outcome(harness, "crash", phase="Running", reason="Running", restarts=1, disruptions=0, generation=1,
                    incident=("Retryable", True, [1]))
     assert creations(harness, "crash") == {"crash-worker-0": 1, "crash-worker-1": 2, "crash-rdzv": 1}
 
