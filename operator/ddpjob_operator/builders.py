@@ -15,9 +15,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from . import model
-from .launcher import (FORK_TRAINER_ENV, LAUNCHER_PROGRAM, RENDEZVOUS_CLOSED_MARK,  # noqa: F401 (re-exported)
-                       RENDEZVOUS_FAILED_PREFIX, TERMINATION_LOG_ENV, TERMINATION_LOG_PATH,
-                       TERMINATION_MESSAGE_LIMIT)
+from .launcher import (FORK_TRAINER_ENV, LAUNCHER_PROGRAM, REJOIN_ENV, REJOIN_TIMEOUT_ENV,  # noqa: F401
+                       REJOIN_TIMEOUT_SECONDS, RENDEZVOUS_CLOSED_MARK, RENDEZVOUS_FAILED_PREFIX, TERMINATION_LOG_ENV,
+                       TERMINATION_LOG_PATH, TERMINATION_MESSAGE_LIMIT)
 
 # ---------------------------------------------------------------- labels (the one place for keys)
 
@@ -199,6 +199,9 @@ def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: 
         env["DDPJOB_CHECKPOINT_DIR"] = checkpoint_dir or spec.checkpoint.mount_path
         env["DDPJOB_CHECKPOINT_INTERVAL_STEPS"] = str(spec.checkpoint.interval_steps)
         env["DDPJOB_CHECKPOINT_KEEP"] = str(spec.checkpoint.keep)
+    # restartScope Pod: a survivor's agent joins the next generation in place (launcher.REJOIN_ENV).
+    env[REJOIN_ENV] = "1" if spec.failure_policy.restart_scope == "Pod" else "0"
+    env[REJOIN_TIMEOUT_ENV] = str(REJOIN_TIMEOUT_SECONDS)
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     # With torchrun's shared TCPStore, a surviving rank-0 agent skips publishing MASTER_ADDR in a
