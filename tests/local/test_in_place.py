@@ -1,0 +1,80 @@
+"""restartScope Pod replaces the failed rank, not the gang (issue 25), with real torchrun agents.
+
+A SIGKILLed worker is replaced by a new pod (a new process tree); the survivor's pod is the same process
+from start to end: its launcher waits for the next generation in place and runs its trainer again from
+the agent that already imported torch, resuming from the rescue checkpoint at the same world size.
+With restartScope All every worker is a new pod.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpjob_operator import validation
+from ddpjob_operator.local.processes import marked_pids
+from ddpjob_operator.local.runner import KILL, FaultInjection, LocalRunner, RunOptions
+
+from .harness import TimelineView
+from .test_semantics import Outcome, expect, expect_completed, expect_resumed, spec
+
+pytestmark = pytest.mark.slow
+
+
+class PidRecordingRunner(LocalRunner):
+    """Records the root process of every worker pod at every pass: the pods' identities over time."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pids: dict[str, list[int]] = {}
+
+    def reconcile(self):
+        decision = super().reconcile()
+        for name, w in self.workers.items():
+            if w.process.started:
+                seen = self.pids.setdefault(name, [])
+                if not seen or seen[-1] != w.process.pid:
+                    seen.append(w.process.pid)
+        return decision
+
+
+def run(tmp_path: Path, name: str, job_spec: dict, **options) -> tuple[Outcome, PidRecordingRunner]:
+    job = validation.parse_job({"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob",
+                                "metadata": {"name": name}, "spec": job_spec})
+    runner = PidRecordingRunner(job, RunOptions(state_dir=tmp_path / ".ddpjob", **options), TimelineView(timeout=150))
+    try:
+        runner.run()
+    finally:
+        assert marked_pids(runner.run_marker) == [], "the run left processes behind"
+    outcome = Outcome(runner, runner.view, runner.log_dir)
+    print(f"\n[{name}] pids {runner.pids}\n{outcome.describe()}")
+    return outcome, runner
+
+
+def test_pod_scope_keeps_the_survivors_process_and_replaces_only_the_killed_worker(tmp_path):
+    o, runner = run(tmp_path, "in-place", spec(failurePolicy={"restartScope": "Pod"}),
+                    faults=(FaultInjection(index=1, at_step=43, kind=KILL),))
+    expect(o, phase="Succeeded", reason="Succeeded", restarts=1, disruptions=0, generation=1)
+    # The survivor's pod is one process tree for the whole run; the killed worker's pod was created again.
+    assert len(runner.pids["in-place-worker-0"]) == 1 and len(runner.pids["in-place-worker-1"]) == 2, o.describe()
+    assert runner.creations == {0: 1, 1: 2}
+    # It exited once, at the end, successfully, as the pod of generation 0 that served generation 1 too.
+    survivor_exits = [e for e in o.exits if e.pod == "in-place-worker-0"]
+    assert [(e.generation, e.exit_code) for e in survivor_exits] == [(0, 0)], o.describe()
+    log = (o.log_dir / "in-place-worker-0.log").read_text(errors="replace")
+    assert "joining rendezvous generation 1 in place" in log
+    # Its trainer resumed from the rescue checkpoint (at most the step in flight lost), at the same size.
+    expect_resumed(o, world_size=2, lost=1)
+    expect_completed(o)
+    assert [r.index for r in o.status.ranks] == [0, 1] and o.status.ranks[1].restarts == 1
+    assert o.status.ranks[0].restarts == 0
+
+
+def test_all_scope_replaces_every_worker(tmp_path):
+    o, runner = run(tmp_path, "gang", spec(failurePolicy={"restartScope": "All"}),
+                    faults=(FaultInjection(index=1, at_step=43, kind=KILL),))
+    expect(o, phase="Succeeded", reason="Succeeded", restarts=1, disruptions=0, generation=1)
+    assert runner.creations == {0: 2, 1: 2}
+    assert len(runner.pids["gang-worker-0"]) == 2 and len(runner.pids["gang-worker-1"]) == 2, o.describe()
+    expect_completed(o)
