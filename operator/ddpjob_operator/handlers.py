@@ -44,6 +44,10 @@ CONDITION_RECONCILE_ERROR = "ReconcileError"
 REASON_RECONCILE_ERROR = "ReconcileError"
 REASON_RECONCILED = "Reconciled"
 ERROR_BACKOFF_MAX_SECONDS = 300.0
+# The acting replica's pod carries this label; the chart's progress Service selects it, so reports reach
+# the leader alone (a readiness only the leader passes would deadlock rolling updates and drains: the
+# new pods stand by, never ready, while the old leader holds the Lease).
+PROGRESS_LEADER_LABEL = f"{model.GROUP}/progress-leader"
 
 
 def utcnow() -> datetime:
@@ -132,6 +136,8 @@ class Controller:
         self._resync: asyncio.TimerHandle | None = None
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._failures: dict[JobKey, int] = {}  # consecutive unexpected reconcile errors, for the backoff
+        self._routing_wake: asyncio.Event | None = None
+        self._routing_labeled: bool | None = None  # what this replica's pod label says (None: unknown)
         # Progress reports (progress.py): kept per job, published into the status at a bounded rate.
         self.progress = progress.ProgressTracker(settings.progress_write_seconds)
         self.progress_endpoint = builders.ProgressEndpoint(settings.progress_url, settings.progress_audience) \
@@ -153,6 +159,9 @@ class Controller:
         self._schedule_resync()
         if self.settings.progress_port:
             self._spawn(self.progress_server.start(self.settings.progress_port, self.settings.bind_address))
+            if self.settings.progress_leader_label and self.elector is not None:
+                self._routing_wake = asyncio.Event()
+                self._spawn(self._route_progress())
         if self.elector is None:
             self.metrics.leader.set(1)
         else:
@@ -170,12 +179,16 @@ class Controller:
         self.shared_ready.clear()
         self.rejected.clear()
         self.metrics.leader.set(1)
+        if self._routing_wake is not None:
+            self._routing_wake.set()
         for key in list(self.jobs):
             self.trigger(key)
 
     def stopped_leading(self) -> None:
         """Fenced (its writes already fail): drop the work in hand; the new leader redoes it."""
         self.metrics.leader.set(0)
+        if self._routing_wake is not None:
+            self._routing_wake.set()
         for _, handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
@@ -194,9 +207,44 @@ class Controller:
         await asyncio.gather(*pending, return_exceptions=True)
         await self.progress_server.stop()
         if self.elector is not None:
+            if self._routing_labeled is not False and self._routing_wake is not None:
+                try:  # reports go to the next leader only
+                    await asyncio.wait_for(self._label_own_pod(False), self.settings.lease_retry_period_seconds)
+                except (*RETRYABLE_ERRORS, OSError) as exc:
+                    logger.warning("could not remove the progress label from this pod: %s", exc)
             await self.elector.stop()  # hand the Lease over at once (SIGTERM)
         self.metrics.stop()
         await self.api.close()
+
+    async def _route_progress(self) -> None:
+        """Keep this replica's pod labeled PROGRESS_LEADER_LABEL exactly while it leads (woken by the
+        elector's callbacks, retried every Lease retry period). The unfenced Lease client writes it, so a
+        fenced replica still removes its label."""
+        assert self._routing_wake is not None
+        while True:
+            want = self.leading()
+            if want != self._routing_labeled:
+                try:
+                    await self._label_own_pod(want)
+                except kube.ApiError as exc:
+                    if exc.status == 404:
+                        logger.error("progress routing: pod %s/%s not found (POD_NAME must name this pod); reports "
+                                     "reach every replica", self.settings.lease_namespace, self.settings.identity)
+                        return
+                    logger.warning("progress routing: could not label pod %s: %s", self.settings.identity, exc)
+                except (*RETRYABLE_ERRORS, OSError) as exc:
+                    logger.warning("progress routing: could not label pod %s: %s", self.settings.identity, exc)
+            try:
+                await asyncio.wait_for(self._routing_wake.wait(), self.settings.lease_retry_period_seconds)
+            except asyncio.TimeoutError:
+                pass
+            self._routing_wake.clear()
+
+    async def _label_own_pod(self, leading: bool) -> None:
+        assert self.elector is not None
+        await self.elector.api.patch_pod_labels(self.settings.lease_namespace, self.settings.identity,
+                                                {PROGRESS_LEADER_LABEL: "true" if leading else None})
+        self._routing_labeled = leading
 
     def _schedule_resync(self) -> None:
         def resync() -> None:

@@ -228,6 +228,11 @@ class Kube:
                 return False
             raise
 
+    async def patch_pod_labels(self, namespace: str, name: str, labels: dict[str, str | None]) -> None:
+        """Merge-patch one pod's labels (None removes one): the leader's own pod (progress routing)."""
+        await self._call("PATCH", PODS.path(namespace, name), body={"metadata": {"labels": labels}},
+                         content_type="application/merge-patch+json")
+
     async def token_review(self, token: str, audiences: list[str]) -> dict[str, Any]:
         """TokenReview (authentication.k8s.io/v1): whether the API server vouches for `token` with one of
         `audiences`, and whose it is (the progress endpoint's authentication)."""

@@ -66,6 +66,9 @@ PERMISSIONS: tuple[Permission, ...] = (
 # resourceVersion read, so two replicas never both win).
 LEADER_ELECTION_PERMISSIONS: tuple[Permission, ...] = (
     Permission("coordination.k8s.io", "leases", ("get", "create", "update")),
+    # The leader labels its own pod (and a replica that stops leading removes the label), so the progress
+    # Service routes reports to the acting replica only (handlers.PROGRESS_LEADER_LABEL).
+    Permission("", "pods", ("patch",)),
 )
 
 

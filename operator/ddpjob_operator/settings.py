@@ -59,6 +59,9 @@ class Settings:
     progress_url: str = ""
     progress_audience: str = "progress.elastic.ddp.dev"  # the projected token's audience, checked by TokenReview
     progress_write_seconds: float = 5.0  # a job's status.progress is written at most this often
+    # With leader election: the acting replica labels its own pod (PROGRESS_LEADER_LABEL, true) so that the
+    # progress Service, which selects that label, routes reports to it alone (the chart turns it on).
+    progress_leader_label: bool = False
 
     @property
     def leader_election(self) -> bool:
@@ -145,6 +148,13 @@ def _audience(raw: str) -> str:
     return audience
 
 
+def _flag(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("true", "false", "1", "0", ""):
+        raise ValueError("must be true or false")
+    return value in ("true", "1")
+
+
 def _lease_name(raw: str) -> str:
     name = raw.strip()
     if name and (len(name) > 253 or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name)):
@@ -185,6 +195,7 @@ PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "PROGRESS_URL": ("progress_url", _url),
     "PROGRESS_AUDIENCE": ("progress_audience", _audience),
     "PROGRESS_WRITE_SECONDS": ("progress_write_seconds", _seconds),
+    "PROGRESS_LEADER_LABEL": ("progress_leader_label", _flag),
 }
 
 

@@ -61,9 +61,10 @@ LEASE_SETTINGS = {"lease_name": "ddpjob-operator", "lease_namespace": RELEASE_NA
 PROGRESS_URL = f"http://ddpjob-operator-progress.{RELEASE_NAMESPACE}.svc:8090"
 PROGRESS_ENV = {"DDPJOB_OPERATOR_PROGRESS_PORT": "8090", "DDPJOB_OPERATOR_PROGRESS_URL": PROGRESS_URL,
                 "DDPJOB_OPERATOR_PROGRESS_AUDIENCE": "progress.elastic.ddp.dev",
-                "DDPJOB_OPERATOR_PROGRESS_WRITE_SECONDS": "5"}
+                "DDPJOB_OPERATOR_PROGRESS_WRITE_SECONDS": "5", "DDPJOB_OPERATOR_PROGRESS_LEADER_LABEL": "true"}
 PROGRESS_SETTINGS = {"progress_port": 8090, "progress_url": PROGRESS_URL,
-                     "progress_audience": "progress.elastic.ddp.dev", "progress_write_seconds": 5.0}
+                     "progress_audience": "progress.elastic.ddp.dev", "progress_write_seconds": 5.0,
+                     "progress_leader_label": True}
 
 
 def _env(release) -> dict[str, str]:
@@ -189,7 +190,9 @@ def test_metrics_service_targets_the_operator_pod():
                                          "protocol": "TCP"}]
     # Issue 12: trainers reach the progress endpoint through its own Service (DDPJOB_PROGRESS_URL).
     progress = services["ddpjob-operator-progress"]
-    assert progress["spec"]["selector"].items() <= pod_labels.items()
+    # Issue 23: and only to the acting replica, whose pod the operator labels (handlers.PROGRESS_LEADER_LABEL).
+    selector = dict(progress["spec"]["selector"])
+    assert selector.pop("elastic.ddp.dev/progress-leader") == "true" and selector.items() <= pod_labels.items()
     assert progress["spec"]["ports"] == [{"name": "progress", "port": 8090, "targetPort": "progress",
                                           "protocol": "TCP"}]
 

@@ -76,7 +76,7 @@ def test_permissions_list_is_well_formed():
 
 def test_lease_permissions_are_exactly_get_create_update_on_leases():
     assert LEASE == {("coordination.k8s.io", "leases", "get"), ("coordination.k8s.io", "leases", "create"),
-                     ("coordination.k8s.io", "leases", "update")}
+                     ("coordination.k8s.io", "leases", "update"), ("", "pods", "patch")}  # its own pod's label
     assert not LEASE & REQUIRED, "the Lease is never granted cluster-wide or in the watched namespaces"
     assert permissions.allows("coordination.k8s.io", "leases", "update")
     assert not permissions.allows("coordination.k8s.io", "leases", "delete")
