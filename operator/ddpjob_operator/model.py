@@ -291,7 +291,11 @@ class PodSpecOverrides(APIModel):
         "Init containers (data download, setup), as in a Pod. A native sidecar (log shipper, proxy) is an init "
         "container with `restartPolicy: Always` (Kubernetes 1.29+): it runs beside the trainer and stops when "
         "the trainer exits, so it never keeps a finished worker running. Not named `trainer`.",
-        max_items=32, name={"type": "string", "description": "Container name.", "maxLength": 63})
+        max_items=32, name={"type": "string", "description": "Container name.", "maxLength": 63},
+        volumeMounts={"type": "array", "maxItems": 64, "description": "As in a Container: of template.volumes.",
+                      "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                                "properties": {"name": {"type": "string", "maxLength": 63,
+                                                        "description": "Name of a volume."}}}})
     security_context: dict[str, Any] | None = _k8s_object(
         "Pod security context (runAsUser, runAsNonRoot, seccompProfile, sysctls, ...), as in a Pod. The "
         "rendezvous store pod gets it too, so both pass the namespace's Pod Security level. fsGroup: use "
@@ -533,8 +537,14 @@ class PodTemplate(APIModel):
         "rendezvous.storeTemplate.tolerations is set). The operator adds the GPU toleration when "
         "resources.gpu is true, and NoExecute tolerations for node.kubernetes.io/not-ready and "
         "node.kubernetes.io/unreachable (failurePolicy.nodeLossTimeoutSeconds) unless an entry here "
-        "has that key."),
-        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}})
+        "has that key."), max_length=64,
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {
+            "key": {"type": "string", "maxLength": 316, "description": "Taint key (unset: every taint, Exists)."},
+            "operator": {"type": "string", "maxLength": 16, "description": "Exists or Equal (default)."},
+            "value": {"type": "string", "maxLength": 63, "description": "Taint value, for operator Equal."},
+            "effect": {"type": "string", "maxLength": 32, "description": "NoSchedule, PreferNoSchedule, NoExecute."},
+            "tolerationSeconds": {"type": "integer", "maximum": k8s.MAX_INT64,
+                                  "description": "effect NoExecute only: how long to stay after the taint."}}}})
     affinity: dict[str, Any] | None = free_form("Affinity rules for worker pods, as in a Pod.")
     service_account_name: str | None = Field(default=None, pattern=DNS_1123_SUBDOMAIN_PATTERN,
                                              max_length=253, description=(
@@ -599,6 +609,26 @@ class PodTemplate(APIModel):
         cel("!has(self.volumeMounts) || self.volumeMounts.all(m, !has(m.mountPath) || "
             "self.volumeMounts.exists_one(n, has(n.mountPath) && n.mountPath == m.mountPath))",
             "volumeMounts: mountPath must be unique: mount the duplicate elsewhere or remove it", ".volumeMounts"),
+        cel("!has(self.tolerations) || self.tolerations.all(t, !has(t.key) || t.key == '' || "
+            f"(t.key.matches({cel_string(k8s.QUALIFIED_NAME)}) && t.key.matches({cel_string(k8s.QUALIFIED_NAME_PREFIX_LENGTH)})))",
+            "tolerations: a key is a label key (an optional DNS subdomain prefix and '/', then a name such as "
+            "nvidia.com/gpu): fix the key", ".tolerations"),
+        cel("!has(self.tolerations) || self.tolerations.all(t, (has(t.key) && t.key != '') || "
+            "(has(t.operator) && t.operator == 'Exists'))",
+            "tolerations: an entry without key must use operator: Exists (it tolerates every taint): add key or "
+            "set operator: Exists", ".tolerations"),
+        cel("!has(self.tolerations) || self.tolerations.all(t, (!has(t.operator) || t.operator in ['Exists', "
+            "'Equal', '']) && (!has(t.effect) || t.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute', '']))",
+            "tolerations: operator is Exists or Equal, effect NoSchedule, PreferNoSchedule or NoExecute",
+            ".tolerations"),
+        cel("!has(self.tolerations) || self.tolerations.all(t, !has(t.value) || t.value == '' || "
+            f"((!has(t.operator) || t.operator != 'Exists') && t.value.matches({cel_string(k8s.LABEL_VALUE)})))",
+            "tolerations: a value is a label value, and operator Exists takes none: fix the value or use "
+            "operator: Equal", ".tolerations"),
+        cel("!has(self.tolerations) || self.tolerations.all(t, !has(t.tolerationSeconds) || "
+            "(has(t.effect) && t.effect == 'NoExecute'))",
+            "tolerations: tolerationSeconds needs effect: NoExecute: set it or remove tolerationSeconds",
+            ".tolerations"),
         _qualified_keys("labels", "label"),
         _qualified_keys("annotations", "annotation"),
         _qualified_keys("nodeSelector", "node selector"),
@@ -608,11 +638,12 @@ class PodTemplate(APIModel):
 class Toleration(APIModel):
     """A toleration, as in a Pod's spec.tolerations."""
 
-    key: str | None = Field(default=None, min_length=1, max_length=316, description=(
+    key: str | None = Field(default=None, min_length=1, max_length=316, pattern=k8s.QUALIFIED_NAME, description=(
         "Taint key to tolerate. Unset with operator Exists tolerates every taint."))
     operator: Literal["Exists", "Equal"] = Field(default="Equal", description=(
         "Equal: the taint's value must equal value. Exists: any value (leave value unset)."))
-    value: str | None = Field(default=None, max_length=63, description="Taint value, for operator Equal.")
+    value: str | None = Field(default=None, max_length=63, pattern=k8s.LABEL_VALUE,
+                              description="Taint value, for operator Equal.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(default=None, description=(
         "Taint effect to tolerate: NoSchedule, PreferNoSchedule or NoExecute. Unset matches every effect."))
     toleration_seconds: int | None = Field(default=None, ge=0, le=86400 * 365, description=(
@@ -885,6 +916,13 @@ class DDPJobSpec(APIModel):
             "(has(self.template.volumes) && self.template.volumes.exists(v, has(v.name) && v.name == m.name)))",
             "a volumeMount's name must be a volume of template.volumes (or dshm, or checkpoints with spec.checkpoint): "
             "add the volume to template.volumes or fix the name", ".template.volumeMounts"),
+        cel("!has(self.template) || !has(self.template.podSpec) || !has(self.template.podSpec.initContainers) || "
+            "self.template.podSpec.initContainers.all(c, !has(c.volumeMounts) || c.volumeMounts.all(m, "
+            f"!has(m.name) || m.name == '{SHM_VOLUME}' || (has(self.checkpoint) && m.name == '{CHECKPOINT_VOLUME}') || "
+            "(has(self.template.volumes) && self.template.volumes.exists(v, has(v.name) && v.name == m.name))))",
+            "an init container's volumeMount names a volume of template.volumes (or dshm, or checkpoints with "
+            "spec.checkpoint): add the volume to template.volumes or fix the name",
+            ".template.podSpec.initContainers"),
         cel("!has(self.checkpoint) || !has(self.template) || !has(self.template.volumeMounts) || "
             "self.template.volumeMounts.all(m, !has(m.mountPath) || m.mountPath != self.checkpoint.mountPath)",
             "the checkpoint volume is mounted at checkpoint.mountPath: mount this volume elsewhere, or change "

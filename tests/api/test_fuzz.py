@@ -45,6 +45,10 @@ MOUNT_PATHS = (["/data", "/cache", "/a/b", "/"],
 RESOURCE_NAMES = (["rdma/hca", "hugepages-2Mi", "ephemeral-storage", "example.com/fpga"],
                   ["foo", "kubernetes.io/x", "nvidia.com/gpu", "cpu"])
 GPU_NAMES = (["nvidia.com/gpu", "amd.com/gpu"], ["cpu", "memory", "kubernetes.io/gpu", "gpu", "requests.a.com/gpu"])
+TOLERATIONS = ([{"key": "team", "operator": "Exists"}, {"key": "a.b/c", "value": "x", "effect": "NoSchedule"},
+                {"operator": "Exists"}, {"key": "n", "effect": "NoExecute", "tolerationSeconds": 30}],
+               [{"key": "-x", "operator": "Exists"}, {"value": "x"}, {"key": "a", "operator": "Exists", "value": "b"},
+                {"key": "a", "tolerationSeconds": 5}, {"key": "a", "value": "a b"}, {"key": "a", "effect": "Never"}])
 DNS_POLICIES = (["ClusterFirst", "ClusterFirstWithHostNet"], ["None", "Default", "cluster"])
 
 
@@ -74,14 +78,19 @@ template = st.builds(lambda **kw: compact(kw), **{
     "nodeSelector": maybe(labels),
     "volumes": maybe(volumes),
     "volumeMounts": maybe(mounts),
-    "tolerations": maybe(st.just([{"key": "team", "operator": "Exists"}])),
+    "tolerations": maybe(st.lists(pick(TOLERATIONS), max_size=2)),
     "podSpec": maybe(st.builds(lambda **kw: compact(kw), **{
         "dnsPolicy": maybe(pick(DNS_POLICIES)),
         "dnsConfig": maybe(pick(([{"nameservers": ["10.96.0.10"]}], [{"searches": ["svc.cluster.local"]}]))),
         "setHostnameAsFQDN": maybe(st.booleans()),
         "hostNetwork": maybe(st.booleans()),
         "runtimeClassName": maybe(pick((["nvidia"], ["Not_A_Name"]))),
-        "initContainers": maybe(pick(([[{"name": "init", "image": "busybox", "command": ["true"]}]], [[{"name": "trainer", "image": "b"}]]))),
+        "initContainers": maybe(pick(([[{"name": "init", "image": "busybox", "command": ["true"]}],
+                                       [{"name": "init", "image": "busybox", "volumeMounts": [
+                                           {"name": "dshm", "mountPath": "/dev/shm"}]}]],
+                                      [[{"name": "trainer", "image": "b"}],
+                                       [{"name": "init", "image": "busybox", "volumeMounts": [
+                                           {"name": "nowhere", "mountPath": "/x"}]}]]))),
     })),
     "trainer": maybe(st.builds(lambda **kw: compact(kw), **{
         "envFrom": maybe(st.lists(pick(PREFIXES).map(lambda p: {"prefix": p, "configMapRef": {"name": "c"}}),

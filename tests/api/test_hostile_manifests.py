@@ -205,6 +205,13 @@ HOSTILE = {
     "dns-policy-unknown": ({"template": {"podSpec": {"dnsPolicy": "Cluster"}}}, "spec.template.podSpec.dnsPolicy",
                            "dnsPolicy"),
     "image-whitespace": ({"image": "trainer :1"}, "spec.image", "whitespace"),
+    "toleration-key": ({"template": {"tolerations": [{"key": "-gpu", "operator": "Exists"}]}},
+                       "spec.template.tolerations", "key"),
+    "toleration-exists-with-value": ({"template": {"tolerations": [{"key": "a", "operator": "Exists", "value": "b"}]}},
+                                     "spec.template.tolerations", "Exists"),
+    "init-container-mount-of-no-volume": ({"template": {"podSpec": {"initContainers": [
+        {"name": "init", "image": "busybox", "volumeMounts": [{"name": "nowhere", "mountPath": "/x"}]}]}}},
+        "spec.template.podSpec.initContainers", "template.volumes"),
     "store-image-whitespace": ({"rendezvous": {"storeImage": " torch:2"}}, "spec.rendezvous.storeImage", "whitespace"),
 }
 
