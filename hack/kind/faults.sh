@@ -8,6 +8,12 @@
 #                                              (kubelet, containerd, containers), no more status,
 #                                              deletions of its pods hang
 #   faults.sh node-up NODE                     the node boots again; its kubelet re-registers
+#   faults.sh api-down SECONDS                 the API server stops answering; it comes back on its own
+#                                              SECONDS later at the latest (so a test that dies cannot
+#                                              leave the cluster without one); returns once it no
+#                                              longer answers
+#   faults.sh api-up                           the API server comes back now; returns once it is ready
+#   faults.sh supports VERB                    exit 0 when this implementation has VERB, 1 when not
 #
 # Uses kubectl (KUBECONFIG) and docker; `make e2e` passes this script as DDPJOB_E2E_FAULTS.
 #
@@ -26,6 +32,13 @@
 # again; pods the control plane deleted meanwhile are cleaned up by the kubelet, the node's
 # filesystem (local-path volumes included) is kept. The node's restart policy is set to "no" while
 # it is down (docker would otherwise restart it on its own) and restored by node-up.
+#
+# api-down moves the kube-apiserver static pod manifest of every control-plane node of the cluster
+# (kind's node containers labelled io.x-k8s.kind.cluster=NAME, NAME from KIND_CLUSTER_NAME or the
+# current context kind-NAME) out of /etc/kubernetes/manifests: the kubelet stops the API server, and
+# clients get "connection refused" (etcd and the other components keep running). A watchdog started
+# inside the node (`docker exec -d`) puts that very manifest back after SECONDS; api-up puts back any
+# parked manifest at once. Either way the kubelet starts the API server again from it.
 set -euo pipefail
 
 KUBECTL=${KUBECTL:-kubectl}
@@ -37,6 +50,9 @@ usage() {
 usage: faults.sh kill NAMESPACE/POD [--signal N]
        faults.sh node-down NODE
        faults.sh node-up NODE
+       faults.sh api-down SECONDS
+       faults.sh api-up
+       faults.sh supports VERB
 EOF
   exit 2
 }
@@ -122,6 +138,72 @@ node_up() {
   echo "node $node is up (its kubelet re-registers within a minute)"
 }
 
+MANIFEST=/etc/kubernetes/manifests/kube-apiserver.yaml
+PARKED_PREFIX=/etc/kubernetes/kube-apiserver.yaml.ddpjob-parked  # outside manifests/: the kubelet ignores it
+
+api_answers() {
+  "$KUBECTL" get --raw /readyz --request-timeout=5s >/dev/null 2>&1
+}
+
+control_planes() {
+  local cluster=${KIND_CLUSTER_NAME:-} context nodes
+  if [ -z "$cluster" ]; then
+    context=$("$KUBECTL" config current-context 2>/dev/null) || die "no current kubectl context (KUBECONFIG)"
+    [[ $context == kind-* ]] || die "context '$context' is not a kind cluster's; set KIND_CLUSTER_NAME"
+    cluster=${context#kind-}
+  fi
+  nodes=$("$DOCKER" ps --filter "label=io.x-k8s.kind.cluster=$cluster" \
+          --filter "label=io.x-k8s.kind.role=control-plane" --format '{{.Names}}')
+  [ -n "$nodes" ] || die "no running control-plane node container of kind cluster '$cluster'"
+  echo "$nodes"
+}
+
+api_up_now() {
+  local node nodes
+  nodes=$(control_planes) || exit 1
+  for node in $nodes; do
+    "$DOCKER" exec "$node" sh -c 'for f in "$1".*; do [ -f "$f" ] && mv "$f" "$2"; done; true' \
+      sh "$PARKED_PREFIX" "$MANIFEST" || die "cannot restore the kube-apiserver manifest on $node"
+  done
+}
+
+api_down() {
+  local seconds=$1 node nodes nonce parked
+  [[ $seconds =~ ^[0-9]+$ ]] && [ "$seconds" -ge 1 ] && [ "$seconds" -le 3600 ] \
+    || die "api-down takes the outage's longest duration in seconds, 1-3600, got '$seconds'"
+  nodes=$(control_planes) || exit 1
+  nonce=$$-$(date +%s)
+  parked="$PARKED_PREFIX.$nonce"
+  for node in $nodes; do
+    "$DOCKER" exec "$node" test -f "$MANIFEST" || die "no $MANIFEST on $node: is the API server already down?"
+    "$DOCKER" exec "$node" mv "$MANIFEST" "$parked" || die "cannot park the kube-apiserver manifest on $node"
+    # This outage's manifest only: an earlier watchdog must not end a later outage early.
+    "$DOCKER" exec -d "$node" sh -c 'sleep "$1"; [ -f "$2" ] && mv "$2" "$3"' sh "$seconds" "$parked" "$MANIFEST" \
+      || die "cannot start the watchdog on $node"
+  done
+  for _ in $(seq 1 120); do
+    api_answers || {
+      echo "API server down (back within ${seconds}s, or at api-up)"
+      return 0
+    }
+    sleep 1
+  done
+  api_up_now
+  die "the API server still answered 120s after its manifest was removed; put back"
+}
+
+api_up() {
+  api_up_now
+  for _ in $(seq 1 300); do
+    api_answers && {
+      echo "API server up"
+      return 0
+    }
+    sleep 1
+  done
+  die "the API server is not ready 300s after its manifest was put back"
+}
+
 [ $# -ge 1 ] || usage
 command=$1
 shift
@@ -142,6 +224,12 @@ case $command in
     ;;
   node-down) [ $# -eq 1 ] || usage; node_down "$1" ;;
   node-up) [ $# -eq 1 ] || usage; node_up "$1" ;;
+  api-down) [ $# -eq 1 ] || usage; api_down "$1" ;;
+  api-up) [ $# -eq 0 ] || usage; api_up ;;
+  supports)
+    [ $# -eq 1 ] || usage
+    case $1 in kill|node-down|node-up|api-down|api-up|supports) exit 0 ;; *) exit 1 ;; esac
+    ;;
   -h|--help|help) usage ;;
   *) usage ;;
 esac

@@ -350,6 +350,26 @@ def why_no_faults() -> str | None:
     return None
 
 
+def why_fault_unsupported(*verbs: str) -> str | None:
+    """Why the fault command cannot inject these faults (None: it can): the contract's `supports VERB`
+    answers 0 for a verb it has; an implementation that predates `supports` answers otherwise."""
+    reason = why_no_faults()
+    if reason:
+        return reason
+    for verb in verbs:
+        argv = _fault_argv(("supports", verb))
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            return (f"the fault command does not support `{verb}` (`{' '.join(argv)}` exited {result.returncode}); "
+                    f"tests/e2e/README.md describes the verb")
+    return None
+
+
+def api_answers() -> bool:
+    """The API server is ready (GET /readyz answered 200 within 5 s)."""
+    return kubectl("get", "--raw", "/readyz", "--request-timeout=5s", check=False, timeout=30).returncode == 0
+
+
 def _fault_argv(args: tuple[str, ...]) -> list[str]:
     return [*shlex.split(FAULTS), *args]
 

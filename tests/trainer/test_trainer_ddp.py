@@ -10,9 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from ddp_trainer.config import parse_config
+from ddpjob_operator import builders
 from ddp_trainer.runtime import ResumableDistributedSampler
 from ddp_trainer.workloads import load_workload
-from trainer_harness import base_env, committed_steps, kill_tree, read_json, run, start, tail, torchrun_cmd, wait_for
+from trainer_harness import (base_env, committed_steps, kill_tree, read_json, run, start, steps_dir, tail,
+                             torchrun_cmd, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +45,7 @@ def test_ddp_matches_a_single_process_on_the_same_global_batches(tmp_path: Path,
             "--schedule", "constant", "--batch-size", str(batch), "--grad-accum", str(grad_accum),
             "--max-steps", str(steps), "--seed", "3"]
     assert run(torchrun_cmd(args, nproc=2), base_env(ckpt), tmp_path / "log", timeout=90) == 0, tail(tmp_path / "log")
-    ddp_state = torch.load(ckpt / "checkpoints" / f"step-{steps:08d}.pt", weights_only=True)["model"]
+    ddp_state = torch.load(steps_dir(ckpt) / f"step-{steps:08d}.pt", weights_only=True)["model"]
 
     # Reference: one process, plain loss over the union of both ranks' micro-batches of each step.
     cfg = parse_config(args, env={})
@@ -69,9 +71,13 @@ def test_ddp_matches_a_single_process_on_the_same_global_batches(tmp_path: Path,
 
 
 def test_sigterm_to_the_agent_writes_a_final_checkpoint_and_exits_143(tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt"
+    """The agent as in a pod: torchrun under the pod's launcher (builders.LAUNCHER_PROGRAM), PID 1's role."""
+    ckpt, termination_log = tmp_path / "ckpt", tmp_path / "termination-log"
     args = ["--workload", "digits", "--epochs", "500", "--batch-size", "8", "--log-every", "10"]  # runs for minutes
-    agent = start(torchrun_cmd(args, nproc=2), base_env(ckpt), tmp_path / "log")
+    torchrun = torchrun_cmd(args, nproc=2)
+    assert torchrun[1:3] == ["-m", "torch.distributed.run"]
+    launcher = [torchrun[0], "-c", builders.LAUNCHER_PROGRAM, *torchrun[3:]]
+    agent = start(launcher, base_env(ckpt, **{builders.TERMINATION_LOG_ENV: str(termination_log)}), tmp_path / "log")
     try:
         wait_for(lambda: (read_json(ckpt / "progress.json") or {}).get("step", 0) >= 30, 60, "step 30")
         assert committed_steps(ckpt) == []  # no periodic checkpoints configured
@@ -82,11 +88,12 @@ def test_sigterm_to_the_agent_writes_a_final_checkpoint_and_exits_143(tmp_path: 
     log = (tmp_path / "log").read_text()
     steps = committed_steps(ckpt)
     assert len(steps) == 1 and steps[0] >= 30, tail(tmp_path / "log")
-    state = torch.load(ckpt / "checkpoints" / f"step-{steps[0]:08d}.pt", weights_only=True)
+    state = torch.load(steps_dir(ckpt) / f"step-{steps[0]:08d}.pt", weights_only=True)
     assert state["progress"]["step"] == steps[0]
     assert f"stop requested at step {steps[0]}" in log
     # torchrun reports no worker exit codes when it is itself shutting down: the workers log theirs.
     assert "rank0 WARNING __main__: exiting with code 143" in log
     assert "rank1 WARNING __main__: exiting with code 143" in log
-    assert agent.returncode != 0
+    assert agent.returncode == 143, tail(tmp_path / "log")
+    assert termination_log.read_text().startswith("torchrun stopped by SIGTERM; exit code 143")
     assert read_json(ckpt / "result.json") is None
