@@ -4,9 +4,10 @@ can rely on (failure semantics)" and "Failure semantics" are the contract).
 
 The test plays the scheduler and the kubelets: pods are bound and run only when a test says so, and
 exit, stop after SIGTERM (`kubelet_finish`) or get lost with their node the way the components do it.
-Survivors of a crash behave like torch's: their trainers fail on the next collective and their agents
-exit 1, the launcher's termination message ending with "[rendezvous closed]" (launch_agent closes the
-rendezvous on any exit but a signal). Every test ends with exact values: the phase and its condition's
+Survivors of a crash keep running with restartScope Pod (their launchers join the next generation in
+place: test_in_place.py); where a scenario makes one exit anyway, it exits as torch's agents do, exit 1
+with the launcher's termination message ending "[generation N] [rendezvous closed]" (launch_agent
+closes the rendezvous on any exit but a signal). Every test ends with exact values: the phase and its condition's
 reason, status.restarts, status.disruptions, status.generation and the last incident (cause, charged,
 ranks), and no pod is ever created twice for one purpose.
 """
@@ -39,7 +40,7 @@ STORE_NODE, SPARE_NODE = "node-store", "node-spare"
 CLOSED = builders.RENDEZVOUS_CLOSED_MARK
 # What the launcher writes (builders.LAUNCHER_PROGRAM) in the situations the scenarios play.
 PEER_LOST = "rank {rank} (local rank 0) exited with code 1: DistBackendError: [../third_party/gloo/gloo/" \
-            "transport/tcp/pair.cc:534] Connection closed by peer [10.244.0.11]:21466 " + CLOSED
+            "transport/tcp/pair.cc:534] Connection closed by peer [10.244.0.11]:21466 [generation 0] " + CLOSED
 SIGTERMED = "torchrun stopped by SIGTERM; exit code 143"
 STORE_GONE = "rendezvous failed: RendezvousConnectionError: The connection to the C10d store has failed. " \
              "See inner exception for details. " + CLOSED
