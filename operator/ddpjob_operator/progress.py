@@ -6,19 +6,25 @@ detects hangs (decisions/progress.py).
     {"step": 120, "total_steps": 1000, "loss": 0.42, "epoch": 1, "samples_per_second": 812.0, ...}
 
 Authentication: the token is checked with the TokenReview API (authentication.k8s.io/v1, the only
-permission this needs) against the operator's own audience, so a token meant for the API server, or
-for anything else, is refused, and a progress token is useless against the API server. Results are
-cached for a minute (by the token's SHA-256), so a pod reporting every few seconds costs one review a
-minute. Authorization: the review names the pod the token is bound to (user.extra
-authentication.kubernetes.io/pod-name and pod-uid); that exact pod (name and uid) must be a worker of
-the job in the URL, in the operator's pod index. Training pods therefore need no RBAC, and a pod can
-only write its own job's progress. The report is attributed to the pod's replica index and generation
-(its labels), never to what the body claims.
+permission this needs) against the operator's own audience, which the answer's `audiences` must list,
+so a token meant for the API server, or for anything else, is refused, and a progress token is useless
+against the API server. Results are cached for a minute (by the token's SHA-256), so a pod reporting
+every few seconds costs one review a minute. Made-up tokens cannot starve real workers: refusals are
+cached apart, unknown tokens are limited per peer address and by a budget of their own, and re-reviews
+of tokens once valid have another. Authorization: the review names the pod the token is bound to
+(user.extra authentication.kubernetes.io/pod-name and pod-uid); that exact pod (name and uid) must be a
+worker of the job in the URL, in the operator's pod index, which holds only pods the job controls
+(ownerReference). Training pods therefore need no RBAC, and a pod can only write its own job's
+progress. The report is attributed to the pod's replica index and generation (its labels), never to
+what the body claims.
 
-Answers: 204 accepted; 400 malformed JSON; 401 no or invalid token (counted); 403 a token of a pod
-that is not a worker of this job (counted); 404 unknown path; 413 body over 4 KiB; 422 invalid fields;
-429 over the per-pod rate; 503 this replica is a standby (the client retries at once: another
-connection reaches another replica). Nothing a client sends can raise out of the handler.
+Answers: 204 accepted; 400 malformed or too deeply nested JSON; 401 no or invalid token (counted); 403
+a token of a pod that is not a worker of this job (counted); 404 unknown path; 408 body too slow; 413
+body over 4 KiB; 422 invalid fields; 429 over the per-pod rate or a review budget; 503 this replica is
+a standby, or the review failed (the client retries at once: another connection reaches another
+replica). Reports the operator could not take (429 for a budget, 503 for a failed review, 500) are
+recorded for the job: the stall clock holds for them. Headers must arrive within HEADER_SECONDS and at
+most MAX_CONNECTIONS are open. Nothing a client sends can raise out of the handler.
 
 Status writes are bounded: the tracker publishes a job's progress at most every
 DDPJOB_OPERATOR_PROGRESS_WRITE_SECONDS (default 5), and publishing only triggers the job's ordinary
