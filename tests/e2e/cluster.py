@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import select
 import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -326,6 +328,34 @@ def acting_operator_pod() -> str:
             return holder
     assert len(pods) == 1, f"cannot tell which operator pod acts: {[p['metadata']['name'] for p in pods]}"
     return pods[0]["metadata"]["name"]
+
+
+FORWARDING = re.compile(r"Forwarding from 127\.0\.0\.1:(\d+) -> (\d+)")
+
+
+@contextlib.contextmanager
+def port_forward(namespace: str, pod: str, *ports: int, timeout: float = 60) -> Iterator[dict[int, int]]:
+    """`kubectl port-forward` to local ports the kernel picks (`:PORT`): {pod port: local port}, the
+    pod reached directly (not through a Service that may pick another pod)."""
+    process = subprocess.Popen(["kubectl", "port-forward", "-n", namespace, f"pod/{pod}", *(f":{p}" for p in ports)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        local: dict[int, int] = {}
+        seen: list[str] = []
+        deadline = time.monotonic() + timeout
+        while len(local) < len(ports):
+            ready, _, _ = select.select([process.stdout], [], [], max(deadline - time.monotonic(), 0))
+            line = process.stdout.readline() if ready else ""
+            if not line:
+                raise AssertionError(f"kubectl port-forward to {namespace}/{pod} {ports} did not start: {seen}")
+            seen.append(line.strip())
+            match = FORWARDING.search(line)
+            if match:
+                local[int(match.group(2))] = int(match.group(1))
+        yield local
+    finally:
+        process.terminate()
+        process.wait(30)
 
 
 def operator_setting(name: str, default: str) -> str:

@@ -312,15 +312,17 @@ class Training:
             assert first.step <= not_after, f"resumed from step {first.step}, after the fault's step {not_after}"
         return first
 
-    def assert_no_duplicates(self) -> None:
-        """At most one pod per index at any observation, one pod per (index, generation) ever, none a
-        replacement (attempt > 0)."""
+    def assert_no_duplicates(self, *, replacements: bool = False) -> None:
+        """At most one pod per index at any observation, one pod per (index, generation) ever, and (unless
+        `replacements`: something failed) none a replacement (attempt > 0)."""
         per_slot: dict[tuple[int, int], list[str]] = defaultdict(list)
         for r in self.records.values():
             per_slot[(r.index, r.generation)].append(r.uid)
         twice = {slot: uids for slot, uids in per_slot.items() if len(uids) > 1}
         assert not self.overlaps, f"two pods of one index at the same time: {self.overlaps}"
         assert not twice, f"more than one pod for (index, generation): {twice}"
+        if replacements:
+            return
         replacements = sorted(r.name for r in self.records.values() if r.attempt > 0)
         assert not replacements, f"pods created as replacements although nothing failed: {replacements}"
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ddpjob_operator import model
+from ddpjob_operator import crd, model
 
 from . import cluster
 
@@ -51,7 +51,11 @@ def test_cpu_example_runs_to_succeeded(namespace, operator):
     assert job["status"]["phase"] == "Succeeded"
     assert cluster.condition(job, "Failed") in (None, "False")
     table = cluster.kubectl("get", "ddpj", "-n", namespace).stdout
-    assert table.split()[:7] == ["NAME", "PHASE", "READY", "DESIRED", "WORLD", "RESTARTS", "AGE"]
+    # The server prints the CRD's columns of priority 0 (the wide ones only with -o wide), in order.
+    columns = crd.build_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+    header = ["NAME"] + [c["name"].upper() for c in columns if not c.get("priority")]
+    assert table.splitlines()[0].split() == header, table
+    assert header[:6] == ["NAME", "PHASE", "READY", "DESIRED", "WORLD", "RESTARTS"] and header[-1] == "AGE", header
     assert f"{name} " in table and "Succeeded" in table
     described = cluster.kubectl("describe", "ddpj", name, "-n", namespace).stdout
     assert "Succeeded" in described

@@ -63,4 +63,4 @@ def test_api_server_unavailable_for_a_while(faults, namespace, operator):
     finally:
         cluster.fault("api-up", check=False, timeout=400)  # never leave the cluster without its API server
     _recovers(t, before=before, g0=g0, world=2, restarts=1, disruptions=0)
-    t.assert_no_duplicates()
+    t.assert_no_duplicates(replacements=True)

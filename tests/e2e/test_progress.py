@@ -6,6 +6,10 @@ Skipped without a cluster (`make kind-up kind-load helm-install e2e`)."""
 from __future__ import annotations
 
 import json
+import re
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -52,35 +56,58 @@ def test_hung_rank_stalls_restarts_once_and_succeeds(namespace, operator):
     assert any(e["type"] == "Warning" and "no training progress for 60s" in e["message"] for e in events), events
 
 
-def _post_from(namespace: str, pod: str, url: str, token: str) -> int:
-    """POST a report from inside a worker pod (the Service is only reachable in the cluster)."""
-    program = ("import sys, urllib.request, urllib.error\n"
-               "req = urllib.request.Request(sys.argv[1], data=b'{\"step\": 1}', method='POST', headers={\n"
-               "    'Content-Type': 'application/json', 'Authorization': 'Bearer ' + sys.argv[2]})\n"
-               "try:\n    print(urllib.request.urlopen(req, timeout=10).status)\n"
-               "except urllib.error.HTTPError as e:\n    print(e.code)\n")
-    out = cluster.kubectl("exec", "-n", namespace, pod, "-c", "trainer", "--", "python", "-c", program, url, token)
-    return int(out.stdout.strip().splitlines()[-1])
+def _post(port: int, job: str, token: str, namespace: str, body: dict) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/namespaces/{namespace}/ddpjobs/{job}/progress",
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _reports(port: int) -> dict[str, float]:
+    """ddpjob_progress_reports_total by result, from the operator's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^ddpjob_progress_reports_total\{result="([a-z_]+)"\} (\S+)$', text, re.MULTILINE)}
 
 
 def test_a_report_with_another_jobs_token_is_refused(namespace, operator):
+    """Sent to the acting replica through the test's own port-forward (a report through the Service may
+    reach the standby, which answers 503), from outside any pod: the token alone says who reports.
+    Refusals are read from the operator's counters, and a refused report's values never reach a status."""
     a = Training(namespace, digits_job("mine")).start()
     b = Training(namespace, digits_job("theirs")).start()
     for t in (a, b):
         t.wait(lambda t=t: len(cluster.running_workers(namespace, t.name)) == 2, "running workers", 600)
-    pod_a, pod_b = "mine-worker-0", "theirs-worker-0"
-    env = {e["name"]: e.get("value") for e in cluster.get_json("pod", "-n", namespace, pod_a)["spec"]["containers"][0]["env"]}
-    url_a = env["DDPJOB_PROGRESS_URL"]
-    url_b = url_a.replace("/ddpjobs/mine/", "/ddpjobs/theirs/")
+    pod_b = "theirs-worker-0"
     uid_b = cluster.get_json("pod", "-n", namespace, pod_b)["metadata"]["uid"]
     token_b = cluster.kubectl("create", "token", "default", "-n", namespace, "--audience", AUDIENCE,
                               "--bound-object-kind", "Pod", "--bound-object-name", pod_b,
                               "--bound-object-uid", uid_b).stdout.strip()
     api_token = cluster.kubectl("create", "token", "default", "-n", namespace, "--bound-object-kind", "Pod",
                                 "--bound-object-name", pod_b, "--bound-object-uid", uid_b).stdout.strip()
-    assert _post_from(namespace, pod_a, url_a, token_b) == 403  # job theirs' token on job mine
-    assert _post_from(namespace, pod_a, url_a, api_token) == 401  # not the operator's audience
-    assert _post_from(namespace, pod_a, url_a, "forged") == 401
-    assert _post_from(namespace, pod_a, url_b, token_b) == 204  # the token's own job (from anywhere)
-    refused = json.dumps(cluster.get_json("ddpj", "-n", namespace, "mine").get("status", {}).get("progress"))
-    assert '"step": 1,' not in refused
+    progress_port = int(cluster.operator_setting("DDPJOB_OPERATOR_PROGRESS_PORT", "8090"))
+    metrics_port = int(cluster.operator_setting("DDPJOB_OPERATOR_METRICS_PORT", "9090"))
+    forged_step = 987_654_321  # far beyond the digits run: only a refused report could carry it
+    with cluster.port_forward(cluster.OPERATOR_NAMESPACE, cluster.acting_operator_pod(),
+                              progress_port, metrics_port) as local:
+        port = local[progress_port]
+        before = _reports(local[metrics_port])
+        answers = [_post(port, "mine", token_b, namespace, {"step": forged_step}),  # theirs' token on mine
+                   _post(port, "mine", api_token, namespace, {"step": forged_step}),  # not our audience
+                   _post(port, "mine", "forged", namespace, {"step": forged_step}),
+                   _post(port, "theirs", token_b, namespace, {"step": 1})]  # the token's own job
+        after = _reports(local[metrics_port])
+    assert answers == [403, 401, 401, 204], answers
+    grew = {k: after.get(k, 0) - before.get(k, 0) for k in ("forbidden", "unauthenticated")}
+    assert grew == {"forbidden": 1, "unauthenticated": 2}, (before, after)
+    # mine's own workers go on reporting: once a newer report is published, the refused one was not.
+    refused_at = int(time.time())
+    a.wait(lambda: cluster.parse_time(_progress(a).get("updatedTime") or "1970-01-01T00:00:00Z") > refused_at
+           or a.status.get("phase") in ("Succeeded", "Failed"),
+           "mine's progress published after the refused reports (or its final status)", 300)
+    assert _progress(a).get("step") != forged_step, _progress(a)
