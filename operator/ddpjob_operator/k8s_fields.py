@@ -23,8 +23,8 @@ QUANTITY = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|(
 NONNEGATIVE_QUANTITY = (r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?"
                         r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 # A claim's size: the API server refuses a zero one, so the number has a non-zero digit.
-POSITIVE_QUANTITY = (r"^\+?((0*[1-9][0-9]*(\.[0-9]*)?)|([0-9]*\.[0-9]*[1-9][0-9]*))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?"
-                     r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+POSITIVE_QUANTITY = (r"^\+?((0*[1-9][0-9]*(\.[0-9]*)?)|([0-9]*\.[0-9]*[1-9][0-9]*))"
+                     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"

@@ -299,7 +299,8 @@ class PodSpecOverrides(APIModel):
     security_context: dict[str, Any] | None = _k8s_object(
         "Pod security context (runAsUser, runAsNonRoot, seccompProfile, sysctls, ...), as in a Pod. The "
         "rendezvous store pod gets it too, so both pass the namespace's Pod Security level. fsGroup: use "
-        "template.fsGroup.", fsGroup={"type": "integer", "description": "Use template.fsGroup.", "maximum": k8s.MAX_INT64})
+        "template.fsGroup.",
+        fsGroup={"type": "integer", "description": "Use template.fsGroup.", "maximum": k8s.MAX_INT64})
     host_network: bool | None = _scalar(
         "Use the node's network (RDMA / EFA without a CNI plugin). The operator then sets dnsPolicy "
         "ClusterFirstWithHostNet (unless set), so workers still resolve the rendezvous Service, and keeps "
@@ -492,10 +493,12 @@ class TrainerContainer(APIModel):
         _not_here("restartPolicy", "is not allowed on the trainer: it is never restarted in place; remove it"),
         cel("!has(self.envFrom) || self.envFrom.all(e, !has(e.prefix) || e.prefix == '' || "
             f"(e.prefix.matches({cel_string(k8s.ENV_NAME)}) && "
-            f"!{list(RESERVED_ENV_NAMES + OPERATOR_ENV_NAMES + RESERVED_ENV_PREFIXES)}.exists(r, r.startsWith(e.prefix)) && "
+            f"!{list(RESERVED_ENV_NAMES + OPERATOR_ENV_NAMES + RESERVED_ENV_PREFIXES)}"
+            ".exists(r, r.startsWith(e.prefix)) && "
             + " && ".join(f"!e.prefix.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES) + "))",
             "envFrom: a prefix could produce a variable of torchrun's or the operator's (PET_*, TORCHELASTIC_*, "
-            "DDPJOB_*, MASTER_ADDR, RANK, ...), which would rewire the rendezvous: use a prefix such as APP_", ".envFrom"),
+            "DDPJOB_*, MASTER_ADDR, RANK, ...), which would rewire the rendezvous: use a prefix such as APP_",
+            ".envFrom"),
     )
 
 
@@ -591,7 +594,8 @@ class PodTemplate(APIModel):
         cel(f"!has(self.annotations) || !('{VOLCANO_GROUP_ANNOTATION}' in self.annotations)",
             f"the annotation {VOLCANO_GROUP_ANNOTATION} is set by spec.runPolicy.schedulingPolicy (gangScheduler "
             f"Volcano): remove it and set the policy", ".annotations"),
-        cel(f"!has(self.volumes) || self.volumes.all(v, has(v.name) && v.name.matches({cel_string(k8s.DNS_1123_LABEL)}))",
+        cel("!has(self.volumes) || self.volumes.all(v, has(v.name) && "
+            f"v.name.matches({cel_string(k8s.DNS_1123_LABEL)}))",
             "volumes: every volume needs a name of lowercase letters, digits and '-' (a DNS-1123 label): "
             "rename the volume", ".volumes"),
         cel(f"!has(self.volumes) || self.volumes.all(v, !has(v.name) || (v.name != '{SHM_VOLUME}' "
@@ -610,7 +614,8 @@ class PodTemplate(APIModel):
             "self.volumeMounts.exists_one(n, has(n.mountPath) && n.mountPath == m.mountPath))",
             "volumeMounts: mountPath must be unique: mount the duplicate elsewhere or remove it", ".volumeMounts"),
         cel("!has(self.tolerations) || self.tolerations.all(t, !has(t.key) || t.key == '' || "
-            f"(t.key.matches({cel_string(k8s.QUALIFIED_NAME)}) && t.key.matches({cel_string(k8s.QUALIFIED_NAME_PREFIX_LENGTH)})))",
+            f"(t.key.matches({cel_string(k8s.QUALIFIED_NAME)}) && "
+            f"t.key.matches({cel_string(k8s.QUALIFIED_NAME_PREFIX_LENGTH)})))",
             "tolerations: a key is a label key (an optional DNS subdomain prefix and '/', then a name such as "
             "nvidia.com/gpu): fix the key", ".tolerations"),
         cel("!has(self.tolerations) || self.tolerations.all(t, (has(t.key) && t.key != '') || "
@@ -704,7 +709,8 @@ class Rendezvous(APIModel):
         "group without it; smaller values detect a lost worker sooner."))
     keep_alive_max_attempts: int = Field(default=3, ge=1, le=100, description=(
         "Missed heartbeats after which a worker counts as dead in the rendezvous."))
-    store_image: str | None = Field(default=None, min_length=1, max_length=4096, pattern=k8s.NO_WHITESPACE, description=(
+    store_image: str | None = Field(default=None, min_length=1, max_length=4096, pattern=k8s.NO_WHITESPACE,
+                                    description=(
         "Image of the rendezvous store pod (must have torch). Defaults to spec.image."))
     store_template: StoreTemplate = Field(default_factory=StoreTemplate, description=(
         "Scheduling and resources of the rendezvous store pod. Unset fields take the workers' values "
@@ -1096,7 +1102,8 @@ MAX_FQDN_LENGTH = 64
 DEFAULT_CLUSTER_DOMAIN = "cluster.local"
 
 
-def worker_fqdn_length(name: str, namespace: str, max_replicas: int, cluster_domain: str = DEFAULT_CLUSTER_DOMAIN) -> int:
+def worker_fqdn_length(name: str, namespace: str, max_replicas: int,
+                       cluster_domain: str = DEFAULT_CLUSTER_DOMAIN) -> int:
     """Length of the longest worker FQDN (the last index at maxReplicas)."""
     index = str(max_replicas - 1)
     return len(f"{name}-worker-{index}.{name}-workers.{namespace}.svc.{cluster_domain}")
