@@ -158,13 +158,13 @@ class Generations:
         generation = int(self.store.get(key))
         return generation, self.store.get("{NNODES_KEY}".format(uid=self.uid, generation=generation)).decode()
 
-    def wait_newer(self, generation, timeout, stop=None):
+    def wait_newer(self, generation, timeout, stop=None, every=0.2):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not (stop and stop.is_set()):
             newest = self.newest()
             if newest is not None and newest[0] > generation:
                 return newest
-            time.sleep(0.2)
+            time.sleep(every)
         return None
 
 def on_superseded(signum, frame):
@@ -176,7 +176,8 @@ def watch(generations, generation, stop, superseded):
     # A generation the operator has moved past can never complete: leave it as soon as it is seen.
     try:
         watcher = Generations(*generations)
-        if watcher.wait_newer(generation, float("inf"), stop) is not None and not stop.is_set():
+        # Once a second: a store serves every agent of the job, and leaving a dead generation is not urgent.
+        if watcher.wait_newer(generation, float("inf"), stop, every=1.0) is not None and not stop.is_set():
             superseded.set()
             os.kill(os.getpid(), signal.SIGUSR1)
     except Exception as error:  # the agent's own store calls will report a lost store
