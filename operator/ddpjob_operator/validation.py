@@ -39,12 +39,15 @@ class InvalidJob(Exception):
 
 
 def plain(value: Any) -> Any:
-    """JSON-shaped data as dicts and lists (a kopf body is a Mapping view): the model is strict about types
-    of values, as the API server is, not about which Python container holds them."""
+    """The object as the API server receives it: dicts and lists (a kopf body is a Mapping view), and a whole
+    float as an integer (kubectl sends YAML's `2.0` as JSON `2`). The model is strict about the types of
+    values, as the API server is, not about which Python container holds them."""
     if isinstance(value, Mapping):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
 
 

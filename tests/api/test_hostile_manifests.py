@@ -288,11 +288,17 @@ def test_duplicate_keys_are_an_error_naming_the_key_and_line(tmp_path, capsys):
     assert f"duplicate key 'replicas' (first at line {line - 1})" in err and f"line {line}" in err
 
 
-@pytest.mark.parametrize("field, value", [("replicas", True), ("replicas", "2"), ("nprocPerNode", 1.0),
+@pytest.mark.parametrize("field, value", [("replicas", True), ("replicas", "2"), ("nprocPerNode", False),
                                           ("replicas", 2.5)])
 def test_types_are_strict_like_the_api_server(tmp_path, capsys, field, value):
     doc = manifest({field: value})
     assert_refused(tmp_path, capsys, doc, f"spec.{field}", "whole number")
+
+
+def test_a_whole_float_is_an_integer_as_kubectl_sends_it(tmp_path, capsys):
+    # kubectl turns YAML into JSON through a float64: `2.0` reaches the API server as `2`, which it accepts.
+    assert validate(tmp_path, yaml.safe_dump(manifest()).replace("replicas: 2", "replicas: 2.0"), capsys)[0] == 0
+    assert validation.parse_job(manifest({"replicas": 2.0})).spec.replicas == 2
 
 
 @pytest.mark.parametrize("spec", [{"runPolicy": {"suspend": "true"}}, {"image": 5},
