@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,17 +15,11 @@ PY = sys.executable
 # A standalone rendezvous store, as the operator runs it (a dedicated pod / local process).
 STORE_CODE = """
 import sys, time, torch.distributed as dist
-store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False, multi_tenant=True)
-print("store ready", flush=True)
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+print("store ready", store.port, flush=True)  # the port the kernel picked
 while True:
     time.sleep(3600)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env(checkpoint_dir: Path | None = None, **extra: str) -> dict[str, str]:
@@ -42,11 +35,11 @@ def base_env(checkpoint_dir: Path | None = None, **extra: str) -> dict[str, str]
 
 class StoreServer:
     def __init__(self) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen([PY, "-c", STORE_CODE, str(self.port)], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([PY, "-c", STORE_CODE], stdout=subprocess.PIPE,
                                      text=True, start_new_session=True)
         line = self.proc.stdout.readline()  # blocks until the server is listening
-        assert "store ready" in line, f"store failed to start: {line!r}"
+        assert line.startswith("store ready "), f"store failed to start: {line!r}"
+        self.port = int(line.split()[-1])
 
     @property
     def endpoint(self) -> str:
@@ -134,6 +127,11 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def steps_dir(checkpoint_dir: Path, job: str = "test") -> Path:
+    """Where a job's checkpoints are: a directory of its own on the volume (base_env's job is "test")."""
+    return checkpoint_dir / job / "checkpoints"
+
+
 def committed_steps(checkpoint_dir: Path) -> list[int]:
-    d = checkpoint_dir / "checkpoints"
+    d = steps_dir(checkpoint_dir)
     return sorted((int(p.stem.split("-")[1]) for p in d.glob("step-*.committed")), reverse=True) if d.is_dir() else []
