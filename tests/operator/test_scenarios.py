@@ -627,16 +627,23 @@ async def test_pod_rejected_by_admission_fails_quoting_the_server(harness, opera
     await eventually(lambda: not harness.pods("psa", builders.ROLE_STORE), what="the store removed")
 
 
-async def test_quota_rejection_is_shown_and_retried_until_it_fits(harness, operator, nodes):
+QUOTA = (403, "Forbidden", 'pods "quota-worker-1" is forbidden: exceeded quota: compute, requested: '
+         'requests.cpu=2, used: requests.cpu=4, limited: requests.cpu=4', "exceeded quota")
+# The API server's priority and fairness (or a webhook's) throttling: try again later, not a rejection.
+THROTTLED = (429, "TooManyRequests", "Too many requests, please try again later.", "Too many requests")
+
+
+@pytest.mark.parametrize("refusal", [QUOTA, THROTTLED], ids=["quota", "throttled"])
+async def test_quota_rejection_is_shown_and_retried_until_it_fits(harness, operator, nodes, refusal):
     refused: list[float] = []
+    code, reason, message, shown = refusal
 
     def quota(pod: dict[str, Any]) -> Any:
         name = pod["metadata"]["name"]
         if name != "quota-worker-1":
             return None
         refused.append(time.monotonic())
-        return api_error(403, "Forbidden", f'pods "{name}" is forbidden: exceeded quota: compute, requested: '
-                                           f'requests.cpu=2, used: requests.cpu=4, limited: requests.cpu=4', PODS, name)
+        return api_error(code, reason, message, PODS, name)
 
     harness.cluster.admit_pods = quota
     await harness.apply("quota", failurePolicy={"backoff": {"initialSeconds": 1, "maxSeconds": 1}})
@@ -644,8 +651,8 @@ async def test_quota_rejection_is_shown_and_retried_until_it_fits(harness, opera
     await nodes.start_all("quota")
     blocked = await eventually(lambda: (c := harness.condition("quota", "CreateBlocked")) and c["status"] == "True"
                                and c, what="CreateBlocked")
-    assert "exceeded quota" in blocked["message"] and blocked["reason"] == "QuotaExceeded"
-    await eventually(lambda: len(refused) >= 3, timeout=5, what="retries")
+    assert shown in blocked["message"] and blocked["reason"] == "QuotaExceeded"
+    await eventually(lambda: len(refused) >= 3, timeout=30, what="retries")
     assert harness.status("quota")["phase"] == "Pending"
     gaps = [b - a for a, b in zip(refused, refused[1:])]
     assert min(gaps) >= 0.8, gaps  # retried after the backoff, never hammered
