@@ -59,6 +59,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.run import main
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 def run_trainer(module, target, *args):
     # In the forked child: the agent's signal handlers are not the trainer's, and the trainer's own
@@ -159,12 +160,12 @@ class Generations:
         return generation, self.store.get("{NNODES_KEY}".format(uid=self.uid, generation=generation)).decode()
 
     def wait_newer(self, generation, timeout, stop=None, every=0.2):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not (stop and stop.is_set()):
+        deadline, stop = time.monotonic() + timeout, stop or threading.Event()
+        while time.monotonic() < deadline and not stop.is_set():
             newest = self.newest()
             if newest is not None and newest[0] > generation:
                 return newest
-            time.sleep(every)
+            stop.wait(every)
         return None
 
 def on_superseded(signum, frame):
@@ -173,25 +174,44 @@ def on_superseded(signum, frame):
     raise SignalException("a newer rendezvous generation started", sigval=signal.SIGTERM)
 
 def watch(generations, generation, stop, superseded):
-    # A generation the operator has moved past can never complete: leave it as soon as it is seen.
+    # A round the operator has moved past can never complete (a failure during the hand-over): leave it
+    # as soon as a newer generation is published. Twice a second: a store serves every agent of the job.
     try:
-        watcher = Generations(*generations)
-        # Once a second: a store serves every agent of the job, and leaving a dead generation is not urgent.
-        if watcher.wait_newer(generation, float("inf"), stop, every=1.0) is not None and not stop.is_set():
+        if generations.wait_newer(generation, float("inf"), stop, every=0.5) is not None and not stop.is_set():
             superseded.set()
             os.kill(os.getpid(), signal.SIGUSR1)
     except Exception as error:  # the agent's own store calls will report a lost store
         print(f"generation watch stopped: {{error}}", file=sys.stderr, flush=True)
 
+WATCHING = []  # the watcher of the rendezvous in progress: (thread, stop event)
+
+def stop_watching():
+    # Before the agent forks its trainers: a fork must not copy a thread that may be inside the store
+    # client (its locks would stay held in the child), so the watcher only covers the rendezvous.
+    while WATCHING:
+        thread, stop = WATCHING.pop()
+        stop.set()
+        thread.join()
+
+def unwatched_start(start_workers):
+    def start(self, worker_group):
+        stop_watching()
+        return start_workers(self, worker_group)
+    return start
+
+LocalElasticAgent._start_workers = unwatched_start(LocalElasticAgent._start_workers)
+
 def generation_of(rdzv_id):
     match = re.search(r"-g(\\d+)$", rdzv_id or "")
     return int(match.group(1)) if match else None
 
-def run_generation(args, generation, rejoin):
+def run_generation(args, generation, generations):
     # One generation under torchrun: (code, message, closed) for a failure, None when superseded.
     stop, superseded = threading.Event(), threading.Event()
-    if rejoin is not None:
-        threading.Thread(target=watch, args=(rejoin, generation, stop, superseded), daemon=True).start()
+    if generations is not None:
+        thread = threading.Thread(target=watch, args=(generations, generation, stop, superseded), daemon=True)
+        WATCHING.append((thread, stop))
+        thread.start()
     try:
         main(args)
         finish(0)
@@ -221,24 +241,23 @@ def run_generation(args, generation, rejoin):
         report(f"torchrun failed: {{type(error).__name__}}: {{error}}", generation=generation)
         raise
     finally:
-        stop.set()
+        stop_watching()
 
 def launch(args):
     generation = generation_of(flag(args, "rdzv-id"))
-    rejoin, generations = None, None
+    generations = None
     if os.environ.get("{REJOIN_ENV}") == "1" and generation is not None:
         uid = flag(args, "rdzv-id")[:-len(f"-g{{generation}}")]
-        rejoin = (flag(args, "rdzv-endpoint"), uid)
         try:
-            generations = Generations(*rejoin)
+            generations = Generations(flag(args, "rdzv-endpoint"), uid)
             generations.publish(generation, flag(args, "nnodes"))
         except Exception as error:  # no store: torchrun's own join reports it
             print(f"cannot publish generation {{generation}}: {{error}}", file=sys.stderr, flush=True)
-            rejoin = generations = None
+            generations = None
     signal.signal(signal.SIGUSR1, on_superseded)
     timeout = float(os.environ.get("{REJOIN_TIMEOUT_ENV}", "{REJOIN_TIMEOUT_SECONDS}"))
     while True:
-        failure = run_generation(args, generation, rejoin)
+        failure = run_generation(args, generation, generations)
         if failure is None:
             newest = generations.newest()
         else:
@@ -255,7 +274,7 @@ def launch(args):
                        f"{{timeout:g}} s; {{text}}", closed=closed, generation=generation)
                 finish(code)
         generation, nnodes = newest
-        rdzv_id = f"{{rejoin[1]}}-g{{generation}}"
+        rdzv_id = f"{{generations.uid}}-g{{generation}}"
         args = with_flags(args, rdzv_id=rdzv_id, nnodes=nnodes)
         os.environ.update(DDPJOB_GENERATION=str(generation), PET_RDZV_ID=rdzv_id, PET_NNODES=nnodes)
         print(f"joining rendezvous generation {{generation}} in place ({{nnodes}} nodes)", file=sys.stderr, flush=True)
