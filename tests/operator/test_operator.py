@@ -242,6 +242,34 @@ async def test_deleting_the_job_removes_everything_and_nothing_comes_back(harnes
     assert not harness.pods("doomed") and not harness.pods("doomed", builders.ROLE_STORE)
 
 
+async def test_recreating_a_job_while_its_predecessors_pods_terminate_waits_for_them(harness, operator):
+    """`kubectl delete ddpj x && kubectl apply -f x.yaml`: the old pods (same names) are still
+    terminating, so creating the new ones is a 409 (AlreadyExists, held by an object being deleted):
+    not a name conflict that fails the job, a wait; once they are gone the new job's pods come."""
+    old = await started(harness, "again")
+    await harness.delete_job("again")
+    await eventually(lambda: harness.job("again") is None, what="the old job gone")
+    await eventually(lambda: len(harness.pods("again")) == 2 and all(
+        p["metadata"].get("deletionTimestamp") for p in harness.pods("again").values()),
+        what="the old workers terminating (graceful, no kubelet confirmed yet)")
+    creates = harness.cluster.call_counts[("", "pods", "create")]
+    new = await harness.apply("again")
+    # The operator tried (and was refused: the names are held) at least twice; the job waits, unfailed.
+    await eventually(lambda: harness.cluster.call_counts[("", "pods", "create")] >= creates + 2,
+                     what="the new job's pod creations to be tried again")
+    assert harness.status("again").get("phase") in (None, "Pending"), harness.status("again")
+    assert harness.condition("again", "Failed") is None
+    assert {p["metadata"]["ownerReferences"][0]["uid"] for p in harness.pods("again").values()} == \
+        {old["metadata"]["uid"]}
+    await harness.finish_terminating("again")  # the kubelet confirms: the names are free
+    workers = await harness.wait_workers("again", 2)
+    assert {p["metadata"]["ownerReferences"][0]["uid"] for p in workers.values()} == {new["metadata"]["uid"]}
+    await eventually(lambda: harness.pods("again", builders.ROLE_STORE), what="the new store")
+    await harness.run_all("again")
+    status = await harness.wait_phase("again", "Running")
+    assert status["restarts"] == 0 and harness.condition("again", "Failed") is None
+
+
 async def test_invalid_stored_spec_fails_without_pods(harness, operator):
     # Stored before the CRD schema caught it: put straight into the store, past validation.
     harness.cluster.objects[DDPJOBS, NAMESPACE, "broken"] = {
