@@ -223,6 +223,7 @@ def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: 
 # it authenticates with (audience: the operator's; the operator checks it with a TokenReview).
 PROGRESS_URL_ENV = "DDPJOB_PROGRESS_URL"
 PROGRESS_TOKEN_ENV = "DDPJOB_PROGRESS_TOKEN_FILE"
+PROGRESS_CA_ENV = "DDPJOB_PROGRESS_CA"  # PEM: the CA the client verifies an https endpoint with
 PROGRESS_TOKEN_VOLUME = "ddpjob-progress-token"
 PROGRESS_TOKEN_DIR = "/var/run/secrets/ddpjob/progress"
 PROGRESS_TOKEN_SECONDS = 3600  # the kubelet rotates it at 80% of this
@@ -234,6 +235,7 @@ class ProgressEndpoint:
 
     base_url: str
     audience: str
+    ca_pem: str = ""  # with an https endpoint: the CA (public) its certificate chains to
 
 
 def progress_url(base_url: str, namespace: str, job_name: str) -> str:
@@ -334,6 +336,8 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
     if progress is not None:
         contract[PROGRESS_URL_ENV] = progress_url(progress.base_url, job.namespace, job.name)
         contract[PROGRESS_TOKEN_ENV] = f"{PROGRESS_TOKEN_DIR}/token"
+        if progress.ca_pem:
+            contract[PROGRESS_CA_ENV] = progress.ca_pem
     user_env = [e.wire() for e in spec.env]
     # Kubernetes keeps the LAST of duplicate names: a contract variable the user also set (the model refuses
     # that; a spec stored before the rule) is repeated after the user's, so the operator's value wins.

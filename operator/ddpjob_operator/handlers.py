@@ -140,7 +140,8 @@ class Controller:
         self._routing_labeled: bool | None = None  # what this replica's pod label says (None: unknown)
         # Progress reports (progress.py): kept per job, published into the status at a bounded rate.
         self.progress = progress.ProgressTracker(settings.progress_write_seconds)
-        self.progress_endpoint = builders.ProgressEndpoint(settings.progress_url, settings.progress_audience) \
+        self.progress_endpoint = builders.ProgressEndpoint(settings.progress_url, settings.progress_audience,
+                                                           _read_ca(settings.progress_ca_file)) \
             if settings.progress_url else None
         self.progress_server = progress.ProgressServer(
             self.progress, progress.TokenReviewer(api.token_review, settings.progress_audience),
@@ -158,7 +159,7 @@ class Controller:
             self.metrics.serve(self.settings.metrics_port, self.settings.bind_address)
         self._schedule_resync()
         if self.settings.progress_port:
-            self._spawn(self.progress_server.start(self.settings.progress_port, self.settings.bind_address))
+            self._spawn(self._start_progress())
             if self.settings.progress_leader_label and self.elector is not None:
                 self._routing_wake = asyncio.Event()
                 self._spawn(self._route_progress())
@@ -215,6 +216,13 @@ class Controller:
             await self.elector.stop()  # hand the Lease over at once (SIGTERM)
         self.metrics.stop()
         await self.api.close()
+
+    async def _start_progress(self) -> None:
+        certificate = None
+        if self.settings.progress_tls_cert_file:  # HTTPS; a certificate that cannot be loaded is logged
+            certificate = progress.ServerCertificate(self.settings.progress_tls_cert_file,
+                                                     self.settings.progress_tls_key_file)
+        await self.progress_server.start(self.settings.progress_port, self.settings.bind_address, certificate)
 
     async def _route_progress(self) -> None:
         """Keep this replica's pod labeled PROGRESS_LEADER_LABEL exactly while it leads (woken by the
@@ -593,6 +601,19 @@ class Controller:
         task = asyncio.get_running_loop().create_task(post())
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
+
+
+def _read_ca(path: str) -> str:
+    """The CA (PEM) workers verify the progress endpoint with; "" without one (or unreadable: said loudly,
+    since workers then cannot verify an https endpoint)."""
+    if not path:
+        return ""
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        logger.error("progress endpoint: cannot read the CA %s (workers cannot verify the endpoint): %s", path, exc)
+        return ""
 
 
 def _condition(status: model.DDPJobStatus, type_: str) -> model.Condition | None:

@@ -41,6 +41,8 @@ import hashlib
 import json
 import logging
 import math
+import os
+import ssl
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -453,6 +455,37 @@ class Worker:
     generation: int
 
 
+class ServerCertificate:
+    """The endpoint's TLS certificate, reloaded when its files change (cert-manager renews a Secret in place;
+    the kubelet swaps the mounted files): new connections get the new one, open ones keep theirs."""
+
+    CHECK_SECONDS = 30.0
+
+    def __init__(self, cert_file: str, key_file: str, clock: Callable[[], float] = time.monotonic):
+        self.cert_file, self.key_file, self.clock = cert_file, key_file, clock
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._stamp = self._stat()
+        self.context.load_cert_chain(cert_file, key_file)
+        self._checked = clock()
+
+    def _stat(self) -> tuple[float, ...]:
+        return tuple(os.stat(f).st_mtime_ns for f in (self.cert_file, self.key_file))
+
+    def refresh(self, force: bool = False) -> None:
+        if not force and self.clock() - self._checked < self.CHECK_SECONDS:
+            return
+        self._checked = self.clock()
+        try:
+            stamp = self._stat()
+            if force or stamp != self._stamp:
+                self.context.load_cert_chain(self.cert_file, self.key_file)
+                self._stamp = stamp
+                logger.info("progress endpoint: loaded the renewed certificate %s", self.cert_file)
+        except (OSError, ssl.SSLError) as exc:  # half-written during a swap: keep the old one, retry later
+            logger.warning("progress endpoint: cannot load certificate %s yet: %s", self.cert_file, exc)
+
+
 class _Refuse(asyncio.Protocol):
     """Accepted past MAX_CONNECTIONS: closed at once (the client's retry or next report gets through)."""
 
@@ -490,7 +523,8 @@ class ProgressServer:
         self._server: asyncio.base_events.Server | None = None
         self.port: int | None = None
 
-    async def start(self, port: int, address: str = "0.0.0.0") -> None:
+    async def start(self, port: int, address: str = "0.0.0.0", certificate: ServerCertificate | None = None) -> None:
+        """Listen on `port` (0: any free one); HTTPS with `certificate`."""
         # aiohttp's keep-alive timer starts at accept and closes a connection that has not sent a whole
         # request by then: the header bound (its default is an hour).
         self._runner = aiohttp.web.AppRunner(self.app, access_log=None, keepalive_timeout=self.header_seconds)
@@ -499,8 +533,12 @@ class ProgressServer:
         assert server is not None
 
         def protocol() -> asyncio.BaseProtocol:
+            if certificate is not None:
+                certificate.refresh()
             return _Refuse() if len(server.connections) >= self.max_connections else server()
-        self._server = await asyncio.get_running_loop().create_server(protocol, address, port)
+        tls: dict[str, Any] = {} if certificate is None else {"ssl": certificate.context,
+                                                               "ssl_handshake_timeout": self.header_seconds}
+        self._server = await asyncio.get_running_loop().create_server(protocol, address, port, **tls)
         self.port = self._server.sockets[0].getsockname()[1]  # the real port when 0 was asked for
 
     async def stop(self) -> None:

@@ -62,6 +62,11 @@ class Settings:
     # With leader election: the acting replica labels its own pod (PROGRESS_LEADER_LABEL, true) so that the
     # progress Service, which selects that label, routes reports to it alone (the chart turns it on).
     progress_leader_label: bool = False
+    # HTTPS for the progress endpoint: its certificate chain and key (PEM files; reloaded when they change,
+    # as cert-manager renews them), and the CA (PEM file) worker pods verify it with (DDPJOB_PROGRESS_CA).
+    progress_tls_cert_file: str = ""
+    progress_tls_key_file: str = ""
+    progress_ca_file: str = ""
 
     @property
     def leader_election(self) -> bool:
@@ -196,7 +201,24 @@ PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "PROGRESS_AUDIENCE": ("progress_audience", _audience),
     "PROGRESS_WRITE_SECONDS": ("progress_write_seconds", _seconds),
     "PROGRESS_LEADER_LABEL": ("progress_leader_label", _flag),
+    "PROGRESS_TLS_CERT_FILE": ("progress_tls_cert_file", str.strip),
+    "PROGRESS_TLS_KEY_FILE": ("progress_tls_key_file", str.strip),
+    "PROGRESS_CA_FILE": ("progress_ca_file", str.strip),
 }
+
+
+def _progress_tls_errors(values: dict[str, object]) -> list[str]:
+    """HTTPS settings that only make sense together."""
+    cert, key = values.get("progress_tls_cert_file"), values.get("progress_tls_key_file")
+    errors = []
+    if bool(cert) != bool(key):
+        errors.append(f"{PREFIX}PROGRESS_TLS_CERT_FILE and {PREFIX}PROGRESS_TLS_KEY_FILE: set both (the endpoint's "
+                      f"certificate and its key, e.g. tls.crt and tls.key of a kubernetes.io/tls Secret) or neither")
+    url = str(values.get("progress_url") or "")
+    if cert and url.startswith("http://"):
+        errors.append(f"{PREFIX}PROGRESS_URL={url!r}: the endpoint serves HTTPS ({PREFIX}PROGRESS_TLS_CERT_FILE is "
+                      f"set), so workers must use an https:// URL")
+    return errors
 
 
 def _leader_election_errors(values: dict[str, object], env: Mapping[str, str]) -> list[str]:
@@ -242,7 +264,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         known = ", ".join(PREFIX + s for s in PARSERS)
         errors.append(f"{name}: unknown setting; remove it or use one of {known}")
     if not errors:
-        errors = _leader_election_errors(values, env)
+        errors = _leader_election_errors(values, env) + _progress_tls_errors(values)
     if errors:
         raise SettingsError("invalid operator settings:\n  " + "\n  ".join(errors))
     return Settings(**values)  # type: ignore[arg-type]

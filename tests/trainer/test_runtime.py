@@ -4,6 +4,7 @@ bundled trainer's plug-in API with dict batches (real torchrun)."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -84,11 +85,13 @@ def test_progress_posts_to_the_url_and_survives_a_dead_endpoint(tmp_path: Path, 
     finally:
         server.shutdown()
     assert received and received[-1]["step"] == 7 and received[-1]["total_steps"] == 10
-    dead = ProgressReporter(None, f"http://127.0.0.1:{server.server_port}/gone", http_timeout_s=0.5)
-    dead.report(step=1)
-    dead.report(step=2)
-    dead.close()
-    assert caplog.text.count("progress POST") == 1  # logged once, training unaffected
+    with caplog.at_level(logging.DEBUG, logger="ddp_trainer"):
+        dead = ProgressReporter(None, f"http://127.0.0.1:{server.server_port}/gone", http_timeout_s=0.5)
+        dead.report(step=1)
+        dead.report(step=2)
+        dead.close()
+    # A transient failure (issue 23): at debug level only, never a warning; training unaffected.
+    assert "progress POST" in caplog.text and not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_progress_http_sends_the_token_retries_a_503_and_heartbeats(tmp_path: Path) -> None:

@@ -60,5 +60,26 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* What worker pods get as the base of DDPJOB_PROGRESS_URL: the progress Service. */}}
 {{- define "ddpjob-operator.progressUrl" -}}
-{{- printf "http://%s-progress.%s.svc:%v" (include "ddpjob-operator.fullname" .) .Release.Namespace .Values.progress.port }}
+{{- printf "%s://%s:%v" (ternary "https" "http" (include "ddpjob-operator.progressTls" . | eq "true")) (include "ddpjob-operator.progressHost" .) .Values.progress.port }}
+{{- end }}
+
+{{/* The progress Service's DNS name (what the endpoint's certificate must be valid for). */}}
+{{- define "ddpjob-operator.progressHost" -}}
+{{- printf "%s-progress.%s.svc" (include "ddpjob-operator.fullname" .) .Release.Namespace }}
+{{- end }}
+
+{{/* "true" when the progress endpoint serves HTTPS. */}}
+{{- define "ddpjob-operator.progressTls" -}}
+{{- $tls := .Values.progress.tls | default dict }}
+{{- and .Values.progress.enabled $tls.enabled | toString }}
+{{- end }}
+
+{{/* The Secret with the progress endpoint's certificate (tls.crt, tls.key, ca.crt). */}}
+{{- define "ddpjob-operator.progressTlsSecret" -}}
+{{- $tls := .Values.progress.tls | default dict }}
+{{- $certManager := $tls.certManager | default dict }}
+{{- if and (not $tls.secretName) (not $certManager.enabled) }}
+{{- fail "progress.tls.enabled: set progress.tls.secretName (a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt) or progress.tls.certManager.enabled=true" }}
+{{- end }}
+{{- default (printf "%s-progress-tls" (include "ddpjob-operator.fullname" .)) $tls.secretName }}
 {{- end }}

@@ -12,7 +12,8 @@ process with none configured does nothing. Transports (docs/launch-contract.md, 
   `ddpjob run --local` reads);
 - HTTP (local rank 0 of every pod): a JSON POST to `$DDPJOB_PROGRESS_URL` when set, with
   `Authorization: Bearer <$DDPJOB_PROGRESS_TOKEN_FILE>` (read at each send: the kubelet rotates it),
-  timeout 2 s, body at most 4 KiB; the newest report is sent again every 5 s while nothing new comes
+  timeout 2 s, body at most 4 KiB; an https URL is verified against `$DDPJOB_PROGRESS_CA` (PEM) when set,
+  else the system's CAs; the newest report is sent again every 5 s while nothing new comes
   (a heartbeat); a 503 is retried once at once; failures are dropped: progress is advisory and must
   never stop training. Transient ones (5xx, 429, the network) are logged at debug level only: they
   say nothing about the training, and a warning could become the launcher's last log line, which a
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import ssl
 import threading
 import time
 import urllib.error
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 PROGRESS_FILE = "progress.json"
 URL_ENV = "DDPJOB_PROGRESS_URL"
 TOKEN_ENV = "DDPJOB_PROGRESS_TOKEN_FILE"
+CA_ENV = "DDPJOB_PROGRESS_CA"
 MAX_BODY = 4096
 CORE_KEYS = ("step", "total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "loss",
              "samples_per_second", "time")
@@ -50,13 +53,21 @@ class ProgressReporter:
     def __init__(self, directory: str | os.PathLike | None = None, url: str | None = None, *,
                  enabled: bool = True, http_enabled: bool | None = None, token_file: str | None = None,
                  rank: int | None = None, http_timeout_s: float = 2.0, heartbeat_s: float = 5.0,
-                 min_interval_s: float = 1.0) -> None:
+                 min_interval_s: float = 1.0, ca_pem: str | None = None) -> None:
         """`enabled` switches the file transport (global rank 0), `http_enabled` the HTTP one (local
         rank 0 of each pod; defaults to `enabled`)."""
         self.path = Path(directory) / PROGRESS_FILE if directory and enabled else None
         http = enabled if http_enabled is None else http_enabled
         self.url = (url or None) if http else None
         self.token_file, self.rank = token_file, rank
+        self._warned: set[str] = set()
+        self._ssl: ssl.SSLContext | None = None
+        if self.url is not None and ca_pem:
+            try:
+                self._ssl = ssl.create_default_context(cadata=ca_pem)
+            except (ssl.SSLError, ValueError) as e:  # progress is advisory: report nowhere, say why once
+                self._warn_once("ca", f"cannot use ${CA_ENV} to verify {self.url}: {e}; progress is not posted")
+                self.url = None
         self.enabled = self.path is not None or self.url is not None
         self.http_timeout_s, self.heartbeat_s = http_timeout_s, heartbeat_s
         # HTTP pacing: at most one POST per min_interval_s (the endpoint allows 2 a second per pod); the
@@ -69,14 +80,14 @@ class ProgressReporter:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._write_lock = threading.Lock()
-        self._warned: set[str] = set()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ProgressReporter":
         e = os.environ if env is None else env
         return cls(e.get("DDPJOB_CHECKPOINT_DIR") or None, e.get(URL_ENV) or None,
                    enabled=e.get("RANK", "0") == "0", http_enabled=e.get("LOCAL_RANK", "0") == "0",
-                   token_file=e.get(TOKEN_ENV) or None, rank=int(e.get("RANK", "0") or 0))
+                   token_file=e.get(TOKEN_ENV) or None, rank=int(e.get("RANK", "0") or 0),
+                   ca_pem=e.get(CA_ENV) or None)
 
     def report(self, *, step: int, total_steps: int | None = None, loss: float | None = None,
                **fields: Any) -> None:
@@ -138,7 +149,7 @@ class ProgressReporter:
         for attempt in (1, 2):  # a 503 (a standby operator replica) once more, on a new connection
             try:
                 req = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
-                with urllib.request.urlopen(req, timeout=self.http_timeout_s) as resp:
+                with urllib.request.urlopen(req, timeout=self.http_timeout_s, context=self._ssl) as resp:
                     resp.read()
                 return
             except urllib.error.HTTPError as e:
