@@ -115,3 +115,31 @@ def container_resource_problems(resources: dict[str, Any], *, has_cpu_or_memory:
             problems.append((f"requests.{name}", "must equal limits." + name + " (the API server does not "
                                                  "overcommit extended resources and hugepages)"))
     return problems
+
+
+def schema_problem(schema: dict[str, Any], value: Any, path: str) -> tuple[str, str] | None:
+    """The first violation of what a CRD schema declares for a pass-through value (type, maxLength, maxItems,
+    maximum, nested properties and items): the API server checks them, so the model does too."""
+    kind = schema.get("type")
+    types = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict}
+    if kind in types and (not isinstance(value, types[kind]) or (kind in ("integer", "number")
+                                                                  and isinstance(value, bool))):
+        return path, f"must be {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+    if isinstance(value, str) and len(value) > schema.get("maxLength", len(value)):
+        return path, f"too long: at most {schema['maxLength']} characters"
+    if isinstance(value, list) and len(value) > schema.get("maxItems", len(value)):
+        return path, f"too many items: at most {schema['maxItems']}"
+    if isinstance(value, (int, float)) and "maximum" in schema and value > schema["maximum"]:
+        return path, f"must be <= {schema['maximum']}"
+    if isinstance(value, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in value:
+                found = schema_problem(sub, value[key], f"{path}.{key}")
+                if found:
+                    return found
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            found = schema_problem(schema["items"], item, f"{path}[{i}]")
+            if found:
+                return found
+    return None

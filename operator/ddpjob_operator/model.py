@@ -90,6 +90,17 @@ class APIModel(BaseModel):
 
     @model_validator(mode="after")
     def _check_cel_rules(self) -> "APIModel":
+        # First what the CRD declares for pass-through objects (maxLength of a volume's name, ...): the
+        # model's types do not check it, the API server does, and the rules below rely on it.
+        for name, field in type(self).model_fields.items():
+            value, declared = getattr(self, name), field.json_schema_extra
+            if value is None or not isinstance(declared, dict):
+                continue
+            key = field.alias or name
+            problem = k8s.schema_problem({k: v for k, v in declared.items() if k != "type"} if isinstance(
+                value, list) else declared, value, key)
+            if problem:
+                raise CelRuleError({"rule": "", "message": f"{problem[0]}: {problem[1]}", "fieldPath": f".{key}"})
         if self.cel_rules:
             wire = self.model_dump(by_alias=True, exclude_none=True, mode="json")
             for rule in self.cel_rules:

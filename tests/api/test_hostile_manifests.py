@@ -188,6 +188,8 @@ HOSTILE = {
                            "spec.template.volumeMounts", "template.volumes"),
     "progress-token-volume-name": ({"template": {"volumes": [{"name": "ddpjob-progress-token", "emptyDir": {}}]}},
                                    "spec.template.volumes", "operator"),
+    "volume-name-too-long": ({"template": {"volumes": [{"name": "v" * 64, "emptyDir": {}}]}},
+                             "spec.template.volumes", "at most 63"),
     "volume-name-not-a-label": ({"template": {"volumes": [{"name": "Data_1", "emptyDir": {}}]}},
                                 "spec.template.volumes", "DNS-1123"),
     "cpu-malformed": ({"resources": {"cpu": "1.2.3"}}, "spec.resources.cpu", "quantity"),
