@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import kmock
+import pytest
 import pytest_asyncio
 
 from ddpjob_operator import builders, model, permissions
@@ -212,15 +214,25 @@ class OperatorProcess:
 
 
 @pytest_asyncio.fixture()
-async def operator(cluster: tuple[Cluster, str]) -> AsyncIterator[OperatorProcess]:
+async def operator(cluster: tuple[Cluster, str], request: pytest.FixtureRequest) -> AsyncIterator[OperatorProcess]:
+    """The operator with FAST settings, changed by a test's `settings(**changes)` mark."""
     emulator, url = cluster
-    process = OperatorProcess(url)
+    mark = request.node.get_closest_marker("settings")
+    process = OperatorProcess(url, dataclasses.replace(FAST, **mark.kwargs) if mark else FAST)
     await process.start()
     try:
         yield process
     finally:
         await process.stop()
     assert_within_permissions(emulator)
+
+
+def reconcile_passes(operator: OperatorProcess) -> int:
+    """How many reconcile passes the operator has finished (any job)."""
+    for line in operator.controller.metrics.text().splitlines():
+        if line.startswith("ddpjob_reconcile_duration_seconds_count"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
 
 
 def assert_within_permissions(emulator: Cluster) -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timezone
 
 import kmock
 import pytest
 
 from ddpjob_operator import builders, model
 
-from .conftest import NAMESPACE, eventually
+from .conftest import NAMESPACE, eventually, reconcile_passes
 from .emulator import DDPJOBS, PODS
 
 pytestmark = pytest.mark.timeout(60)
@@ -217,6 +218,29 @@ async def test_success_stops_the_rest_and_honours_ttl(harness, operator):
     job_deleted = first_rv(DDPJOBS, "done", deleting)
     assert first_rv(PODS, "done-worker-1", deleting) < job_deleted
     assert first_rv(PODS, "done-worker-0", deleting) > job_deleted
+
+
+STATUS_WRITE = (model.GROUP, f"{model.PLURAL}/status", "patch")
+
+
+@pytest.mark.settings(heartbeat_seconds=1.0)
+async def test_the_heartbeat_refreshes_last_reconcile_time_and_leaves_finished_jobs_alone(harness, operator):
+    await started(harness, "beat")
+    first = await eventually(lambda: harness.status("beat").get("lastReconcileTime"), what="lastReconcileTime")
+    # Nothing happens to the job: only the heartbeat (every heartbeat_seconds) writes its status again.
+    await eventually(lambda: harness.status("beat").get("lastReconcileTime", "") > first, what="a newer heartbeat")
+    for i in range(2):
+        await harness.exit(f"beat-worker-{i}", 0)
+    await harness.wait_phase("beat", "Succeeded")
+    await harness.settle("beat", lambda: not harness.pods("beat", builders.ROLE_STORE), what="the store stopped")
+    final, writes = harness.status("beat"), harness.cluster.call_counts[STATUS_WRITE]
+    # Reconciled again and again (the 0.5 s resync), more than heartbeat_seconds: the final status stays.
+    passes = reconcile_passes(operator)
+    await eventually(lambda: reconcile_passes(operator) >= passes + 4 and
+                     (datetime.now(timezone.utc) - datetime.fromisoformat(
+                         final["lastReconcileTime"].replace("Z", "+00:00"))).total_seconds() > 2.0,
+                     what="four more passes, past a heartbeat")
+    assert harness.status("beat") == final and harness.cluster.call_counts[STATUS_WRITE] == writes
 
 
 async def test_stuck_terminating_pod_is_force_deleted_and_replaced(harness, operator):
