@@ -274,6 +274,7 @@ class Controller:
             self.shared_ready.discard(uid)
             self.rejected.pop(uid, None)
             self.progress.forget(uid)
+            self._failures.pop(key, None)
             self.metrics.job_phase(uid, None)
             self._cancel_timer(key)
             return
