@@ -31,6 +31,9 @@ DIGITS_ARGS = ["--workload", "digits", "--epochs", "100000", "--batch-size", "32
 # the world size, and its line after loading a checkpoint (ddpjob_operator/local/logs.py RESUME_LINE).
 STEP_LINE = cluster.STEP_LINE
 START_LINE = re.compile(r"\brank=0 world_size=(\d+) group_rank=")
+# Every trainer's start-up line names its rendezvous generation: a survivor's pod (restartScope Pod) runs
+# trainers of several generations, one after the other, in one log.
+GENERATION_LINE = re.compile(r"\brank=\d+ world_size=\d+ group_rank=\d+ restart_count=\d+ generation=(\d+)")
 RESUME_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) .*resumed from checkpoint step=(\d+) .*"
                          r"\(saved at world_size=(\d+), now (\d+)\)", re.MULTILINE)
 TERMINAL = ("Succeeded", "Failed")
@@ -88,6 +91,20 @@ class PodRecord:
     states: list[tuple[str, str | None, bool]] = field(default_factory=list)  # (phase, node, terminating)
     log: str = ""
     log_final: bool = False
+    # Generations it served: the one it was created for, and any the operator carried it into in place.
+    generations: set[int] = field(default_factory=set)
+
+    def log_of(self, generation: int) -> str:
+        """The part of its log written by trainers of `generation` (each trainer's start-up line opens
+        its part; what comes before the first one belongs to the pod's own generation)."""
+        parts, current, start = [], self.generation, 0
+        for match in GENERATION_LINE.finditer(self.log):
+            if current == generation:
+                parts.append(self.log[start:match.start()])
+            current, start = int(match.group(1)), match.start()
+        if current == generation:
+            parts.append(self.log[start:])
+        return "".join(parts)
 
     @property
     def ever_scheduled(self) -> bool:
@@ -138,8 +155,12 @@ class Training:
                                      status.get("restarts", 0), status.get("disruptions", 0)))
         self.pods = cluster.job_pods(self.namespace, self.name)
         by_index: dict[int, list[str]] = defaultdict(list)
+        carried = {r.get("uid"): r.get("generation") for r in status.get("ranks") or () if r.get("uid")}
         for pod in self.pods:
             record = self._record(pod)
+            record.generations.add(record.generation)
+            if isinstance(carried.get(record.uid), int):
+                record.generations.add(carried[record.uid])
             by_index[record.index].append(record.name)
             self._read_log(pod, record)
         for index, names in by_index.items():
@@ -210,12 +231,12 @@ class Training:
         """Records of the pods that exist now (optionally of one generation), by index."""
         uids = {p["metadata"]["uid"] for p in self.pods}
         found = [r for r in self.records.values() if r.uid in uids
-                 and (generation is None or r.generation == generation)]
+                 and (generation is None or generation in r.generations)]
         return sorted(found, key=lambda r: r.index)
 
     def latest_step(self, generation: int | None = None) -> int:
-        return max((int(s) for r in self.records.values() if generation is None or r.generation == generation
-                    for s in STEP_LINE.findall(r.log)), default=0)
+        return max((int(s) for r in self.records.values() if generation is None or generation in r.generations
+                    for s in STEP_LINE.findall(r.log if generation is None else r.log_of(generation))), default=0)
 
     def rank0_pod(self) -> PodRecord:
         """The live worker that hosts global rank 0 now: the one whose log has the newest progress line
@@ -237,7 +258,8 @@ class Training:
     def resumes(self, generation: int) -> list[Resume]:
         """Every "resumed from checkpoint" line of that generation's workers, oldest first."""
         found = [Resume(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), r.name)
-                 for r in self.records.values() if r.generation == generation for m in RESUME_LINE.finditer(r.log)]
+                 for r in self.records.values() if generation in r.generations
+                 for m in RESUME_LINE.finditer(r.log_of(generation))]
         return sorted(found, key=lambda x: x.time)
 
     # ---- waiting for the phases of a scenario

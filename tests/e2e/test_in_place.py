@@ -1,0 +1,61 @@
+"""Issue 25 on a real cluster: restartScope Pod replaces the failed rank, not the gang.
+
+A worker SIGKILLed through the fault command: its pod is created again, every surviving pod keeps its
+uid and its container's restartCount (the launcher joined the next generation in place, in the same
+container), the status names each survivor as a member of the new generation, and training resumes at
+the same world size from the survivors' rescue checkpoint. With restartScope All every pod is new."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from . import cluster
+from .scenario import Training, digits_job
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+
+def _policy(scope: str) -> dict:
+    return {"maxRestarts": 3, "restartScope": scope, "backoff": {"initialSeconds": 1, "maxSeconds": 10}}
+
+
+def _containers(t: Training) -> dict[str, tuple[str, int]]:
+    """Worker pod name -> (uid, restartCount of its trainer container)."""
+    found = {}
+    for pod in t.pods:
+        statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+        found[pod["metadata"]["name"]] = (pod["metadata"]["uid"], statuses[0].get("restartCount", 0))
+    return found
+
+
+@pytest.mark.parametrize("scope", ["Pod", "All"])
+def test_a_killed_worker_is_replaced_and_only_with_all_the_gang(faults, namespace, operator, scope):
+    t = Training(namespace, digits_job(f"in-place-{scope.lower()}", replicas=3, failure_policy=_policy(scope))).start()
+    before = t.wait_training()
+    g0 = t.generation
+    survivors_before = _containers(t)
+    victim = next(r for r in t.current(g0) if r.uid != t.rank0_pod().uid)  # rank 0's pod survives
+
+    killed_at = time.monotonic()
+    cluster.fault("kill", f"{namespace}/{victim.name}", "--signal", "9")
+    t.wait_running_world(g0 + 1, 3)
+    t.wait(lambda: t.latest_step(g0 + 1) > before, f"a training step in generation {g0 + 1}", 600)
+    print(f"{scope}: SIGKILL to a training step of generation {g0 + 1} in {time.monotonic() - killed_at:.1f} s "
+          f"(polled every 3 s)")
+
+    after = _containers(t)
+    kept = {name for name, state in survivors_before.items() if after.get(name) == state}
+    if scope == "Pod":
+        # Every survivor: same pod, same container (never restarted); the victim: a new pod.
+        assert kept == set(survivors_before) - {victim.name}, (survivors_before, after)
+        carried = {r["pod"]: r.get("generation") for r in t.status.get("ranks", [])}
+        assert all(carried[name] == g0 + 1 for name in survivors_before), t.status.get("ranks")
+    else:
+        assert not kept, (survivors_before, after)
+    t.wait_terminal()
+    t.assert_outcome(phase="Succeeded", reason="Succeeded", restarts=1, disruptions=0, generation=g0 + 1)
+    # The survivors' rescue checkpoint: no step seen before the kill is lost.
+    t.assert_resumed(g0 + 1, world=3, not_before=before, lost=0)
+    t.assert_no_duplicates(replacements=True)
