@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import datetime, timezone
 
 import kmock
@@ -241,6 +242,79 @@ async def test_the_heartbeat_refreshes_last_reconcile_time_and_leaves_finished_j
                          final["lastReconcileTime"].replace("Z", "+00:00"))).total_seconds() > 2.0,
                      what="four more passes, past a heartbeat")
     assert harness.status("beat") == final and harness.cluster.call_counts[STATUS_WRITE] == writes
+
+
+def _ready(ready: bool) -> dict:
+    """A running pod's status as its kubelet writes it, Ready or not (a failing readiness probe)."""
+    return {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [{"name": c, "state": {"running": {"startedAt": "2026-11-22T00:00:00Z"}}}
+                                  for c in (builders.TRAINER_CONTAINER, builders.STORE_CONTAINER)]}
+
+
+async def _idle(operator, harness, name: str) -> bool:
+    """The operator holds the job as the server does now (the echo of its last write delivered) and runs
+    no pass: read in the operator's own loop, where its events are handled."""
+    async def check() -> bool:
+        held = operator.controller.jobs.get((NAMESPACE, name))
+        return bool(held) and held["metadata"]["resourceVersion"] == \
+            harness.job(name)["metadata"]["resourceVersion"] and not operator.controller._running
+    return await operator.in_operator(check())
+
+
+@pytest.mark.settings(resync_seconds=3600.0)  # no periodic pass: every pass below has a trigger
+async def test_the_echo_of_its_own_status_write_triggers_nothing_and_a_burst_is_one_more_pass(harness, operator):
+    await started(harness, "echo")
+    controller = operator.controller
+    passes: list[str] = []
+    pod_events: list[str] = []
+    gate = threading.Event()
+    gate.set()
+    reconcile, pod_event = controller.reconcile, controller.pod_event
+
+    async def counted(key):
+        passes.append(key[1])
+        while not gate.is_set():  # held: the test sends events meanwhile
+            await asyncio.sleep(0.01)
+        await reconcile(key)
+
+    def seen(namespace, labels):
+        pod_events.append(labels.get(builders.LABEL_JOB_NAME, ""))
+        pod_event(namespace, labels)
+    controller.reconcile, controller.pod_event = counted, seen
+
+    async def idle() -> bool:
+        return await _idle(operator, harness, "echo")
+    await eventually_async(idle, "the operator idle")
+    passes.clear()
+
+    # One kubelet change: one pass, whose status write (readyReplicas 1) comes back as an event, ignored.
+    await harness.set_status("echo-worker-1", _ready(False))
+    await eventually(lambda: harness.status("echo").get("readyReplicas") == 1, what="readyReplicas 1")
+    await eventually_async(idle, "the echo delivered and the operator idle")
+    assert passes == ["echo"], passes
+
+    # A burst of events while a pass runs: one more pass covers them all, not one each.
+    passes.clear()
+    pod_events.clear()
+    gate.clear()
+    await harness.set_status("echo-worker-1", _ready(True))
+    await eventually(lambda: passes == ["echo"], what="a pass under way")
+    for i in range(10):
+        await harness.request("PATCH", f"/api/v1/namespaces/{NAMESPACE}/pods/echo-worker-0",
+                              {"metadata": {"annotations": {"burst": str(i)}}})
+    await eventually(lambda: len(pod_events) >= 11, what="the operator to receive every event of the burst")
+    gate.set()
+    await eventually(lambda: harness.status("echo").get("readyReplicas") == 2, what="readyReplicas 2")
+    await eventually_async(idle, "the operator idle again")
+    assert passes == ["echo", "echo"], passes
+
+
+async def eventually_async(check, what: str, timeout: float = 10.0):
+    """eventually() for a check that must run as a coroutine."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out after {timeout}s waiting for {what}"
+        await asyncio.sleep(0.02)
 
 
 async def test_stuck_terminating_pod_is_force_deleted_and_replaced(harness, operator):
