@@ -68,7 +68,8 @@ def test_disabled_ports_get_no_rule():
 
 @pytest.mark.parametrize("bad", [{"enabled": "yes"}, {"enabled": True, "extra": 1},
                                  {"enabled": True, "metrics": {"namespaces": [], "podSelector": {}}},
-                                 {"enabled": True, "metrics": {"namespaces": ["x"], "podSelector": {"matchLabelz": {}}}}])
+                                 {"enabled": True, "metrics": {"namespaces": ["x"],
+                                                               "podSelector": {"matchLabelz": {}}}}])
 def test_bad_values_are_refused(bad):
     with pytest.raises(Exception, match="networkPolicy"):
         install_dry_run({"networkPolicy": bad})

@@ -103,9 +103,10 @@ def summary(name: str, role: str, owner: str, phase: str = "Running") -> store.P
 
 def test_observations_and_the_progress_lookup_take_only_controlled_pods():
     now = datetime(2026, 11, 25, tzinfo=timezone.utc)
-    pods = (summary("job-worker-0", builders.ROLE_WORKER, "job-uid"), summary("job-rdzv", builders.ROLE_STORE, "job-uid"),
-            summary("fake-worker", builders.ROLE_WORKER, ""), summary("fake-store", builders.ROLE_STORE, "other",
-                                                                       phase="Failed"))
+    pods = (summary("job-worker-0", builders.ROLE_WORKER, "job-uid"),
+            summary("job-rdzv", builders.ROLE_STORE, "job-uid"),
+            summary("fake-worker", builders.ROLE_WORKER, ""),
+            summary("fake-store", builders.ROLE_STORE, "other", phase="Failed"))
     observed = store.observe(pods, now, job_uid="job-uid")
     assert [w.name for w in observed.workers] == ["job-worker-0"]
     assert observed.store is not None and observed.store.phase == "Running"  # not the failed impostor store

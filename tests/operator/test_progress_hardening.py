@@ -216,7 +216,8 @@ async def operator(cluster):
 
 
 def report_url(operator, job: str) -> str:
-    return f"http://127.0.0.1:{operator.controller.progress_server.port}/v1/namespaces/{NAMESPACE}/ddpjobs/{job}/progress"
+    port = operator.controller.progress_server.port
+    return f"http://127.0.0.1:{port}/v1/namespaces/{NAMESPACE}/ddpjobs/{job}/progress"
 
 
 async def post(session, url: str, token: str, body: dict) -> int:
