@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -453,3 +454,123 @@ async def test_paused_leader_is_fenced_and_never_acts_after_the_standby_took_ove
     assert set(pair.harness.pods("train")) == workers_before
     print(f"SIGSTOP: paused {resumed - paused:.2f}s; op-a made {len(pair.requests(a, resumed))} requests after "
           f"SIGCONT, none a write")
+
+
+# ---------------------------------------------------------------- one in-process replica, the Lease moved under it
+
+IN_PROCESS_LEASE = dict(lease_name=LEASE_NAME, lease_namespace=OPERATOR_NAMESPACE, identity="op-a",
+                        lease_duration_seconds=LEASE_DURATION, lease_renew_deadline_seconds=RENEW_DEADLINE,
+                        lease_retry_period_seconds=RETRY_PERIOD)
+LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{OPERATOR_NAMESPACE}/leases/{LEASE_NAME}"
+
+
+async def _write_lease(harness: Harness, holder: str, duration: int) -> None:
+    """Another replica's write: on the version it read, as the elector does (a 409 when it lost a race)."""
+    _, lease = await harness.request("GET", LEASE_PATH)
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    lease["spec"].update(holderIdentity=holder, leaseDurationSeconds=duration, renewTime=now, acquireTime=now)
+    code, body = await harness.request("PUT", LEASE_PATH, lease, "application/json")
+    assert code == 200, body
+
+
+@pytest.mark.settings(**IN_PROCESS_LEASE)
+async def test_a_replica_that_leads_again_forgets_what_it_wrote_before(harness, operator):
+    """op-a leads and writes the job's status; op-b takes the Lease (op-a's next renewal is a 409) and
+    charges two restarts; op-b hands the Lease back. op-a leads again and must account from the server's
+    status (2 restarts), not from its own last write (0): the next failure is the third."""
+    controller = operator.controller
+    await eventually(controller.leading, 10, "op-a to lead")
+    job = await started_job(harness, "relead")
+    await _write_lease(harness, "op-b", 3600)
+    await eventually(lambda: not controller.leading(), 10, "op-a to lose the Lease (its renewal refused)")
+    code, body = await harness.request("PATCH", harness.job_path("relead", "status"), {"status": {"restarts": 2}})
+    assert code == 200, body
+    await _write_lease(harness, "", 1)  # op-b stops gracefully: released
+    await eventually(controller.leading, 10, "op-a to lead again")
+    await harness.exit("relead-worker-1", 137, "OOMKilled")
+    await eventually(lambda: harness.status("relead").get("restarts") != 2, 10, "the failure charged")
+    assert harness.status("relead")["restarts"] == 3, harness.status("relead")
+    assert job["metadata"]["uid"] == harness.job("relead")["metadata"]["uid"]
+
+
+@pytest.mark.settings(**IN_PROCESS_LEASE)
+async def test_a_leader_whose_renewals_fail_stops_acting_while_running_and_leads_again(harness, operator):
+    """Not paused: the API server answers op-a 503 (an overloaded or partitioned API server). Past its renew
+    deadline op-a stops acting on its own; once the API answers again it renews (nobody took over) and acts."""
+    controller = operator.controller
+    await eventually(controller.leading, 10, "op-a to lead")
+    await started_job(harness, "outage")
+    harness.cluster.unavailable_until = float("inf")
+    await eventually(lambda: not controller.leading(), 10, "op-a to stop acting")
+    assert controller.metrics.leader._value.get() == 0
+    harness.cluster.unavailable_until = 0.0  # the outage ends when the test saw the fence, not at a time
+    await eventually(controller.leading, 10, "op-a to lead again")
+    lease = harness.cluster.get(LEASES, OPERATOR_NAMESPACE, LEASE_NAME)["spec"]
+    assert lease["holderIdentity"] == "op-a" and lease["leaseTransitions"] == 0  # renewed, never handed over
+    await harness.exit("outage-worker-1", 137, "OOMKilled")
+    await eventually(lambda: harness.status("outage").get("restarts") == 1, 10, "op-a acting again")
+
+
+async def started_job(harness: Harness, name: str) -> dict[str, Any]:
+    job = await harness.apply(name, minReplicas=1, failurePolicy={
+        "maxRestarts": 5, "restartScope": "Pod", "backoff": {"initialSeconds": 0, "maxSeconds": 1}})
+    await harness.wait_workers(name, 2)
+    await eventually(lambda: harness.pods(name, builders.ROLE_STORE), what="the store pod")
+    await harness.run_all(name)
+    await harness.wait_phase(name, "Running")
+    return job
+
+
+@attrs.define(kw_only=True)
+class BothReadFirst(Cluster):
+    """The emulator, holding each Lease read until a second one came: two replicas decide on the same
+    Lease. Records the Lease writes' answers."""
+
+    answers: list[tuple[str, int]] = attrs.field(factory=list, init=False)
+    pending: list[asyncio.Event] = attrs.field(factory=list, init=False)
+
+    async def _serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        method = str(getattr(request.method, "value", request.method)).upper()
+        lease = "/leases" in request.url.path
+        if lease and method == "GET":
+            arrived = asyncio.Event()
+            self.pending.append(arrived)
+            if len(self.pending) == 2:
+                for event in self.pending:
+                    event.set()
+                self.pending.clear()
+            await asyncio.wait_for(arrived.wait(), 10)
+        response = await super()._serve(request)
+        if lease and method != "GET":
+            self.answers.append((method, response.status))
+        return response
+
+
+async def test_two_replicas_racing_for_the_lease_one_wins_and_the_other_takes_the_409():
+    """Both read the Lease before either writes: both decide to create it, then (once it is released)
+    both decide to take it over. Each time one write wins and the other is a 409 that the loser takes as
+    "not ours" (its round ends without an error, not leading)."""
+    async with BothReadFirst() as emulator, kmock.Server(emulator) as server:
+        emulator.register_resources()
+        url = str(server.url).rstrip("/")
+
+        def elector(identity: str) -> leader.Elector:
+            return leader.Elector(kube.Kube(kube.Connection(server=url)), OPERATOR_NAMESPACE, LEASE_NAME, identity,
+                                  Timing(LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD))
+        a, b, c = elector("op-a"), elector("op-b"), elector("op-c")
+        try:
+            await asyncio.gather(a._round(), b._round())
+            assert sorted(emulator.answers) == [("POST", 201), ("POST", 409)], emulator.answers
+            [winner] = [e for e in (a, b) if e.leading()]
+            loser = b if winner is a else a
+            assert emulator.get(LEASES, OPERATOR_NAMESPACE, LEASE_NAME)["spec"]["holderIdentity"] == winner.identity
+            await winner.stop(release=True)  # SIGTERM: the Lease is released (an empty holder)
+            emulator.answers.clear()
+            await asyncio.gather(loser._round(), c._round())
+            assert sorted(emulator.answers) == [("PUT", 200), ("PUT", 409)], emulator.answers
+            [taker] = [e for e in (loser, c) if e.leading()]
+            lease = emulator.get(LEASES, OPERATOR_NAMESPACE, LEASE_NAME)["spec"]
+            assert lease["holderIdentity"] == taker.identity and lease["leaseTransitions"] == 1
+        finally:
+            for e in (a, b, c):
+                await e.stop(release=False)
