@@ -82,7 +82,7 @@ def test_permanent_error_fails_the_job_with_the_reason(tmp_path, runs):
     # The launcher passes the trainer's own exit code on (torchrun alone would say 1), with its message.
     assert "job perm: Failed" in out
     assert ("PermanentError: worker 0 (pod perm-worker-0) failed with exit code 2, reason Error "
-            "(rank 0 (local rank 0) exited with code 2 [rendezvous closed])") in out
+            "(rank 0 (local rank 0) exited with code 2 [generation 0] [rendezvous closed])") in out
     assert "bad learning rate" in (job_dir(tmp_path, "perm") / "logs" / "perm-worker-0.log").read_text()
 
 
@@ -95,7 +95,8 @@ def test_retryable_failures_exhaust_the_restart_budget(tmp_path, runs):
     assert code == 1, out
     assert "[budget-worker-0] ---- budget-worker-0:" in out, "--logs prints worker lines with their pod"
     assert ("WorkerFailed: worker 0 (pod budget-worker-0) failed with exit code 1, reason Error "
-            "(rank 0 (local rank 0) exited with code 1 [rendezvous closed]); restarting (restart 1 of 1)") in out
+            "(rank 0 (local rank 0) exited with code 1 [generation 0] [rendezvous closed]); "
+            "restarting (restart 1 of 1)") in out
     assert "RestartBudgetExhausted" in out and "failurePolicy.maxRestarts=1 is spent" in out
     assert "restarts charged to the budget: 1" in out
     log = (job_dir(tmp_path, "budget") / "logs" / "budget-worker-0.log").read_text()
@@ -118,7 +119,8 @@ def test_ctrl_c_stops_workers_gracefully_leaves_no_process_and_resume_continues(
     log0 = (job_dir(tmp_path, "stop") / "logs" / "stop-worker-0.log").read_text()
     stopped = re.search(r"stop requested at step (\d+): writing a final checkpoint", log0)
     assert stopped, log0[-3000:]
-    final = job_dir(tmp_path, "stop") / "checkpoints" / "checkpoints" / f"step-{int(stopped.group(1)):08d}.committed"
+    steps = job_dir(tmp_path, "stop") / "checkpoints" / "stop" / "checkpoints"  # the job's own directory
+    final = steps / f"step-{int(stopped.group(1)):08d}.committed"
     assert final.exists(), sorted(p.name for p in final.parent.iterdir())
 
     code, out = start(runs, tmp_path, str(path), "--resume").wait(timeout=240)
