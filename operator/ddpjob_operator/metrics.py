@@ -5,6 +5,7 @@ Each operator instance has its own registry (tests run several in one process).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
@@ -53,7 +54,10 @@ class Metrics:
         return generate_latest(self.registry).decode()
 
     def serve(self, port: int, address: str) -> None:
-        self._server, _ = start_http_server(port, addr=address, registry=self.registry)
+        """A negative port (settings' "auto"): one the kernel picks; the bound port is logged."""
+        self._server, _ = start_http_server(max(port, 0), addr=address, registry=self.registry)
+        logging.getLogger("ddpjob_operator").info("metrics on http://%s:%d/metrics", address,
+                                                  self._server.server_port)
 
     def stop(self) -> None:
         if self._server is not None:

@@ -31,7 +31,7 @@ class Settings:
     watch_namespaces: tuple[str, ...] = ()  # empty: all namespaces (cluster-wide)
     log_level: str = "INFO"
     health_port: int = 8080  # kopf liveness endpoint /healthz; 0 disables it
-    metrics_port: int = 9090  # Prometheus /metrics; 0 disables it
+    metrics_port: int = 9090  # Prometheus /metrics; 0 disables it; AUTO_PORT ("auto"): any free one, logged
     resync_seconds: float = 30.0  # every job is reconciled at least this often
     stuck_terminating_seconds: float = 300.0  # then a Terminating pod is force-deleted
     cannot_start_seconds: float = 300.0  # then a pod stuck on a bad image or missing secret fails its job
@@ -95,6 +95,13 @@ def _level(raw: str) -> str:
     if level not in LOG_LEVELS:
         raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
     return level
+
+
+AUTO_PORT = -1  # "auto": a port the kernel picks, logged at start (tests running several operators at once)
+
+
+def _port_or_auto(raw: str) -> int:
+    return AUTO_PORT if raw.strip() == "auto" else _port(raw)
 
 
 def _port(raw: str) -> int:
@@ -179,7 +186,7 @@ PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "WATCH_NAMESPACES": ("watch_namespaces", _namespaces),
     "LOG_LEVEL": ("log_level", _level),
     "HEALTH_PORT": ("health_port", _port),
-    "METRICS_PORT": ("metrics_port", _port),
+    "METRICS_PORT": ("metrics_port", _port_or_auto),
     "RESYNC_SECONDS": ("resync_seconds", _seconds),
     "STUCK_TERMINATING_SECONDS": ("stuck_terminating_seconds", _seconds),
     "CANNOT_START_SECONDS": ("cannot_start_seconds", _seconds),
