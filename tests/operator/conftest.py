@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import threading
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -31,12 +32,15 @@ def pytest_configure(config) -> None:
 
 async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition",
                      between: Callable[[], Awaitable[Any]] | None = None) -> Any:
-    """Poll until check() returns something truthy (the operator works asynchronously)."""
+    """Poll until check() returns something truthy (the operator works asynchronously); check may be a
+    coroutine function (to look in the operator's own loop)."""
     deadline = time.monotonic() + timeout
     while True:
         if between is not None:
             await between()
         result = check()
+        if inspect.isawaitable(result):
+            result = await result
         if result:
             return result
         if time.monotonic() > deadline:
@@ -213,18 +217,39 @@ class OperatorProcess:
             self.thread = None
 
 
-@pytest_asyncio.fixture()
-async def operator(cluster: tuple[Cluster, str], request: pytest.FixtureRequest) -> AsyncIterator[OperatorProcess]:
-    """The operator with FAST settings, changed by a test's `settings(**changes)` mark."""
-    emulator, url = cluster
-    mark = request.node.get_closest_marker("settings")
-    process = OperatorProcess(url, dataclasses.replace(FAST, **mark.kwargs) if mark else FAST)
-    await process.start()
-    try:
-        yield process
-    finally:
-        await process.stop()
-    assert_within_permissions(emulator)
+def operator_fixture(settings: Settings = FAST) -> Any:
+    """The `operator` fixture, the one way tests run the operator: the real operator on the emulated
+    cluster with `settings` (a module's own: `operator = operator_fixture(SETTINGS)`), changed by the
+    test's `settings(**changes)` marks (module marks first); its calls checked against the chart's RBAC."""
+    @pytest_asyncio.fixture()
+    async def operator(cluster: tuple[Cluster, str], request: pytest.FixtureRequest) -> AsyncIterator[OperatorProcess]:
+        emulator, url = cluster
+        changes: dict[str, Any] = {}
+        for mark in reversed(list(request.node.iter_markers("settings"))):
+            changes.update(mark.kwargs)
+        process = OperatorProcess(url, dataclasses.replace(settings, **changes))
+        await process.start()
+        try:
+            yield process
+        finally:
+            await process.stop()
+        assert_within_permissions(emulator)
+    return operator
+
+
+operator = operator_fixture()
+
+
+async def started(harness: Harness, name: str, *, kubelet: Callable[[str], Awaitable[Any]] | None = None,
+                  **spec: Any) -> dict[str, Any]:
+    """Apply a job and play the kubelet (`kubelet(job)`, by default Harness.run_all) until all of its
+    pods run."""
+    job = await harness.apply(name, **spec)
+    await harness.wait_workers(name, spec.get("replicas", 2))
+    await eventually(lambda: harness.pods(name, builders.ROLE_STORE), what="the store pod")
+    await (kubelet or harness.run_all)(name)
+    await harness.wait_phase(name, "Running")
+    return job
 
 
 def reconcile_passes(operator: OperatorProcess) -> int:

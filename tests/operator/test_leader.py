@@ -27,7 +27,7 @@ from kmock._internal import rendering
 from ddpjob_operator import builders, kube, leader, settings
 from ddpjob_operator.leader import Action, LeaseRecord, Timing, Verb, decide, fenced
 
-from .conftest import NAMESPACE, Harness, assert_within_permissions, eventually
+from .conftest import NAMESPACE, Harness, assert_within_permissions, eventually, started
 from .emulator import LEASES, PODS, Cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -520,13 +520,8 @@ async def test_a_leader_whose_renewals_fail_stops_acting_while_running_and_leads
 
 
 async def started_job(harness: Harness, name: str) -> dict[str, Any]:
-    job = await harness.apply(name, minReplicas=1, failurePolicy={
+    return await started(harness, name, minReplicas=1, failurePolicy={
         "maxRestarts": 5, "restartScope": "Pod", "backoff": {"initialSeconds": 0, "maxSeconds": 1}})
-    await harness.wait_workers(name, 2)
-    await eventually(lambda: harness.pods(name, builders.ROLE_STORE), what="the store pod")
-    await harness.run_all(name)
-    await harness.wait_phase(name, "Running")
-    return job
 
 
 @attrs.define(kw_only=True)

@@ -11,7 +11,7 @@ import pytest
 
 from ddpjob_operator import builders, model
 
-from .conftest import NAMESPACE, eventually, reconcile_passes
+from .conftest import NAMESPACE, eventually, reconcile_passes, started
 from .emulator import DDPJOBS, PODS
 
 pytestmark = pytest.mark.timeout(60)
@@ -37,16 +37,6 @@ async def test_create_makes_services_store_and_workers(harness, operator):
 
 
 FAST_BACKOFF = {"backoff": {"initialSeconds": 0, "maxSeconds": 1}}
-
-
-async def started(harness, name: str, **spec) -> dict:
-    """Apply a job and play the kubelet until all of its pods run."""
-    job = await harness.apply(name, **spec)
-    await harness.wait_workers(name, spec.get("replicas", 2))
-    await eventually(lambda: harness.pods(name, builders.ROLE_STORE), what="store pod")
-    await harness.run_all(name)
-    await harness.wait_phase(name, "Running")
-    return job
 
 
 async def test_retryable_failure_replaces_only_that_rank(harness, operator):
@@ -284,13 +274,13 @@ async def test_the_echo_of_its_own_status_write_triggers_nothing_and_a_burst_is_
 
     async def idle() -> bool:
         return await _idle(operator, harness, "echo")
-    await eventually_async(idle, "the operator idle")
+    await eventually(idle, what="the operator idle")
     passes.clear()
 
     # One kubelet change: one pass, whose status write (readyReplicas 1) comes back as an event, ignored.
     await harness.set_status("echo-worker-1", _ready(False))
     await eventually(lambda: harness.status("echo").get("readyReplicas") == 1, what="readyReplicas 1")
-    await eventually_async(idle, "the echo delivered and the operator idle")
+    await eventually(idle, what="the echo delivered and the operator idle")
     assert passes == ["echo"], passes
 
     # A burst of events while a pass runs: one more pass covers them all, not one each.
@@ -305,16 +295,8 @@ async def test_the_echo_of_its_own_status_write_triggers_nothing_and_a_burst_is_
     await eventually(lambda: len(pod_events) >= 11, what="the operator to receive every event of the burst")
     gate.set()
     await eventually(lambda: harness.status("echo").get("readyReplicas") == 2, what="readyReplicas 2")
-    await eventually_async(idle, "the operator idle again")
+    await eventually(idle, what="the operator idle again")
     assert passes == ["echo", "echo"], passes
-
-
-async def eventually_async(check, what: str, timeout: float = 10.0):
-    """eventually() for a check that must run as a coroutine."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out after {timeout}s waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 async def test_stuck_terminating_pod_is_force_deleted_and_replaced(harness, operator):

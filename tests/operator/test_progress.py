@@ -17,29 +17,16 @@ import pytest_asyncio
 from ddpjob_operator import builders
 from ddpjob_operator import progress as progress_module
 
-from .conftest import FAST, NAMESPACE, OperatorProcess, assert_within_permissions, eventually
-from .test_operator import started
+from .conftest import FAST, NAMESPACE, eventually, operator_fixture, started
 
 pytestmark = pytest.mark.timeout(90)
 AUDIENCE = "progress.elastic.ddp.dev"
 
 
-@pytest_asyncio.fixture()
-async def operator(cluster):
-    emulator, url = cluster
-    # progress_port 0 means "off" to the settings: the test starts the operator's own endpoint on a port
-    # the kernel picks (a port chosen in advance could be taken by then), in the operator's loop.
-    settings = replace(FAST, progress_url="http://ddpjob-progress.ddpjob-system.svc:8090",
-                       progress_write_seconds=0.5, bind_address="127.0.0.1")
-    process = OperatorProcess(url, settings)
-    await process.start()
-    await process.in_operator(process.controller.progress_server.start(0, "127.0.0.1"))
-    assert process.controller.progress_server.port
-    try:
-        yield process
-    finally:
-        await process.stop()
-    assert_within_permissions(emulator)
+# progress_port 0 means "off" to the settings: the reporter fixture starts the operator's own endpoint on a
+# port the kernel picks (a port chosen in advance could be taken by then), in the operator's loop.
+operator = operator_fixture(replace(FAST, progress_url="http://ddpjob-progress.ddpjob-system.svc:8090",
+                                    progress_write_seconds=0.5, bind_address="127.0.0.1"))
 
 
 class Reporter:
@@ -61,6 +48,8 @@ class Reporter:
 
 @pytest_asyncio.fixture()
 async def reporter(operator):
+    await operator.in_operator(operator.controller.progress_server.start(0, "127.0.0.1"))
+    assert operator.controller.progress_server.port
     async with aiohttp.ClientSession() as session:
         yield Reporter(operator, session)
 

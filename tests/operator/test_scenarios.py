@@ -18,14 +18,15 @@ import asyncio
 import collections
 import dataclasses
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 import pytest
 import pytest_asyncio
 
 from ddpjob_operator import builders
 
-from .conftest import FAST, NAMESPACE, Harness, OperatorProcess, assert_within_permissions, eventually
+from . import conftest
+from .conftest import FAST, NAMESPACE, Harness, OperatorProcess, eventually, operator_fixture
 from .emulator import NODES, PODS, NodeUnreachable, api_error
 
 pytestmark = pytest.mark.timeout(60)
@@ -49,21 +50,7 @@ UNSCHEDULABLE = "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 no
                 "3 No preemption victims found for incoming pod."
 
 
-@pytest_asyncio.fixture()
-async def operator(cluster, request) -> AsyncIterator[OperatorProcess]:
-    """conftest's operator, with SETTINGS (changed by a test's `settings(**changes)` mark); the scheduler's
-    nodes registered first."""
-    emulator, url = cluster
-    for node in (*(f"node-{i}" for i in range(4)), STORE_NODE, SPARE_NODE):
-        await emulator.add_node(node)
-    mark = request.node.get_closest_marker("settings")
-    process = OperatorProcess(url, dataclasses.replace(SETTINGS, **mark.kwargs) if mark else SETTINGS)
-    await process.start()
-    try:
-        yield process
-    finally:
-        await process.stop()
-    assert_within_permissions(emulator)
+operator = operator_fixture(SETTINGS)
 
 
 # ---------------------------------------------------------------- the scheduler and the kubelets
@@ -151,21 +138,19 @@ class Nodes:
                    and self.served(job, p) == generation)
 
 
-@pytest.fixture()
-def nodes(harness: Harness) -> Nodes:
+@pytest_asyncio.fixture()
+async def nodes(harness: Harness) -> Nodes:
+    """The scheduler's nodes, registered with their kubelets (the operator never reads nodes)."""
+    for node in (*(f"node-{i}" for i in range(4)), STORE_NODE, SPARE_NODE):
+        await harness.cluster.add_node(node)
     return Nodes(harness)
 
 
 # ---------------------------------------------------------------- helpers
 
 async def started(harness: Harness, nodes: Nodes, name: str, **spec: Any) -> dict[str, Any]:
-    """Apply a job, and play the scheduler and kubelets until all of its pods run."""
-    job = await harness.apply(name, **spec)
-    await harness.wait_workers(name, spec.get("replicas", 2))
-    await eventually(lambda: harness.pods(name, builders.ROLE_STORE), what="the store pod")
-    await nodes.start_all(name)
-    await harness.wait_phase(name, "Running")
-    return job
+    """conftest's started(), the test playing the scheduler and the kubelets."""
+    return await conftest.started(harness, name, kubelet=nodes.start_all, **spec)
 
 
 def creations(harness: Harness, job: str) -> collections.Counter[str]:
@@ -233,14 +218,12 @@ async def test_sigkilled_worker_is_one_charge_and_a_new_generation(harness, oper
     on its next collective and its agent exits 1, closing the rendezvous. Its pod's status may reach the
     operator before the killed one's: the same single charge either way."""
     await started(harness, nodes, "kill", failurePolicy={"maxRestarts": 3, "restartScope": scope, **NO_BACKOFF})
-    # restartScope All charges a gang's incident at its first exit, without waiting: with the kill first,
+    # A retryable exit is charged at its first exit, without waiting (either scope): with the kill first,
     # the survivor's exit comes once the charge is on record, and belongs to the generation left behind.
-    # Pod scope waits (incident_settle_seconds) for the survivor's exit to join the incident.
-    gang_charged_first = scope == "All" and order == "kill first"
+    charged_first = order == "kill first"
     if order == "kill first":
         await nodes.exit("kill-worker-1", 137)
-        if gang_charged_first:
-            await eventually(lambda: harness.status("kill").get("restarts") == 1, what="the charge")
+        await eventually(lambda: harness.status("kill").get("restarts") == 1, what="the charge")
         await nodes.exit("kill-worker-0", 1, PEER_LOST.format(rank=0))
     else:
         await nodes.exit("kill-worker-0", 1, PEER_LOST.format(rank=0))
@@ -248,7 +231,7 @@ async def test_sigkilled_worker_is_one_charge_and_a_new_generation(harness, oper
     await eventually(lambda: harness.status("kill").get("generation") == 1, what="generation 1")
     await nodes.generation_running("kill", 1, 2)
     status = assert_outcome(harness, "kill", phase="Running", reason="Running", restarts=1, disruptions=0,
-                            generation=1, incident=("Retryable", True, [1] if gang_charged_first else [0, 1]))
+                            generation=1, incident=("Retryable", True, [1] if charged_first else [0, 1]))
     assert len(status["incidents"]) == 1
     assert creations(harness, "kill") == {"kill-worker-0": 2, "kill-worker-1": 2, "kill-rdzv": 1}
 
