@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from ddp_trainer.runtime import CheckpointManager
-from trainer_harness import base_env, committed_steps, kill_tree, read_json, run, start, tail, torchrun_cmd, wait_for
+from trainer_harness import (base_env, committed_steps, kill_tree, read_json, run, start, steps_dir, tail,
+                             torchrun_cmd, wait_for)
 
 TINY = ["--workload", "synthetic", "--workload-option", "samples=512", "--workload-option", "features=8",
         "--workload-option", "hidden=16", "--workload-option", "classes=3", "--workload-option", "eval_samples=64"]
@@ -122,8 +123,8 @@ def test_5_an_unwritable_checkpoint_directory_fails_at_start_naming_path_and_fix
     while progress.json still is. Without periodic checkpoints the old trainer trained to the end,
     then failed at its final save with a traceback."""
     ckpt = tmp_path / "ckpt"
-    (ckpt / "checkpoints").mkdir(parents=True)
-    locked = ckpt / "checkpoints"
+    locked = steps_dir(ckpt)  # the job's own checkpoints/ on the volume
+    locked.mkdir(parents=True)
     if os.getuid() == 0:  # root writes through permissions: make the directory immutable instead
         if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(locked)]).returncode != 0:
             pytest.skip("running as root and chattr +i is not available: cannot make a directory unwritable")
@@ -138,7 +139,7 @@ def test_5_an_unwritable_checkpoint_directory_fails_at_start_naming_path_and_fix
         os.chmod(locked, 0o755)
     log = (tmp_path / "log").read_text()
     assert rc != 0
-    assert f"checkpoint directory {ckpt / 'checkpoints'} is not writable by uid" in log, log
+    assert f"checkpoint directory {locked} is not writable by uid" in log, log
     assert "fsGroup" in log
     assert not re.search(r"^step=", log, re.MULTILINE), "it trained before noticing"
 

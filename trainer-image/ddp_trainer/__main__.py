@@ -8,12 +8,20 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import parse_config
-from .runtime import Job, exit_process
+from .runtime import CheckpointVolumeError, Job, exit_process
 from .trainer import Trainer
 
 
 @record  # an exception is written to torchrun's error file and the worker exits non-zero
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except CheckpointVolumeError as e:  # full or unreadable: the volume's fault, not a bug (exit 75)
+        logging.getLogger(__name__).error("exiting with code %d: %s", e.exit_code, e, exc_info=True)
+        return e.record()  # the message, not a traceback, goes to torchrun (and the termination message)
+
+
+def _main(argv: list[str] | None) -> int:
     cfg = parse_config(argv)
     c = cfg.checkpoint
     job = Job.start(device=cfg.device, backend=cfg.dist.backend, timeout_s=cfg.dist.timeout_s,

@@ -8,7 +8,8 @@ API version 1 (`API_VERSION`); additions keep it, a breaking change bumps it. Se
 | `is_peer_failure` | an exception from a collective that failed because a peer died: call `job.rescue()` with the intact replica |
 | `exit_process(code)` | the last line of a script's `__main__`: exit without interpreter teardown, where torch's C++ threads can abort a finished trainer |
 | `JobEnv` | rank, world size, restart count, generation, job name, checkpoint settings from the environment |
-| `CheckpointManager` | atomic save (temp + fsync + rename + commit marker), keep K >= 2 good ones, `load_latest` skipping corrupt ones |
+| `CheckpointManager` | atomic save (temp + fsync + rename + commit marker, read back), keep K >= 2 good ones, `load_latest` skipping corrupt ones; one directory per job (`$DDPJOB_NAME`), commits fenced by rendezvous generation (`rendezvous_generation`) |
+| `CheckpointVolumeError` (`CheckpointVolumeFull`, `CheckpointVolumeUnreadable`) | the volume is full, or kept failing reads: exit `CHECKPOINT_VOLUME_EXIT_CODE` (75) with `error.record()`, message starting `checkpoint volume full:` / `checkpoint volume unreadable:` |
 | `StopRequest` | SIGTERM/SIGINT -> a flag all ranks agree on at the same step, without a device sync; `exit_code` 143 |
 | `ResumableDistributedSampler` | per-epoch permutation sharded over ranks, resumable mid-epoch at any world size |
 | `report()`, `ProgressReporter` | non-blocking progress (progress.json; POST to $DDPJOB_PROGRESS_URL) |
@@ -17,7 +18,11 @@ API version 1 (`API_VERSION`); additions keep it, a breaking change bumps it. Se
 | `check_writable`, `check_resume` | fail early: unwritable checkpoint dir, resume with another data order |
 """
 
-from .checkpoint import CheckpointDirError, CheckpointManager, atomic_write_bytes, atomic_write_json, check_writable
+from .checkpoint import (CHECKPOINT_VOLUME_EXIT_CODE, CHECKPOINT_VOLUME_FULL_EXIT_CODE,
+                         CHECKPOINT_VOLUME_FULL_PREFIX, CHECKPOINT_VOLUME_UNREADABLE_EXIT_CODE,
+                         CHECKPOINT_VOLUME_UNREADABLE_PREFIX, CheckpointDirError, CheckpointManager,
+                         CheckpointVolumeError, CheckpointVolumeFull, CheckpointVolumeUnreadable, CorruptCheckpoint,
+                         atomic_write_bytes, atomic_write_json, check_writable, rendezvous_generation)
 from .data import batch_size_of, ignore_stop_signals, move_to, worker_init_fn
 from .distributed import (JobEnv, StopRequest, barrier, destroy_process_group, init_process_group,
                           is_peer_failure, select_device)
@@ -28,8 +33,12 @@ from .sampler import ResumableDistributedSampler, ResumeMismatch, check_resume
 API_VERSION = 1
 
 __all__ = [
-    "API_VERSION", "CheckpointDirError", "CheckpointManager", "Job", "JobEnv", "ProgressReporter",
-    "ResumableDistributedSampler", "ResumeMismatch", "StopRequest", "atomic_write_bytes", "atomic_write_json",
-    "barrier", "batch_size_of", "check_resume", "check_writable", "default_reporter", "destroy_process_group", "exit_process",
-    "ignore_stop_signals", "init_process_group", "is_peer_failure", "move_to", "report", "select_device", "worker_init_fn",
+    "API_VERSION", "CHECKPOINT_VOLUME_EXIT_CODE", "CHECKPOINT_VOLUME_FULL_EXIT_CODE", "CHECKPOINT_VOLUME_FULL_PREFIX",
+    "CHECKPOINT_VOLUME_UNREADABLE_EXIT_CODE", "CHECKPOINT_VOLUME_UNREADABLE_PREFIX", "CheckpointDirError",
+    "CheckpointManager", "CheckpointVolumeError", "CheckpointVolumeFull", "CheckpointVolumeUnreadable",
+    "CorruptCheckpoint", "Job", "JobEnv", "ProgressReporter", "ResumableDistributedSampler", "ResumeMismatch",
+    "StopRequest", "atomic_write_bytes", "atomic_write_json", "barrier", "batch_size_of", "check_resume",
+    "check_writable", "default_reporter", "destroy_process_group", "exit_process", "ignore_stop_signals",
+    "init_process_group", "is_peer_failure", "move_to", "rendezvous_generation", "report", "select_device",
+    "worker_init_fn",
 ]

@@ -1,23 +1,37 @@
 """Crash-safe checkpoints on a shared directory: rank 0 writes, every rank reads.
 
-Layout under <dir>/checkpoints/:
-    step-00000120.pt          torch.save of the state dict
-    step-00000120.committed   JSON {"step", "bytes", "sha256", "time", "generation"}; written last, it is the commit
-    step-00000120.rescue      a survivor's exclusive claim on writing step 120 as a rescue checkpoint
+Layout, with a job name (`$DDPJOB_NAME`: every DDPJob worker has one), under the mount <dir>:
+    <dir>/<job>/generation-00000003-<run>.fence   the newest rendezvous generation that started on it
+    <dir>/<job>/checkpoints/
+        step-00000120.pt          torch.save of the state dict
+        step-00000120.committed   JSON {"step", "bytes", "sha256", "time", "generation", "run", "job"};
+                                  written last, it is the commit
+        step-00000120.rescue      a survivor's exclusive claim on writing step 120 as a rescue checkpoint
+Without a job name (a plain script outside DDPJob) the same files live directly under <dir>. Two
+jobs that mount one claim thus never see each other's steps.
 
 A write goes to a hidden temp name unique to this process (a uuid, never a PID: PIDs repeat across
 pods on a shared volume), is fsynced, atomically renamed, then the commit marker is written the same
 way. A checkpoint without a marker, or whose bytes do not match the marker, is never loaded: a
-SIGKILL mid-write or a truncated file falls back to the previous checkpoint. Pruning keeps the newest
-`keep` checkpoints that are known good (a corrupt one never counts), and removes orphan `.pt` files
-and temp files nobody has touched for `stale_temp_seconds`.
+SIGKILL mid-write or a truncated file falls back to the previous checkpoint. An I/O error while
+reading is not corruption: it is retried, then raised as `CheckpointVolumeUnreadable`, so a flaky
+volume never makes a trainer start over from step 0. A save reads its checkpoint back and checks
+it before anything is pruned; pruning then keeps the newest `keep` good checkpoints (a corrupt one
+never counts) and never removes a good one newer than the one just verified, and removes orphan
+`.pt` files and temp files nobody has touched for `stale_temp_seconds`. A full volume (ENOSPC,
+EDQUOT) raises `CheckpointVolumeFull` and leaves no temp file behind.
+
+Fencing: every trainer knows its rendezvous generation (torchrun's run id `<job uid>-g<N>`, see
+`rendezvous_generation`). The writer of a generation raises the directory's fence to it when it
+starts (before it looks for a checkpoint to resume from), and every commit, periodic, final or
+rescue, checks the fence and the committed markers before it writes and again after its marker is
+in place: a trainer of an older generation (a partitioned worker of a replaced generation) commits
+nothing, or withdraws its commit if the newer generation appeared while it wrote.
 
 Rescue checkpoints (`save_rescue`): when a peer dies, every surviving rank still holds the whole
-replica at a step boundary, and any of them may write it, not only rank 0. Writers are fenced: the
-step's claim file is created exclusively (one writer per step, whoever is first), a step that already
-has a checkpoint is never rewritten, and a writer whose generation is older than any committed
-checkpoint's (a partitioned worker of a replaced generation) writes nothing, or withdraws its commit
-if such a checkpoint appears while it writes.
+replica at a step boundary, and any of them may write it, not only rank 0. The step's claim file is
+created exclusively (one writer per step, whoever is first), and a step that already has a
+checkpoint is never rewritten.
 """
 
 from __future__ import annotations
@@ -32,9 +46,11 @@ import os
 import re
 import threading
 import time
+import traceback
 import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -42,34 +58,138 @@ log = logging.getLogger(__name__)
 _MARKER = re.compile(r"^step-(\d{8,})\.committed$")
 _DATA = re.compile(r"^step-(\d{8,})\.pt$")
 _CLAIM = re.compile(r"^step-(\d{8,})\.rescue$")
+_FENCE = re.compile(r"^generation-(\d{8,})-([0-9a-f]{12})\.fence$")
 _TEMP = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$|^\.step-.+\.tmp\d*$")  # ours, and the PID-named ones of 0.1
+_RUN_ID = re.compile(r"^(?P<run>.+)-g(?P<generation>\d+)$")  # the operator's rendezvous id: <job uid>-g<N>
+_JOB_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")  # one safe path component
 STALE_TEMP_SECONDS = 300.0
+READ_RETRIES = 3  # an I/O error while reading: 3 more tries, 0.5 s, 1 s, 2 s apart
+READ_RETRY_BACKOFF_SECONDS = 0.5
+_CHUNK = 8 << 20
+
+# The checkpoint volume cannot be used for a reason that is not the script's: the trainer exits with
+# this code (EX_TEMPFAIL of sysexits.h) and an error message that starts with one of the prefixes
+# below and names the directory, and the job is retried rather than failed as a bug.
+CHECKPOINT_VOLUME_EXIT_CODE = 75
+CHECKPOINT_VOLUME_FULL_EXIT_CODE = CHECKPOINT_VOLUME_EXIT_CODE
+CHECKPOINT_VOLUME_UNREADABLE_EXIT_CODE = CHECKPOINT_VOLUME_EXIT_CODE
+CHECKPOINT_VOLUME_FULL_PREFIX = "checkpoint volume full:"
+CHECKPOINT_VOLUME_UNREADABLE_PREFIX = "checkpoint volume unreadable:"
+_FULL = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if e is not None)
+
+T = TypeVar("T")
 
 
 class CheckpointDirError(RuntimeError):
     """The checkpoint directory cannot be used; the message names the path and the fix."""
 
 
+class CorruptCheckpoint(ValueError):
+    """A committed checkpoint whose bytes are not what its marker says, or do not load: never used."""
+
+
+class CheckpointVolumeError(OSError):
+    """The checkpoint volume failed us (full, or unreadable after retries): an infrastructure
+    condition, not the script's bug. `str(error)` starts with the class's `prefix` and names the
+    directory; `record()` hands it to torchrun and returns `exit_code` (75) for the process to exit with."""
+
+    prefix = ""
+    exit_code = CHECKPOINT_VOLUME_EXIT_CODE
+
+    def __init__(self, directory: str | os.PathLike, detail: str, *, code: int | None = None) -> None:
+        super().__init__(f"{self.prefix} {directory}: {detail}")
+        self.directory, self.detail = Path(directory), detail
+        self.errno = code
+        self.time = time.time()  # when it happened: torchrun takes the earliest failure as the cause
+
+    def __reduce__(self):  # pickles (to another process) with its own arguments, not OSError's
+        return type(self), (self.directory, self.detail), {"errno": self.errno, "time": self.time}
+
+    def record(self) -> int:
+        """Write this error where torchrun reads a failed trainer's error (`$TORCHELASTIC_ERROR_FILE`,
+        as torch's `@record` does, with the message itself first, so the pod's termination message reads
+        `rank R ... exited with code 75: checkpoint volume full: <dir>: ...`); return `exit_code`.
+
+            try:
+                code = main()
+            except CheckpointVolumeError as e:
+                code = e.record()
+            exit_process(code)
+        """
+        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if path:
+            stack = "".join(traceback.format_exception(type(self), self, self.__traceback__))
+            data = {"message": {"message": str(self), "extraInfo": {"py_callstack": stack,
+                                                                     "timestamp": str(int(self.time))}}}
+            with contextlib.suppress(OSError):
+                Path(path).write_text(json.dumps(data))
+        return self.exit_code
+
+
+class CheckpointVolumeFull(CheckpointVolumeError):
+    """ENOSPC or EDQUOT while writing to the checkpoint volume."""
+
+    prefix = CHECKPOINT_VOLUME_FULL_PREFIX
+
+
+class CheckpointVolumeUnreadable(CheckpointVolumeError):
+    """Reading the checkpoint volume kept failing (I/O errors, retried), or a checkpoint did not read
+    back as written: nothing was skipped as corrupt and nothing was pruned."""
+
+    prefix = CHECKPOINT_VOLUME_UNREADABLE_PREFIX
+
+
+def _volume_full(e: OSError, directory: Path, what: str) -> CheckpointVolumeFull:
+    return CheckpointVolumeFull(directory, f"{e.strerror or e} while writing {what}: free space on the volume "
+                                           f"or give its claim more capacity; the job is retried", code=e.errno)
+
+
+def rendezvous_generation(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
+    """(run, generation) of this trainer. Under DDPJob, from torchrun's run id (`TORCHELASTIC_RUN_ID`, the
+    rendezvous id `<job uid>-g<N>`): run is the job uid, generation N, right also for an agent that
+    joins later generations in place. Otherwise (a plain script, another rendezvous id) ("",
+    `$DDPJOB_GENERATION` or 0)."""
+    e = os.environ if environ is None else environ
+    m = _RUN_ID.match(e.get("TORCHELASTIC_RUN_ID", ""))
+    if m:
+        return m["run"], int(m["generation"])
+    raw = e.get("DDPJOB_GENERATION", "")
+    try:
+        return "", int(raw) if raw else 0
+    except ValueError as err:
+        raise ValueError(f"environment DDPJOB_GENERATION must be an integer, got {raw!r}") from err
+
+
 def _temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
 
 
-def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
-    """Write `path` so that readers see the old content or the new one, never a mix."""
-    tmp = _temp_name(Path(path))
+def atomic_write_bytes(path: str | os.PathLike, data: bytes | memoryview) -> None:
+    """Write `path` so that readers see the old content or the new one, never a mix. A full volume
+    (ENOSPC, EDQUOT) raises `CheckpointVolumeFull` naming the directory; no temp file is left behind."""
+    path = Path(path)
+    tmp = _temp_name(path)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a failed write leaves no stray temp file
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)  # a failed write leaves no stray temp file (a retry needs the space)
+            raise
+        _fsync_dir(path.parent)
+    except CheckpointVolumeError:
         raise
-    _fsync_dir(Path(path).parent)
+    except OSError as e:
+        if e.errno in _FULL:
+            raise _volume_full(e, path.parent, f"{path.name} ({len(data)} bytes)") from e
+        raise
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, sort_keys=True) + "\n").encode())
 
 
@@ -84,8 +204,9 @@ def _fsync_dir(path: Path) -> None:
 def check_writable(directory: str | os.PathLike) -> Path:
     """Create `directory` if needed and prove that this process can write, fsync and rename in it.
 
-    Raises CheckpointDirError naming the path, the user and the fix. Call it at start-up, so a
-    misconfigured volume fails the job in seconds instead of at the first save, after training."""
+    Raises CheckpointDirError naming the path, the user and the fix (CheckpointVolumeFull when the
+    volume is full). Call it at start-up, so a misconfigured volume fails the job in seconds instead
+    of at the first save, after training."""
     path = Path(directory)
     who = f"uid {os.getuid()} gid {os.getgid()}"
     try:
@@ -93,7 +214,11 @@ def check_writable(directory: str | os.PathLike) -> Path:
         atomic_write_bytes(path / f".write-probe-{uuid.uuid4().hex}", b"probe")
         for probe in path.glob(".write-probe-*"):
             probe.unlink(missing_ok=True)
+    except CheckpointVolumeError:
+        raise
     except OSError as e:
+        if e.errno in _FULL:
+            raise _volume_full(e, path, "a probe file") from e
         hint = ("give the pod fsGroup matching the trainer's group (DDPJob spec.template.fsGroup, default "
                 "1000) or mount the volume read-write" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
                 else "point DDPJOB_CHECKPOINT_DIR / --checkpoint-dir at a writable directory")
@@ -126,20 +251,34 @@ def cpu_snapshot(obj: Any, pool: dict[tuple, torch.Tensor] | None = None, key: t
 class CheckpointManager:
     """`save(step, state)` on rank 0 (others return at once), `load_latest()` anywhere.
 
-    `keep` >= 2 good checkpoints are kept, so a crash while writing the newest still leaves one."""
+    `keep` >= 2 good checkpoints are kept, so a crash while writing the newest still leaves one.
+    `job_name` (default `$DDPJOB_NAME`; "" for none) puts everything under `<directory>/<job_name>/`;
+    `generation` and `run_id` default to torchrun's run id (`rendezvous_generation`)."""
 
     def __init__(self, directory: str | os.PathLike, keep: int = 2, *, is_writer: bool = True,
                  async_save: bool = False, stale_temp_seconds: float = STALE_TEMP_SECONDS,
-                 generation: int = 0) -> None:
+                 generation: int | None = None, job_name: str | None = None, run_id: str | None = None,
+                 read_retries: int = READ_RETRIES, retry_backoff_s: float = READ_RETRY_BACKOFF_SECONDS) -> None:
         if keep < 2:
             raise ValueError(f"keep must be >= 2, got {keep}")
-        self.root = Path(directory)
+        name = os.environ.get("DDPJOB_NAME", "") if job_name is None else job_name
+        if name and not _JOB_NAME.match(name):
+            raise CheckpointDirError(f"job name {name!r} cannot name a checkpoint directory: use letters, digits, "
+                                     f"'.', '-' and '_' (a Kubernetes object name)")
+        self.mount = Path(directory)
+        self.job_name = name or None
+        self.root = self.mount / name if name else self.mount  # this job's own directory on the volume
         self.dir = self.root / "checkpoints"
         self.keep, self.is_writer, self.async_save = keep, is_writer, async_save
         self.stale_temp_seconds = stale_temp_seconds
-        self.generation = generation  # written into every marker: the fence of save_rescue
+        self.read_retries, self.retry_backoff_s = read_retries, retry_backoff_s
+        env = os.environ if run_id is None else {**os.environ, "TORCHELASTIC_RUN_ID": run_id}
+        self.run, derived = rendezvous_generation(env)
+        self.generation = derived if generation is None else generation  # in every marker: the fence
+        self._run_tag = hashlib.sha256(self.run.encode()).hexdigest()[:12]
+        self.fenced_by: int | None = None  # a newer generation found when this one tried to commit
         self.last_committed_step: int | None = None
-        self.corrupt: set[int] = set()  # steps found unreadable: never loaded, never counted as kept
+        self.corrupt: set[int] = set()  # steps found corrupt: never loaded, never counted as kept
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._pool: dict[tuple, torch.Tensor] = {}  # snapshot buffers, reused once the last write is done
@@ -147,6 +286,7 @@ class CheckpointManager:
             check_writable(self.root)
             check_writable(self.dir)
             self.clean_stale_temp_files()
+            self._raise_fence()  # before anything is read: from now on an older generation commits nothing
 
     def path(self, step: int) -> Path:
         return self.dir / f"step-{step:08d}.pt"
@@ -156,6 +296,47 @@ class CheckpointManager:
 
     def claim(self, step: int) -> Path:
         return self.dir / f"step-{step:08d}.rescue"
+
+    def fence(self, generation: int) -> Path:
+        return self.root / f"generation-{generation:08d}-{self._run_tag}.fence"
+
+    # ---- fencing ------------------------------------------------------------------------------
+
+    def _raise_fence(self) -> None:
+        if self.newer_generation() is None and not self.fence(self.generation).exists():
+            atomic_write_json(self.fence(self.generation), {"generation": self.generation, "run": self.run,
+                                                            "time": time.time()})
+
+    def newer_generation(self) -> int | None:
+        """The newest generation of this run (job uid) newer than ours that started on this directory
+        or committed a checkpoint in it; None while ours is the newest."""
+        newest: int | None = None
+        with contextlib.suppress(FileNotFoundError):
+            for p in self.root.iterdir():
+                if (m := _FENCE.match(p.name)) and m.group(2) == self._run_tag and int(m.group(1)) > self.generation:
+                    newest = max(newest or 0, int(m.group(1)))
+        for step in self.committed_steps():
+            with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+                marker = json.loads(self.marker(step).read_text())
+                generation = int(marker.get("generation", 0))
+                if marker.get("run", "") == self.run and generation > self.generation:
+                    newest = max(newest or 0, generation)
+        return newest
+
+    def _withdraw_if_fenced(self, step: int) -> bool:
+        """After our marker is in place: a newer generation that appeared meanwhile wins; ours goes."""
+        newer = self.newer_generation()
+        if newer is None:
+            return False
+        self.marker(step).unlink(missing_ok=True)
+        self.path(step).unlink(missing_ok=True)
+        self._fenced(step, newer, "withdrawn")
+        return True
+
+    def _fenced(self, step: int, newer: int, what: str) -> None:
+        self.fenced_by = newer
+        log.warning("checkpoint of step %d %s: generation %d has started on %s, this trainer is of generation "
+                    "%d (replaced; it commits nothing)", step, what, newer, self.root, self.generation)
 
     # ---- writing ------------------------------------------------------------------------------
 
@@ -175,12 +356,15 @@ class CheckpointManager:
             self._write(step, state)
 
     def wait(self) -> None:
-        """Block until the pending async write is committed; re-raise its error, if any."""
+        """Block until the pending async write is committed; re-raise its error, if any (a
+        `CheckpointVolumeError` as itself, so its message and exit code reach the process's end)."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         if self._error is not None:
             err, self._error = self._error, None
+            if isinstance(err, CheckpointVolumeError):
+                raise err
             raise RuntimeError("asynchronous checkpoint write failed") from err
 
     def _write_guarded(self, step: int, state: dict[str, Any]) -> None:
@@ -190,30 +374,74 @@ class CheckpointManager:
             self._error = e
 
     def _write(self, step: int, state: dict[str, Any]) -> None:
+        if (newer := self.newer_generation()) is not None:
+            self._fenced(step, newer, "not written")
+            return
         self.marker(step).unlink(missing_ok=True)  # rewriting a step (e.g. over a corrupt one): uncommit first
-        self._commit(step, state)
+        size, digest = self._commit(step, state)
+        if self._withdraw_if_fenced(step):
+            return
+        self._verify(step, size, digest)  # read back before anything older may go
         self.corrupt.discard(step)
         self.last_committed_step = step
-        self._prune()
+        self._prune(step)
 
-    def _commit(self, step: int, state: dict[str, Any]) -> None:
+    def _commit(self, step: int, state: dict[str, Any]) -> tuple[int, str]:
         buf = io.BytesIO()
         torch.save(state, buf)
         data = buf.getbuffer()
+        digest = hashlib.sha256(data).hexdigest()
         atomic_write_bytes(self.path(step), data)
-        marker = {"step": step, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "time": time.time(),
-                  "generation": self.generation}
-        atomic_write_json(self.marker(step), marker)
+        try:
+            atomic_write_json(self.marker(step), {"step": step, "bytes": len(data), "sha256": digest,
+                                                  "time": time.time(), "generation": self.generation,
+                                                  "run": self.run, "job": self.job_name})
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.path(step).unlink(missing_ok=True)  # never committed: give its space back
+            raise
+        return len(data), digest
+
+    def _verify(self, step: int, size: int, digest: str) -> None:
+        """Read the committed step back (marker and data) and check it is what was written: an I/O
+        error is retried, then raised as CheckpointVolumeUnreadable, as is a mismatch (after uncommitting
+        the step). Either way nothing is pruned."""
+        def read_back() -> tuple[Any, int, str]:
+            raw = self.marker(step).read_bytes()
+            h, n = hashlib.sha256(), 0
+            with open(self.path(step), "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    h.update(chunk)
+                    n += len(chunk)
+            try:
+                marker = json.loads(raw)
+            except ValueError:
+                marker = None
+            return marker, n, h.hexdigest()
+
+        marker, n, got = self._retrying(read_back, f"reading back checkpoint step {step}")
+        expected = {"bytes": size, "sha256": digest}
+        if (n, got) != (size, digest) or not isinstance(marker, dict) or \
+                {k: marker.get(k) for k in expected} != expected:
+            self.marker(step).unlink(missing_ok=True)
+            self.path(step).unlink(missing_ok=True)
+            raise CheckpointVolumeUnreadable(
+                self.dir, f"checkpoint step {step} read back as {n} bytes with SHA-256 {got[:16]}... (marker "
+                          f"{'intact' if isinstance(marker, dict) and marker.get('sha256') == digest else 'differs'}), "
+                          f"written as {size} bytes with {digest[:16]}...: step {step} uncommitted, nothing pruned")
 
     def save_rescue(self, step: int, state: dict[str, Any]) -> bool:
         """Any rank, after a peer died: commit `state` as step `step` unless another survivor claimed
-        that step, a checkpoint of it or of a later step exists, or a later generation has committed
-        any checkpoint. Synchronous. True if this process wrote it."""
+        that step, a checkpoint of it or of a later step exists, or a later generation has started on
+        the directory. Synchronous. True if this process wrote it."""
         if self.is_writer:
             with contextlib.suppress(Exception):  # a failed async write must not stop the rescue
                 self.wait()
         newest = self.committed_steps()
-        if (newest and newest[0] >= step) or self._newer_generation_committed():
+        if newest and newest[0] >= step:
+            return False
+        if (newer := self.newer_generation()) is not None:
+            self._fenced(step, newer, "(rescue) not written")
             return False
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -221,34 +449,41 @@ class CheckpointManager:
         except FileExistsError:
             return False  # another survivor writes this step
         self._commit(step, state)
-        if self._newer_generation_committed():  # a new generation committed while we wrote: withdraw
-            self.marker(step).unlink(missing_ok=True)
-            self.path(step).unlink(missing_ok=True)
+        if self._withdraw_if_fenced(step):  # a new generation started while we wrote: withdraw
             return False
         self.last_committed_step = step
         return True
 
-    def _newer_generation_committed(self) -> bool:
-        for step in self.committed_steps():
-            with contextlib.suppress(OSError, ValueError):
-                if json.loads(self.marker(step).read_text()).get("generation", 0) > self.generation:
-                    return True
-        return False
+    def _prune(self, verified: int) -> None:
+        """After `verified` was committed and read back: keep the newest `keep` good checkpoints up to
+        it and every good one newer than it (never ours to judge); remove the rest, corrupt ones,
+        orphan data files and claims, stale fences and temp files. Best effort: a failure here loses
+        nothing and the next save tries again."""
+        try:
+            committed = self.committed_steps()
+            good = [s for s in committed if s not in self.corrupt]
+            keep = {s for s in good if s > verified} | set([s for s in good if s <= verified][: self.keep])
+            for step in committed:
+                if step not in keep:
+                    # Marker first: a crash in between leaves an orphan file, never a marker without data.
+                    self.marker(step).unlink(missing_ok=True)
+                    self.path(step).unlink(missing_ok=True)
+                    self.corrupt.discard(step)
+            for p in self.dir.iterdir():  # data files without a marker (torn writes of a killed writer), old claims
+                m = _DATA.match(p.name) or _CLAIM.match(p.name)
+                if m and int(m.group(1)) not in keep:
+                    p.unlink(missing_ok=True)
+            self._prune_fences()
+            self.clean_stale_temp_files()
+        except OSError as e:
+            log.warning("pruning old checkpoints in %s failed (a later save retries): %s", self.dir, e)
 
-    def _prune(self) -> None:
-        good = [s for s in self.committed_steps() if s not in self.corrupt]
-        keep = set(good[: self.keep])
-        for step in self.committed_steps():
-            if step not in keep:
-                # Marker first: a crash in between leaves an orphan file, never a marker without data.
-                self.marker(step).unlink(missing_ok=True)
-                self.path(step).unlink(missing_ok=True)
-                self.corrupt.discard(step)
-        for p in self.dir.iterdir():  # data files without a marker (torn writes of a killed writer), old claims
-            m = _DATA.match(p.name) or _CLAIM.match(p.name)
-            if m and int(m.group(1)) not in keep:
+    def _prune_fences(self) -> None:
+        fences = [(p, int(m.group(1)), m.group(2)) for p in self.root.iterdir() if (m := _FENCE.match(p.name))]
+        ours = max((g for _, g, tag in fences if tag == self._run_tag), default=None)
+        for p, generation, tag in fences:
+            if tag != self._run_tag or generation != ours:  # another run of this job name, or superseded
                 p.unlink(missing_ok=True)
-        self.clean_stale_temp_files()
 
     def clean_stale_temp_files(self) -> list[Path]:
         """Remove temp files (of any writer, also of an earlier pod) untouched for stale_temp_seconds.
@@ -256,7 +491,7 @@ class CheckpointManager:
         A temp file being written has a fresh mtime, so a live writer elsewhere is never disturbed."""
         removed = []
         now = time.time()
-        for d in (self.root, self.dir):
+        for d in dict.fromkeys((self.mount, self.root, self.dir)):
             if not d.is_dir():
                 continue
             for p in d.iterdir():
@@ -277,29 +512,90 @@ class CheckpointManager:
         steps = [int(m.group(1)) for p in self.dir.iterdir() if (m := _MARKER.match(p.name))]
         return sorted(steps, reverse=True)
 
-    def load(self, step: int) -> dict[str, Any]:
-        """Load one committed checkpoint, verifying size and checksum against its marker."""
-        marker = json.loads(self.marker(step).read_text())
+    def _retrying(self, read: Callable[[], T], what: str) -> T:
+        """`read()`, again after an OSError (a transient I/O error is not corruption), `read_retries`
+        times with a doubling pause; then CheckpointVolumeUnreadable."""
+        for attempt in range(self.read_retries + 1):
+            try:
+                return read()
+            except CheckpointVolumeError:
+                raise
+            except OSError as e:
+                if attempt == self.read_retries:
+                    raise CheckpointVolumeUnreadable(
+                        self.dir, f"{what} failed {attempt + 1} times, last with {type(e).__name__}: {e}; no "
+                                  f"checkpoint was skipped or removed, the job is retried") from e
+                pause = self.retry_backoff_s * 2 ** attempt
+                log.warning("%s failed (%s: %s): trying again in %.1f s", what, type(e).__name__, e, pause)
+                time.sleep(pause)
+        raise AssertionError("unreachable")
+
+    def _read_verified(self, step: int) -> dict[str, Any]:
+        """One try: OSError for an I/O error, CorruptCheckpoint when the files are not a good checkpoint."""
+        raw = self.marker(step).read_bytes()
         data = self.path(step).read_bytes()
-        if len(data) != marker["bytes"]:
-            raise ValueError(f"checkpoint {self.path(step)} has {len(data)} bytes, its commit marker says "
-                             f"{marker['bytes']} (truncated or torn write)")
+        try:
+            marker = json.loads(raw)
+            size, sha = marker["bytes"], marker["sha256"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptCheckpoint(f"commit marker {self.marker(step)} is not valid "
+                                    f"({type(e).__name__}: {e})") from None
+        if len(data) != size:
+            raise CorruptCheckpoint(f"checkpoint {self.path(step)} has {len(data)} bytes, its commit marker says "
+                                    f"{size} (truncated or torn write)")
         digest = hashlib.sha256(data).hexdigest()
-        if digest != marker["sha256"]:
-            raise ValueError(f"checkpoint {self.path(step)} has SHA-256 {digest[:16]}..., its commit marker "
-                             f"says {marker['sha256'][:16]}... (same size {len(data)} bytes: corrupted in place)")
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        if digest != sha:
+            raise CorruptCheckpoint(f"checkpoint {self.path(step)} has SHA-256 {digest[:16]}..., its commit marker "
+                                    f"says {str(sha)[:16]}... (same size {len(data)} bytes: corrupted in place)")
+        try:
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except MemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the bytes are what was committed and do not load
+            raise CorruptCheckpoint(f"checkpoint {self.path(step)} does not load ({type(e).__name__}: {e})") from e
+
+    def load(self, step: int) -> dict[str, Any]:
+        """Load one committed checkpoint, verifying size and checksum against its marker: CorruptCheckpoint
+        if they differ; an I/O error is retried, then raised as CheckpointVolumeUnreadable."""
+        return self._retrying(lambda: self._read_verified(step), f"reading checkpoint step {step} in {self.dir}")
 
     def load_latest(self) -> tuple[int, dict[str, Any]] | None:
         """Newest checkpoint that loads cleanly; corrupt ones are skipped with a warning (and, on
-        the writer, removed by the next prune without counting towards `keep`)."""
+        the writer, removed by the next prune without counting towards `keep`). An I/O error is not
+        corruption: the whole search is retried, then CheckpointVolumeUnreadable is raised; it never
+        falls back to an older checkpoint or to none."""
+        found = self._retrying(self._load_latest_once, f"looking for the newest checkpoint in {self.dir}")
+        if found is None:
+            self._mention_shared_layout()
+        return found
+
+    def _load_latest_once(self) -> tuple[int, dict[str, Any]] | None:
         for step in self.committed_steps():
             try:
-                state = self.load(step)
-            except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped the same way
+                state = self._read_verified(step)
+            except CorruptCheckpoint as e:
                 log.warning("skipping unreadable checkpoint step %d: %s", step, e)
                 self.corrupt.add(step)
                 continue
+            except FileNotFoundError as e:
+                if self.marker(step).exists():  # a marker without its data: never a complete checkpoint
+                    log.warning("skipping unreadable checkpoint step %d: %s", step, e)
+                    self.corrupt.add(step)
+                continue  # else pruned while we looked
             self.last_committed_step = step
             return step, state
         return None
+
+    def _mention_shared_layout(self) -> None:
+        """Earlier versions kept every job's checkpoints in <mount>/checkpoints/: say so rather than
+        resume from what may be another job's."""
+        if self.job_name is None:
+            return
+        legacy = self.mount / "checkpoints"
+        with contextlib.suppress(OSError):
+            steps = sorted((int(m.group(1)) for p in legacy.iterdir() if (m := _MARKER.match(p.name))), reverse=True)
+            if steps:
+                log.warning("no checkpoint of job %s in %s, but %s holds %d checkpoint(s) (newest step %d) in the "
+                            "layout of earlier versions, shared by every job on the volume: not resumed from. To "
+                            "resume from them, move them into %s", self.job_name, self.dir, legacy, len(steps),
+                            steps[0], self.dir)

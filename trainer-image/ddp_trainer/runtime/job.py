@@ -56,9 +56,11 @@ class Job:
         self.every_steps = env.checkpoint_interval_steps if every_steps is None else every_steps
         self.checkpoints: CheckpointManager | None = None
         if self.checkpoint_dir:  # checks that rank 0 can write there, now rather than at the first save
+            # Under <dir>/<job name>/ (two jobs on one claim never see each other's steps), fenced by the
+            # rendezvous generation of torchrun's run id (the pod's DDPJOB_GENERATION may be stale).
             self.checkpoints = CheckpointManager(self.checkpoint_dir, keep if keep is not None else env.checkpoint_keep,
                                                  is_writer=env.is_main, async_save=async_save,
-                                                 generation=env.generation)
+                                                 job_name=env.job_name or "")
         self.reporter = reporter if reporter is not None else ProgressReporter(
             self.checkpoint_dir, os.environ.get("DDPJOB_PROGRESS_URL") or None, enabled=env.is_main,
             http_enabled=env.local_rank == 0, token_file=os.environ.get("DDPJOB_PROGRESS_TOKEN_FILE") or None,
@@ -129,7 +131,7 @@ class Job:
             if final:
                 self.checkpoints.wait()
             if self.checkpoints.last_committed_step != step:
-                meta = {"step": step, "world_size": self.env.world_size, "generation": self.env.generation}
+                meta = {"step": step, "world_size": self.env.world_size, "generation": self.checkpoints.generation}
                 self.checkpoints.save(step, {**state, META: meta}, blocking=final)
         if final and self.checkpoints is not None and dist.is_initialized():
             barrier(self.device)
@@ -142,7 +144,7 @@ class Job:
         collective. Returns True on the rank that wrote it."""
         if self.checkpoints is None:
             return False
-        meta = {"step": step, "world_size": self.env.world_size, "generation": self.env.generation,
+        meta = {"step": step, "world_size": self.env.world_size, "generation": self.checkpoints.generation,
                 "rescued_by_rank": self.env.rank}
         try:
             written = self.checkpoints.save_rescue(step, {**state, META: meta})

@@ -1,0 +1,346 @@
+"""Issue 23, items 4-6: checkpoints are never lost.
+
+4. An I/O error while resuming is retried, then fails retryably (exit 75, `checkpoint volume
+   unreadable:`); it is never taken for corruption, and nothing is pruned unless a newer checkpoint
+   was committed and read back first.
+5. Each job has a directory of its own on the volume (`<dir>/<job name>/`), and every commit,
+   periodic ones too, is fenced by the rendezvous generation of torchrun's run id (`<uid>-g<N>`).
+6. A full volume (ENOSPC, EDQUOT) exits 75 with `checkpoint volume full: <dir>`, leaves no temp file
+   and prunes nothing.
+
+Process-free on the CheckpointManager and `Job` (no process group), plus one real torchrun run
+through the worker launcher for the exit code and the termination message.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp_trainer import runtime
+from ddp_trainer.runtime import CheckpointManager, Job, JobEnv, ProgressReporter, StopRequest
+from trainer_harness import PY, base_env, run, tail
+
+_real_read_bytes = Path.read_bytes
+_real_fsync = os.fsync
+
+
+def _state(value: float) -> dict:
+    return {"w": torch.full((4,), value)}
+
+
+def _files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def _job(directory: Path, name: str, *, stale_generation: int = 0) -> Job:
+    """A rank-0 `Job` as a DDPJob worker gets it, without a process group; its pod env's generation
+    (DDPJOB_GENERATION, JobEnv.generation) is `stale_generation`, whatever torchrun's run id says."""
+    env = JobEnv(rank=0, local_rank=0, world_size=1, generation=stale_generation, job_name=name)
+    return Job(env, torch.device("cpu"), StopRequest(), checkpoint_dir=directory, keep=2,
+               reporter=ProgressReporter(None, None, enabled=False))
+
+
+def _fail_reads(monkeypatch, suffix: str, times: int | None = None) -> list[Path]:
+    """Path.read_bytes raises EIO for files ending in `suffix` (the first `times` calls; None: always)."""
+    calls: list[Path] = []
+
+    def read_bytes(self: Path) -> bytes:
+        if self.name.endswith(suffix):
+            calls.append(self)
+            if times is None or len(calls) <= times:
+                raise OSError(errno.EIO, "Input/output error", str(self))
+        return _real_read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(Path, "read_text", lambda self, encoding=None, errors=None:
+                        read_bytes(self).decode(encoding or "utf-8", errors or "strict"))
+    return calls
+
+
+def _fail_fsync(monkeypatch, code: int, which: str) -> None:
+    """os.fsync raises OSError(code) for temp files whose name contains `which` (after the data went in)."""
+    def fsync(fd: int) -> None:
+        if which in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(code, os.strerror(code))
+        _real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+# ---- 4. an I/O error while resuming ------------------------------------------------------------
+
+def test_4_an_io_error_while_resuming_is_retried_then_fails_retryably_and_removes_nothing(tmp_path, monkeypatch):
+    """It used to be taken for corruption: all three good checkpoints skipped, a start from step 0, and
+    the first save pruned them."""
+    m = CheckpointManager(tmp_path, keep=3)
+    for step in (100, 200, 300):
+        m.save(step, _state(step))
+    before = _files(m.dir)
+    restarted = CheckpointManager(tmp_path, keep=3)
+    restarted.retry_backoff_s = 0.001
+    reads = _fail_reads(monkeypatch, ".pt")
+    with pytest.raises(OSError) as failed:
+        restarted.load_latest()  # the old code returned None here: "no checkpoint, start from scratch"
+    error = failed.value
+    assert str(error).startswith(f"checkpoint volume unreadable: {m.dir}: "), str(error)
+    assert isinstance(error, runtime.CheckpointVolumeUnreadable)
+    assert error.exit_code == runtime.CHECKPOINT_VOLUME_UNREADABLE_EXIT_CODE == 75
+    assert runtime.CHECKPOINT_VOLUME_UNREADABLE_PREFIX == "checkpoint volume unreadable:"
+    assert len(reads) == 1 + restarted.read_retries, "retried, and never fell back to an older step"
+    assert restarted.corrupt == set()
+    monkeypatch.undo()
+    assert _files(m.dir) == before
+    assert CheckpointManager(tmp_path, keep=3).load_latest()[0] == 300  # the volume is back: nothing lost
+
+
+def test_4_a_transient_read_error_is_retried_and_resumes_from_the_newest(tmp_path, monkeypatch):
+    m = CheckpointManager(tmp_path, keep=3)
+    for step in (100, 200, 300):
+        m.save(step, _state(step))
+    restarted = CheckpointManager(tmp_path, keep=3)
+    restarted.retry_backoff_s = 0.001
+    _fail_reads(monkeypatch, "step-00000300.pt", times=2)
+    step, state = restarted.load_latest()
+    assert step == 300 and torch.equal(state["w"], torch.full((4,), 300.0))
+    monkeypatch.undo()
+    restarted.save(301, _state(301))
+    assert restarted.committed_steps() == [301, 300, 200]
+
+
+def test_4_nothing_is_pruned_until_the_new_checkpoint_reads_back(tmp_path, monkeypatch):
+    m = CheckpointManager(tmp_path, keep=2)
+    m.retry_backoff_s = 0.001
+    for step in (10, 20):
+        m.save(step, _state(step))
+    _fail_reads(monkeypatch, "step-00000030.committed")  # step 30 is written, but cannot be read back
+    with pytest.raises(OSError) as failed:
+        m.save(30, _state(30))  # the old code never read it back, and pruned step 10
+    assert isinstance(failed.value, runtime.CheckpointVolumeUnreadable), failed.value
+    monkeypatch.undo()
+    assert {10, 20} <= set(m.committed_steps())
+
+
+def test_4_a_checkpoint_that_reads_back_differently_is_uncommitted_and_nothing_pruned(tmp_path, monkeypatch):
+    m = CheckpointManager(tmp_path, keep=2)
+    for step in (10, 20):
+        m.save(step, _state(step))
+    real_replace = os.replace
+
+    def replace(src, dst):  # the volume keeps a torn copy of step 30's data
+        real_replace(src, dst)
+        if str(dst).endswith("step-00000030.pt"):
+            Path(dst).write_bytes(_real_read_bytes(Path(dst))[:50])
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(runtime.CheckpointVolumeUnreadable, match="read back as 50 bytes"):
+        m.save(30, _state(30))
+    assert m.committed_steps() == [20, 10]
+    assert CheckpointManager(tmp_path, keep=2).load_latest()[0] == 20
+
+
+def test_4_corrupt_checkpoints_still_fall_back_to_the_previous_good_one(tmp_path):
+    m = CheckpointManager(tmp_path, keep=4)
+    for step in (1, 2, 3, 4):
+        m.save(step, _state(step))
+    m.path(4).write_bytes(_real_read_bytes(m.path(4))[:-1])  # truncated
+    m.marker(3).write_text("{not json")  # bad marker
+    payload = b"not a torch.save file"  # bad payload, and a marker that matches it
+    m.path(2).write_bytes(payload)
+    m.marker(2).write_text(json.dumps({"step": 2, "bytes": len(payload),
+                                       "sha256": hashlib.sha256(payload).hexdigest()}))
+    step, _ = CheckpointManager(tmp_path, keep=4).load_latest()
+    assert step == 1
+
+
+def test_4_a_checkpoint_whose_data_file_vanished_is_skipped_not_retried(tmp_path):
+    m = CheckpointManager(tmp_path, keep=2)
+    for step in (1, 2):
+        m.save(step, _state(step))
+    m.path(2).unlink()
+    restarted = CheckpointManager(tmp_path, keep=2)
+    assert restarted.load_latest()[0] == 1 and restarted.corrupt == {2}
+
+
+# ---- 5. one directory per job, every commit fenced by generation -------------------------------
+
+def test_5_two_jobs_on_one_claim_never_see_each_others_steps(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "uid-a-g0")
+    with _job(tmp_path, "first") as first:
+        for step in (100, 200, 300):
+            first.save(step, _state(step))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "uid-b-g0")
+    with _job(tmp_path, "second") as second:
+        assert second.resume() is None  # the old code resumed the first job's step 300
+        for step in (1, 2, 3):
+            second.save(step, _state(step))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "uid-a-g1")
+    with _job(tmp_path, "first") as first:
+        state = first.resume()
+        assert state["ddpjob"]["step"] == 300  # and its second save used to prune the first job's
+        assert first.checkpoints.committed_steps() == [300, 200]
+    assert (tmp_path / "first" / "checkpoints").is_dir() and (tmp_path / "second" / "checkpoints").is_dir()
+
+
+def test_5_a_periodic_save_of_an_older_generation_commits_nothing(tmp_path, monkeypatch):
+    """Generation 2 resumed and committed; a left-behind trainer of generation 1 (the same pod env,
+    DDPJOB_GENERATION=1, as a survivor's pod that joins later generations in place keeps) saves."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-uid-g1")
+    with _job(tmp_path, "job", stale_generation=1) as old:
+        old.save(100, _state(100))
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-uid-g2")
+        with _job(tmp_path, "job", stale_generation=1) as new:
+            assert new.resume()["ddpjob"]["step"] == 100
+            new.save(110, _state(110))
+            old.save(150, _state(150))  # further along, but of a replaced generation
+            old.save(160, _state(160), final=True)
+            assert old.last_checkpoint_step == 100  # the old code committed 150 and 160 (160 the newest)
+            assert old.checkpoints.fenced_by == 2
+    reader = CheckpointManager(tmp_path, job_name="job", is_writer=False)
+    assert reader.committed_steps() == [110, 100]
+    assert reader.load_latest()[0] == 110
+
+
+def test_5_an_older_generation_commits_nothing_once_a_newer_one_started(tmp_path):
+    """The newer generation fences the directory when it starts, before it looks for a checkpoint: a
+    save of the older one after that would otherwise become a later generation's resume point."""
+    old = CheckpointManager(tmp_path, job_name="job", run_id="uid-g1")
+    old.save(10, _state(10))
+    CheckpointManager(tmp_path, job_name="job", run_id="uid-g2")  # generation 2's rank 0 starts
+    old.save(20, _state(20))
+    assert not CheckpointManager(tmp_path, job_name="job", run_id="uid-g1", is_writer=False).save_rescue(
+        21, _state(21))
+    assert CheckpointManager(tmp_path, job_name="job", run_id="uid-g2").committed_steps() == [10]
+
+
+def test_5_a_commit_is_withdrawn_when_a_newer_generation_starts_while_it_writes(tmp_path, monkeypatch):
+    old = CheckpointManager(tmp_path, job_name="job", run_id="uid-g1")
+    real_dumps = json.dumps
+
+    def dumps(obj, *a, **k):  # the marker of step 20 is being written: generation 2 starts meanwhile
+        if isinstance(obj, dict) and obj.get("step") == 20:
+            CheckpointManager(tmp_path, job_name="job", run_id="uid-g2")
+        return real_dumps(obj, *a, **k)
+
+    monkeypatch.setattr(json, "dumps", dumps)
+    old.save(20, _state(20))
+    assert old.committed_steps() == [] and not old.path(20).exists() and old.fenced_by == 2
+
+
+def test_5_generation_comes_from_torchruns_run_id_with_a_fallback(monkeypatch):
+    assert runtime.rendezvous_generation({"TORCHELASTIC_RUN_ID": "0f1e-2d3c-g7", "DDPJOB_GENERATION": "3"}) == \
+        ("0f1e-2d3c", 7)
+    assert runtime.rendezvous_generation({"DDPJOB_GENERATION": "3"}) == ("", 3)  # a plain script
+    assert runtime.rendezvous_generation({"TORCHELASTIC_RUN_ID": "none"}) == ("", 0)  # torchrun's default id
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc-g4")
+    monkeypatch.setenv("DDPJOB_GENERATION", "1")
+    m = CheckpointManager("/nonexistent", is_writer=False, job_name="")
+    assert (m.run, m.generation) == ("abc", 4)
+
+
+def test_5_a_recreated_job_of_the_same_name_resumes_and_is_not_fenced_by_the_old_run(tmp_path):
+    CheckpointManager(tmp_path, job_name="job", run_id="old-uid-g5").save(50, _state(50))
+    again = CheckpointManager(tmp_path, job_name="job", run_id="new-uid-g0")
+    assert again.load_latest()[0] == 50
+    again.save(51, _state(51))
+    assert again.committed_steps() == [51, 50]
+
+
+def test_5_earlier_versions_shared_layout_is_named_not_resumed(tmp_path, caplog):
+    CheckpointManager(tmp_path, job_name="").save(7, _state(7))  # <dir>/checkpoints/, as before
+    assert CheckpointManager(tmp_path, job_name="job").load_latest() is None
+    assert f"move them into {tmp_path / 'job' / 'checkpoints'}" in caplog.text
+
+
+def test_5_a_job_name_that_is_not_one_path_component_is_refused(tmp_path):
+    for name in ("..", "a/b", ".hidden"):
+        with pytest.raises(runtime.CheckpointDirError, match="cannot name a checkpoint directory"):
+            CheckpointManager(tmp_path, job_name=name)
+
+
+# ---- 6. a full checkpoint volume ---------------------------------------------------------------
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT], ids=["ENOSPC", "EDQUOT"])
+@pytest.mark.parametrize("which", [".step-00000030.pt.tmp-", ".step-00000030.committed.tmp-"],
+                         ids=["data", "marker"])
+def test_6_a_full_volume_is_reported_as_such_leaves_no_temp_file_and_prunes_nothing(tmp_path, monkeypatch,
+                                                                                       code, which):
+    m = CheckpointManager(tmp_path, keep=2)
+    for step in (10, 20):
+        m.save(step, _state(step))
+    before = _files(m.dir)
+    _fail_fsync(monkeypatch, code, which)
+    with pytest.raises(OSError) as failed:
+        m.save(30, _state(30))
+    error = failed.value
+    assert str(error).startswith(f"checkpoint volume full: {m.dir}: "), str(error)  # was "[Errno 28] ...", exit 1
+    assert isinstance(error, runtime.CheckpointVolumeFull) and error.errno == code
+    assert error.exit_code == runtime.CHECKPOINT_VOLUME_FULL_EXIT_CODE == 75
+    assert runtime.CHECKPOINT_VOLUME_FULL_PREFIX == "checkpoint volume full:"
+    assert _files(m.dir) == before  # no temp file, no uncommitted data file taking the space
+    assert m.committed_steps() == [20, 10]
+
+
+def test_6_an_async_save_on_a_full_volume_surfaces_as_volume_full(tmp_path, monkeypatch):
+    m = CheckpointManager(tmp_path, keep=2, async_save=True)
+    _fail_fsync(monkeypatch, errno.ENOSPC, ".step-00000001.pt.tmp-")
+    m.save(1, _state(1))
+    with pytest.raises(runtime.CheckpointVolumeFull, match=r"^checkpoint volume full: "):
+        m.wait()
+
+
+def test_6_a_full_volume_at_start_is_volume_full_not_a_directory_error(tmp_path, monkeypatch):
+    _fail_fsync(monkeypatch, errno.ENOSPC, ".write-probe-")
+    with pytest.raises(runtime.CheckpointVolumeFull, match=re.escape(f"checkpoint volume full: {tmp_path / 'job'}:")):
+        CheckpointManager(tmp_path, job_name="job")
+
+
+def test_6_record_hands_the_message_to_torchrun_and_returns_75(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+    error = runtime.CheckpointVolumeFull(tmp_path, "No space left on device while writing x")
+    assert error.record() == 75
+    recorded = json.loads((tmp_path / "error.json").read_text())["message"]
+    assert recorded["message"] == f"checkpoint volume full: {tmp_path}: No space left on device while writing x"
+    assert int(recorded["extraInfo"]["timestamp"]) > 0
+
+
+FULL_VOLUME_WORKLOAD = """
+import errno, os
+from ddp_trainer.workloads.synthetic import build_datasets, build_model
+
+_fsync = os.fsync
+
+def fsync(fd):
+    if ".step-00000010.pt.tmp-" in os.readlink(f"/proc/self/fd/{fd}"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    _fsync(fd)
+
+os.fsync = fsync
+"""
+
+
+@pytest.mark.slow
+def test_6_the_trainer_exits_75_and_the_termination_message_says_volume_full(tmp_path: Path) -> None:
+    launcher = pytest.importorskip("ddpjob_operator.launcher", reason="the operator package is not on the path")
+    (tmp_path / "full_volume_task.py").write_text(FULL_VOLUME_WORKLOAD)
+    ckpt, message = tmp_path / "ckpt", tmp_path / "termination-log"
+    env = base_env(ckpt, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                   **{launcher.TERMINATION_LOG_ENV: str(message)})
+    args = ["--workload", "full_volume_task", "--workload-option", "samples=512", "--workload-option", "features=8",
+            "--workload-option", "hidden=16", "--workload-option", "classes=3", "--epochs", "100",
+            "--batch-size", "8", "--checkpoint-every", "5", "--log-every", "5"]
+    cmd = [PY, "-c", launcher.LAUNCHER_PROGRAM, "--standalone", "--nproc-per-node=1", "--max-restarts=0",
+           "-m", "ddp_trainer", *args]
+    code = run(cmd, env, tmp_path / "log", 120)
+    assert code == 75, tail(tmp_path / "log")
+    steps = ckpt / "test" / "checkpoints"
+    assert message.read_text().startswith(
+        f"rank 0 (local rank 0) exited with code 75: checkpoint volume full: {steps}: "), message.read_text()
+    assert _files(steps) == ["step-00000005.committed", "step-00000005.pt"]  # no temp file, step 5 kept
