@@ -21,6 +21,8 @@ import yaml
 from ddpjob_operator import model
 from ddpjob_operator.builders import LABEL_JOB_NAME, LABEL_ROLE, ROLE_STORE, ROLE_WORKER, store_pod_name
 
+from .. import support
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 # Where `make helm-install` puts the operator; `make e2e` passes it on.
@@ -75,17 +77,8 @@ def apply(manifest: dict[str, Any], namespace: str) -> None:
 
 def wait_for(check: Callable[[], T], what: str, timeout: float, interval: float = 3.0,
              explain: Callable[[], str] | None = None) -> T:
-    """Poll `check` until it returns something truthy; fail naming `what` (and `explain()`, what was
-    seen instead) after `timeout` s. The pause between polls is the only sleep the e2e tests use."""
-    deadline = time.monotonic() + timeout
-    last: T = check()
-    while not last:
-        if time.monotonic() > deadline:
-            seen = f"; {explain()}" if explain else ""
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{seen}")
-        time.sleep(interval)
-        last = check()
-    return last
+    """tests/support.py's wait_for, polling the cluster every 3 s by default."""
+    return support.wait_for(check, what, timeout, interval, explain)
 
 
 # Access modes of the checkpoint claims the tests create. The examples ask for ReadWriteMany (workers on any

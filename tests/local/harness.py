@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,8 @@ from typing import Any
 import yaml
 
 from ddpjob_operator.local.processes import LocalProcess
+
+from ..support import read_json, wait_for  # noqa: F401 - read_json: the local tests import it from here
 
 DDPJOB = [sys.executable, "-m", "ddpjob_operator.cli"]
 TAG_ENV = "LOCAL_RUNNER_TEST_TAG"  # not DDPJOB_*: the runner strips those, this must reach every process
@@ -71,10 +72,10 @@ class Run:
 
     def wait_for_step(self, progress: Path, step: int, timeout: float = 180) -> None:
         """Until the trainer's progress.json reports `step` (while the run is still going)."""
-        deadline = time.monotonic() + timeout
-        while ((read_json(progress) or {}).get("step") or 0) < step:
-            assert self.proc.poll() is None and time.monotonic() < deadline, f"training never reached step {step}"
-            time.sleep(0.2)
+        def reached() -> bool:
+            assert self.proc.poll() is None, f"the run ended before training reached step {step}"
+            return ((read_json(progress) or {}).get("step") or 0) >= step
+        wait_for(reached, f"training to reach step {step}", timeout, interval=0.2)
 
     def interrupt(self) -> None:
         self.proc.send_signal(signal.SIGINT)
@@ -129,27 +130,15 @@ def alive(pid: int) -> bool:
 
 
 def wait_for_file(path: Path, timeout: float = 120) -> str:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text()):
-        assert time.monotonic() < deadline, f"{path} never written"
-        time.sleep(0.05)
-    return path.read_text()
+    return wait_for(lambda: path.exists() and path.read_text(), f"{path} to be written", timeout, interval=0.05)
 
 
 def exit_code(process: LocalProcess, now: datetime, timeout: float = 120) -> int:
     """A local pod's exit code, once it has ended."""
-    deadline = time.monotonic() + timeout
-    while (code := process.poll(now)) is None:
-        assert time.monotonic() < deadline, f"{process.name} still running after {timeout}s"
-        time.sleep(0.05)
-    return code
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    def ended() -> tuple[int] | None:  # a tuple: exit code 0 is an answer too
+        code = process.poll(now)
+        return None if code is None else (code,)
+    return wait_for(ended, f"{process.name} to end", timeout, interval=0.05)[0]
 
 
 def job_dir(cwd: Path, name: str) -> Path:

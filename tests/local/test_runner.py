@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -12,7 +11,8 @@ from ddpjob_operator import validation
 from ddpjob_operator.local.processes import marked_pids
 from ddpjob_operator.local.runner import LocalRunner, RunOptions
 
-from .harness import Run, job_dir, kill_tagged, manifest, script, write_manifest
+from ..support import wait_for
+from .harness import Run, TimelineView, job_dir, kill_tagged, manifest, script, write_manifest
 
 pytestmark = pytest.mark.slow  # torchrun agents start (a few seconds), no training
 
@@ -38,39 +38,12 @@ class FakeClock:
         self.now += timedelta(seconds=seconds)
 
 
-class RecordingView:
-    def __init__(self) -> None:
-        self.events: list[str] = []
-        self.snapshots: list = []
-        self.summary = None
-
-    def update(self, snap) -> None:
-        self.snapshots.append(snap)
-
-    def event(self, text: str) -> None:
-        self.events.append(text)
-
-    def log_line(self, pod: str, line: str) -> None:
-        pass
-
-    def close(self, summary) -> None:
-        self.summary = summary
-
-
-def runner_for(tmp_path: Path, clock: FakeClock, **spec) -> tuple[LocalRunner, RecordingView]:
+def runner_for(tmp_path: Path, clock: FakeClock, **spec) -> tuple[LocalRunner, TimelineView]:
     job = validation.parse_job(manifest("unit", replicas=1, minReplicas=1, args=[], **spec))
-    view = RecordingView()
+    view = TimelineView(timeout=600)
     runner = LocalRunner(job, RunOptions(state_dir=tmp_path / ".ddpjob"), view, clock=clock)
     runner._prepare_dirs()
     return runner, view
-
-
-def until(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return value
 
 
 def test_active_deadline_fails_the_job_and_stops_its_processes(tmp_path):
@@ -89,7 +62,7 @@ def test_active_deadline_fails_the_job_and_stops_its_processes(tmp_path):
         clock.advance(1)
         runner.reconcile()
         assert runner.status.phase == "Failed" and "activeDeadlineSeconds=30" in runner.status.message
-        assert any("DeadlineExceeded" in e for e in view.events)
+        assert view.first_event("DeadlineExceeded")
     finally:
         runner.stop_all()
     assert marked_pids(runner.run_marker) == []
@@ -103,7 +76,7 @@ def test_backoff_delays_the_replacement_by_the_injected_clock(tmp_path):
     try:
         runner.reconcile()
         first = runner.workers["unit-worker-0"].process
-        until(lambda: first.poll(clock()) is not None, "the first attempt to fail")
+        wait_for(lambda: first.poll(clock()) is not None, "the first attempt to fail", 60)
         decision = runner.reconcile()
         assert runner.status.restarts == 1 and runner.status.phase == "Restarting"
         assert decision.requeue_after == pytest.approx(20)
@@ -127,8 +100,8 @@ def test_sigterm_stops_every_worker_gracefully_and_leaves_nothing(tmp_path):
     try:
         logs = job_dir(tmp_path, "term") / "logs"
         worker_logs = [logs / f"term-worker-{i}.log" for i in range(2)]
-        until(lambda: all(log.exists() and "ready" in log.read_text() for log in worker_logs),
-              "both workers to run", timeout=120)
+        wait_for(lambda: all(log.exists() and "ready" in log.read_text() for log in worker_logs),
+                 "both workers to run", 120)
         run.proc.terminate()
         code, out = run.wait(timeout=60)
         assert code == 130, out

@@ -42,7 +42,7 @@ def test_1_sigterm_with_dataloader_workers_still_writes_the_final_checkpoint(tmp
     args = [*TINY, "--epochs", "5000", "--batch-size", "8", "--log-every", "5", "--num-workers", "2"]
     agent = start(torchrun_cmd(args, nproc=2), base_env(ckpt), tmp_path / "log")
     try:
-        wait_for(lambda: (read_json(ckpt / "progress.json") or {}).get("step", 0) >= 20, 90, "step 20")
+        wait_for(lambda: (read_json(ckpt / "progress.json") or {}).get("step", 0) >= 20, "step 20", 90)
         agent.send_signal(signal.SIGTERM)
         agent.wait(60)
     finally:

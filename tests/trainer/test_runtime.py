@@ -121,10 +121,10 @@ def test_progress_http_sends_the_token_retries_a_503_and_heartbeats(tmp_path: Pa
         reporter.heartbeat_s = 0.2
         reporter.min_interval_s = 0.05  # the default paces POSTs to one a second (issue 12)
         reporter.report(step=5, total_steps=10, loss=0.5)
-        wait_for(lambda: len(seen) >= 2, 30, "the report, retried after the 503")
+        wait_for(lambda: len(seen) >= 2, "the report, retried after the 503", 30)
         token.write_text("secret-2\n")  # rotated by the kubelet
         # Nothing new is reported: only a heartbeat sends again, and it reads the token afresh.
-        wait_for(lambda: any(a == "Bearer secret-2" for _, a, _ in seen), 30, "a heartbeat with the new token")
+        wait_for(lambda: any(a == "Bearer secret-2" for _, a, _ in seen), "a heartbeat with the new token", 30)
         reporter.close()
     finally:
         server.shutdown()

@@ -79,7 +79,7 @@ def test_sigterm_to_the_agent_writes_a_final_checkpoint_and_exits_143(tmp_path: 
     launcher = [torchrun[0], "-c", builders.LAUNCHER_PROGRAM, *torchrun[3:]]
     agent = start(launcher, base_env(ckpt, **{builders.TERMINATION_LOG_ENV: str(termination_log)}), tmp_path / "log")
     try:
-        wait_for(lambda: (read_json(ckpt / "progress.json") or {}).get("step", 0) >= 30, 60, "step 30")
+        wait_for(lambda: (read_json(ckpt / "progress.json") or {}).get("step", 0) >= 30, "step 30", 60)
         assert committed_steps(ckpt) == []  # no periodic checkpoints configured
         agent.send_signal(signal.SIGTERM)  # what the kubelet sends to the pod's PID 1
         agent.wait(60)

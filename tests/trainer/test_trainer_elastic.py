@@ -30,7 +30,7 @@ def test_killed_node_restarts_and_training_resumes_from_the_last_checkpoint(tmp_
     nodes = [start(cmd, env, log) for cmd, log in zip(cmds, logs)]
     try:
         wait_for(lambda: ((read_json(ckpt / "progress.json") or {}).get("last_checkpoint_step") or 0) >= 50,
-                 90, "a checkpoint at step >= 50")
+                 "a checkpoint at step >= 50", 90)
         victim = next(i for i in range(2) if "rank=0 world_size=2" in logs[i].read_text())
         kill_tree(nodes[victim], signal.SIGKILL)
         nodes[victim].wait(10)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+if str(Path(__file__).resolve().parents[2]) not in sys.path:  # this tier is no package: reach tests/support.py
+    sys.path.append(str(Path(__file__).resolve().parents[2]))
+from tests.support import read_json, wait_for  # noqa: E402,F401 - the trainer tests import them from here
 
 PY = sys.executable
 
@@ -108,23 +110,6 @@ def kill_tree(proc: subprocess.Popen, sig: int) -> None:
 
 def tail(path: Path, n: int = 60) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else "<no log>"
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def steps_dir(checkpoint_dir: Path, job: str = "test") -> Path:
