@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from . import crd, local, permissions, render_cli, validation
+from . import cluster_cli, crd, local, permissions, render_cli, validation
 
 EXIT_INVALID = validation.EXIT_INVALID
 
@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     permissions.add_subcommand(sub)
     local.register(sub)
     render_cli.register(sub)
+    cluster_cli.register(sub)  # submit, status, logs, list, delete, suspend, resume, scale
     return parser
 
 

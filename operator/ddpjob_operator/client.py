@@ -201,9 +201,11 @@ def default_namespace() -> str:
     if in_cluster.exists():
         return in_cluster.read_text().strip() or "default"
     try:
+        import os
+
         from kubernetes import config
 
-        _, current = config.list_kube_config_contexts()
+        _, current = config.list_kube_config_contexts(config_file=os.environ.get("KUBECONFIG") or None)
         return (current or {}).get("context", {}).get("namespace") or "default"
     except Exception:  # no kubeconfig: the connection reports that, with its fix
         return "default"
