@@ -16,13 +16,14 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from ddpjob_operator import builders, cli, client, model
+from ddpjob_operator import builders, cli, client, function_job, model
 from ddpjob_operator.kube import Connection
 
 from .conftest import NAMESPACE, eventually
 from .emulator import DDPJOBS, PODS
 from .log_emulator import LogCluster
 
+CONFIG_MAPS = kmock.resource("", "v1", "configmaps")
 MANIFEST = {"apiVersion": model.API_VERSION, "kind": model.KIND, "metadata": {"name": "fit"},
             "spec": {"replicas": 2, "maxReplicas": 3, "image": "trainer:1", "entrypoint": "ddp_trainer",
                      "failurePolicy": {"maxRestarts": 2}}}
@@ -33,6 +34,9 @@ async def cluster() -> AsyncIterator[tuple[LogCluster, str]]:
     """The conftest's emulated cluster, serving pod logs too."""
     async with LogCluster() as emulator, kmock.Server(emulator) as server:
         emulator.register_resources()
+        emulator.resources[CONFIG_MAPS] = kmock.ResourceInfo(  # function jobs ship their program in one
+            kind="ConfigMap", singular="configmap", namespaced=True,
+            verbs={"list", "watch", "get", "create", "update", "patch", "delete"})
         yield emulator, str(server.url).rstrip("/")
 
 
@@ -270,3 +274,31 @@ async def test_follow_streams_across_a_replaced_pod_until_the_job_ends(api, harn
     await asyncio.wait_for(task, 30)
     assert lines == ["first pod: step 1", "first pod: killed", "second pod: resumed"]
     assert emulator.get(PODS, NAMESPACE, worker) is not None
+
+
+# ---------------------------------------------------------------- a function as a job
+
+
+def train(steps: int = 1) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    for _ in range(steps):
+        dist.barrier()
+
+
+async def test_submit_ships_the_function_in_a_config_map_the_job_owns(api, cluster):
+    emulator, _ = cluster
+    job = await call(client.submit, train, client=api, name="fn", replicas=2, kwargs={"steps": 3})
+    config_map = emulator.get(CONFIG_MAPS, NAMESPACE, "fn-function")
+    assert config_map["data"][function_job.PROGRAM].rstrip().endswith("train(**_ddpjob_json.loads('{\"steps\": 3}'))")
+    assert [(r["kind"], r["name"], r["uid"]) for r in config_map["metadata"]["ownerReferences"]] == \
+        [("DDPJob", "fn", job.uid)]
+    spec = stored(emulator, "fn")["spec"]
+    assert spec["entrypoint"] == f"{function_job.MOUNT_PATH}/{function_job.PROGRAM}" and spec["replicas"] == 2
+    assert {"name": "function", "configMap": {"name": "fn-function"}} in spec["template"]["volumes"]
+    with pytest.raises(client.JobExists):
+        await call(client.submit, train, client=api, name="fn")
+    await call(api.delete, "fn", wait=True, timeout=30)
+    await eventually(lambda: emulator.get(CONFIG_MAPS, NAMESPACE, "fn-function") is None,
+                     what="the ConfigMap collected with its job")
