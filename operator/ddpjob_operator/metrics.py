@@ -1,4 +1,4 @@
-"""Prometheus metrics: jobs by phase, restarts, disruptions, reconcile latency and errors, leadership.
+"""Prometheus metrics: jobs by phase, restarts, disruptions, reconcile latency, errors and queue depth, leadership.
 
 Each operator instance has its own registry (tests run several in one process).
 """
@@ -6,7 +6,7 @@ Each operator instance has its own registry (tests run several in one process).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
@@ -36,6 +36,10 @@ class Metrics:
                                         "unavailable)", ["result"], registry=self.registry)
         self.stalls = Counter("ddpjob_stalls", "Stalls detected (runPolicy.progressDeadlineSeconds passed without a "
                               "step)", registry=self.registry)
+        # Set from the controller's work queue at each scrape (watch_queue): a burst waits for a reconcile slot.
+        self.queue_depth = Gauge("ddpjob_reconcile_queue_depth", "Jobs whose reconcile pass is queued or running "
+                                 "(waiting for one of DDPJOB_OPERATOR_MAX_CONCURRENT_RECONCILES slots, or in one)",
+                                 registry=self.registry)
         self._phase_of: dict[str, str] = {}
         for phase in PHASES:
             self.jobs.labels(phase=phase).set(0)
@@ -49,6 +53,10 @@ class Metrics:
         if phase is not None:
             self._phase_of[uid] = phase
             self.jobs.labels(phase=phase).inc()
+
+    def watch_queue(self, depth: Callable[[], int]) -> None:
+        """The queue depth gauge reads `depth()` when scraped."""
+        self.queue_depth.set_function(depth)
 
     def text(self) -> str:
         return generate_latest(self.registry).decode()
