@@ -1,0 +1,267 @@
+"""The Hugging Face `Trainer` on DDPJob, in one line: `trainer.add_callback(DDPJobCallback())`.
+
+    from ddp_trainer.runtime import hf
+    args = TrainingArguments(output_dir=hf.output_dir("out"), ...)   # the job's volume under DDPJob
+    trainer = Trainer(model=model, args=args, train_dataset=train, callbacks=[hf.DDPJobCallback()])
+    trainer.train(resume_from_checkpoint=hf.resume_from_checkpoint(args))
+    hf.exit_process(0)
+
+What the callback does (docs/hf-and-lightning.md):
+- progress: step, total steps, loss, epoch, samples/s and the last checkpoint step to the job's status
+  (`report()`, microseconds per step, nothing blocks);
+- checkpoints every `DDPJOB_CHECKPOINT_INTERVAL_STEPS` (HF's own `checkpoint-<step>/`, HF's own
+  rotation keeping `DDPJOB_CHECKPOINT_KEEP`), each made complete by a commit marker once written;
+- SIGTERM (scale-down, eviction, suspend): every rank agrees at the same step (`StopRequest`), HF saves
+  a checkpoint and stops, and the trainer exits 143 once rank 0's checkpoint is committed;
+- a peer's death: the survivors' next collective fails inside the Trainer's epoch loop; the callback
+  (which wraps that loop of the Trainer it is called from) saves the replica they hold (model,
+  optimizer, scheduler and trainer state after the last completed step) as `checkpoint-<step>/`
+  before the exception goes on, so the next generation resumes at most the step in flight behind;
+- `resume_from_checkpoint()`: the newest complete checkpoint, for HF's `resume_from_checkpoint`, which
+  restores its own data order (it skips the batches already trained in the epoch) and scheduler.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import random
+import re
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+from . import frameworks
+from .checkpoint import atomic_write_json
+from .distributed import JobEnv, StopRequest, barrier, is_peer_failure
+from .job import exit_process
+from .progress import ProgressReporter
+
+__all__ = ["DDPJobCallback", "exit_process", "output_dir", "resume_from_checkpoint"]
+
+log = logging.getLogger(__name__)
+CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # HF's PREFIX_CHECKPOINT_DIR-<global step>
+OTHER_RANKS_FILES = re.compile(r"^rng_state")  # each rank writes its own: not waited for by rank 0's marker
+SUBDIR = "hf"
+
+
+def output_dir(default: str | os.PathLike = "outputs") -> str:
+    """`TrainingArguments(output_dir=...)`: `<DDPJOB_CHECKPOINT_DIR>/<DDPJOB_NAME>/hf` under DDPJob (the
+    job's volume, so a replaced pod resumes from it), `default` elsewhere."""
+    return str(frameworks.job_dir(SUBDIR, default))
+
+
+def _env() -> JobEnv | None:
+    try:
+        return JobEnv.from_env()
+    except RuntimeError:  # not under torchrun: a single process
+        return None
+
+
+def resume_from_checkpoint(args: Any = None) -> str | None:
+    """The newest complete `checkpoint-<step>` in `args.output_dir` (TrainingArguments, or a path; default
+    `output_dir()`), or None: pass it to `trainer.train(resume_from_checkpoint=...)`. Every rank gets
+    rank 0's choice. A partial checkpoint (a worker killed while HF wrote it) is skipped."""
+    directory = getattr(args, "output_dir", args) if args is not None else output_dir()
+    if args is not None and hasattr(args, "device"):
+        args.device  # noqa: B018 - HF sets up the process group here, so the choice can be shared
+    env = _env()
+    rank, world = (env.rank, env.world_size) if env else (0, 1)
+    found = frameworks.newest_complete(directory, CHECKPOINT) if rank == 0 else None
+    chosen = [None if found is None else (str(found[1]), found[0], found[2].get("world_size"))]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(chosen, src=0)
+    if chosen[0] is None:
+        return None
+    path, step, saved_world = chosen[0]
+    if rank == 0:
+        frameworks.announce(frameworks.resume_message(step, saved_world, world))
+    return path
+
+
+class DDPJobCallback(TrainerCallback):
+    """`Trainer(callbacks=[DDPJobCallback()])` or `trainer.add_callback(DDPJobCallback())`.
+
+    `every_steps` / `keep`: checkpoint interval and how many HF keeps (default: the manifest's
+    `checkpoint.intervalSteps` / `keep` via DDPJOB_CHECKPOINT_*; 0: only HF's own `save_steps`).
+    `exit_on_stop`: after a SIGTERM stop, end the process with 143 once the checkpoint is committed
+    (code after `trainer.train()` does not run: the pod is going away). `rescue`: on a peer's death,
+    save the survivor's replica (an exception hook, see the module docstring)."""
+
+    def __init__(self, *, every_steps: int | None = None, keep: int | None = None, exit_on_stop: bool = True,
+                 rescue: bool = True, report_every: int = 1) -> None:
+        self.env = _env()
+        self.stop = StopRequest()  # now, in the main thread: a SIGTERM during set-up is not lost
+        self.every_steps = every_steps if every_steps is not None else (self.env.checkpoint_interval_steps
+                                                                        if self.env else 0)
+        self.keep = keep if keep is not None else (self.env.checkpoint_keep if self.env else None)
+        self.exit_on_stop, self.rescue_enabled, self.report_every = exit_on_stop, rescue, max(1, report_every)
+        self.stopped = False
+        self.loss: float | None = None
+        self.last_checkpoint_step: int | None = None
+        self.reporter: ProgressReporter | None = None
+        self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=20)
+        self._refs: dict[str, Any] = {}
+        self._hooked = False
+
+    @property
+    def exit_code(self) -> int:
+        """0, or 128 + the signal after a stop (143 for SIGTERM)."""
+        return self.stop.exit_code if self.stopped else 0
+
+    # ---- HF events ----------------------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+        self._refs = {"args": args, "state": state, "model": model, "optimizer": optimizer,
+                      "lr_scheduler": lr_scheduler}
+        if self.keep and args.save_total_limit is None:
+            args.save_total_limit = self.keep  # HF's rotation keeps the manifest's `keep`
+        if self.reporter is None:
+            env = self.env
+            self.reporter = ProgressReporter(
+                os.environ.get("DDPJOB_CHECKPOINT_DIR") or None, os.environ.get("DDPJOB_PROGRESS_URL") or None,
+                enabled=env is None or env.is_main, http_enabled=env is None or env.local_rank == 0,
+                token_file=os.environ.get("DDPJOB_PROGRESS_TOKEN_FILE") or None,
+                rank=env.rank if env else 0, ca_pem=os.environ.get("DDPJOB_PROGRESS_CA") or None)
+        if self.rescue_enabled and not self._hooked:
+            self._wrap_epoch_loop()
+        if state.global_step:
+            self.last_checkpoint_step = state.global_step  # resumed from it
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and isinstance(logs.get("loss"), (int, float)):
+            self.loss = float(logs["loss"])
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if self.every_steps and step % self.every_steps == 0:
+            control.should_save = True
+        if self.stop.agreed():  # every rank, once per step: the same answer at the same step
+            if not self.stopped:
+                log.warning("stop requested (signal %s) at step %d: saving a checkpoint", self.stop.signum, step)
+            self.stopped = True
+            control.should_save = True
+            control.should_training_stop = True
+        now = time.monotonic()
+        self._times.append((now, step))
+        if self.reporter is not None and (step % self.report_every == 0 or control.should_training_stop):
+            rate = None
+            if len(self._times) >= 2 and now > self._times[0][0]:
+                per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+                rate = per_step * (step - self._times[0][1]) / (now - self._times[0][0])
+            self.reporter.report(step=step, total_steps=state.max_steps or None, loss=self.loss,
+                                 epoch=int(state.epoch or 0), samples_per_second=rate,
+                                 world_size=args.world_size, last_checkpoint_step=self.last_checkpoint_step)
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        self.last_checkpoint_step = state.global_step
+        if args.should_save:  # the process that wrote the model, optimizer, scheduler and trainer state
+            path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if path.is_dir():
+                frameworks.commit(path, step=state.global_step, world_size=args.world_size, skip=OTHER_RANKS_FILES)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.stopped:
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                barrier(args.device)  # nobody exits before rank 0's checkpoint is committed
+            self._close()
+            if self.exit_on_stop:
+                exit_process(self.exit_code)
+            return
+        if args.should_save and os.environ.get("DDPJOB_CHECKPOINT_DIR"):
+            atomic_write_json(Path(os.environ["DDPJOB_CHECKPOINT_DIR"]) / "result.json",
+                              {"status": "completed", "world_size": args.world_size, "step": state.global_step,
+                               "loss": self.loss})
+        self._close()
+
+    def _close(self) -> None:
+        if self.reporter is not None:
+            self.reporter.close()
+        self.stop.close(drain=False)
+
+    # ---- rescue -------------------------------------------------------------------------------
+
+    def _wrap_epoch_loop(self) -> None:
+        """Catch a peer's failure where it surfaces, inside `trainer.train()`, while the replica is intact.
+
+        HF passes callbacks no Trainer, so it is found as the caller of this event (a Trainer method), and
+        its epoch loop (`_run_epoch`, HF's per-epoch method, looked up on the instance each epoch) is
+        wrapped on that instance. The exception propagates unchanged. An exception hook would not do:
+        torchrun's worker wrapper catches the exception and exits, so `sys.excepthook` never runs."""
+        from transformers import Trainer
+
+        frame = sys._getframe(1)
+        while frame is not None and not isinstance(frame.f_locals.get("self"), Trainer):
+            frame = frame.f_back
+        trainer = frame.f_locals["self"] if frame is not None else None
+        original = getattr(trainer, "_run_epoch", None)
+        if original is None:
+            log.warning("DDPJobCallback: no rescue checkpoint on a peer's failure with this transformers version: "
+                        "catch the exception of trainer.train() and call callback.rescue(error)")
+            return
+
+        def run_epoch(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            except Exception as e:
+                self.rescue(e)
+                raise
+
+        trainer._run_epoch = run_epoch
+        self._hooked = True
+
+    def rescue(self, error: BaseException) -> bool:
+        """After `trainer.train()` raised: if a peer died (`is_peer_failure`), save this rank's replica as
+        `checkpoint-<global step>` (what HF resumes from: model, optimizer, scheduler, trainer state, this
+        rank's RNG). Any surviving rank may write it, the first to place it wins; a step that already
+        has a complete checkpoint is left alone. No collective. True if this process wrote it. The callback
+        calls it from inside `trainer.train()`; call it yourself for an exception raised elsewhere."""
+        if not (self._refs and is_peer_failure(error)):
+            return False
+        args, state = self._refs["args"], self._refs["state"]
+        step = state.global_step
+        root = Path(args.output_dir)
+        final = root / f"checkpoint-{step}"
+        if step == 0 or frameworks.read_marker(final) is not None:
+            return False
+        tmp = root / f".tmp-checkpoint-{step}-{uuid.uuid4().hex}"
+        try:
+            self._write_replica(tmp, args, state)
+            if final.exists():  # a partial one (its writer died): replace it
+                shutil.rmtree(final, ignore_errors=True)
+            os.rename(tmp, final)
+            rank = self.env.rank if self.env else 0
+            frameworks.commit(final, step=step, world_size=args.world_size, rescued_by_rank=rank)
+        except OSError as e:  # another survivor placed it first, or the volume failed: the original error matters
+            shutil.rmtree(tmp, ignore_errors=True)
+            log.warning("rescue checkpoint of step %d not written: %s", step, e)
+            return False
+        log.warning("rescue checkpoint: rank %d saved step %d after a peer failed", self.env.rank if self.env else 0,
+                    step)
+        return True
+
+    def _write_replica(self, directory: Path, args, state) -> None:
+        """HF's checkpoint layout (Trainer._save_checkpoint), from any rank and without a collective."""
+        directory.mkdir(parents=True)
+        model = self._refs["model"]
+        model.save_pretrained(str(directory), safe_serialization=True, is_main_process=True)
+        torch.save(args, directory / "training_args.bin")
+        torch.save(self._refs["optimizer"].state_dict(), directory / "optimizer.pt")
+        if self._refs["lr_scheduler"] is not None:
+            torch.save(self._refs["lr_scheduler"].state_dict(), directory / "scheduler.pt")
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.random.get_rng_state_all()
+        torch.save(rng, directory / f"rng_state_{self.env.rank if self.env else 0}.pth")
+        state.save_to_json(str(directory / "trainer_state.json"))
+
