@@ -15,8 +15,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from . import model
-from .launcher import (FORK_TRAINER_ENV, LAUNCHER_PROGRAM, REJOIN_ENV, REJOIN_TIMEOUT_ENV,  # noqa: F401
-                       REJOIN_TIMEOUT_SECONDS, RENDEZVOUS_CLOSED_MARK, RENDEZVOUS_FAILED_PREFIX, TERMINATION_LOG_ENV,
+from .launcher import (ASSIGNMENT_FILE_ENV, FORK_TRAINER_ENV, LAUNCHER_PROGRAM, PROGRESS_CA_ENV,  # noqa: F401
+                       PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV, REJOIN_TIMEOUT_ENV, REJOIN_TIMEOUT_SECONDS,
+                       RENDEZVOUS_CLOSED_MARK, RENDEZVOUS_FAILED_PREFIX, SPARE_ENV, TERMINATION_LOG_ENV,
                        TERMINATION_LOG_PATH, TERMINATION_MESSAGE_LIMIT)
 
 # ---------------------------------------------------------------- labels (the one place for keys)
@@ -35,6 +36,7 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "ddpjob-operator"
 ROLE_WORKER = "worker"
 ROLE_STORE = "store"
+ROLE_SPARE = "spare"  # a warm standby (failurePolicy.spares): no index until it takes a lost worker's place
 
 TRAINER_CONTAINER = model.TRAINER_CONTAINER
 STORE_CONTAINER = "rendezvous-store"
@@ -85,6 +87,10 @@ def rendezvous_id(uid: str, generation: int) -> str:
 
 def worker_name(job_name: str, index: int) -> str:
     return f"{job_name}-worker-{index}"
+
+
+def spare_name(job_name: str, serial: int) -> str:
+    return f"{job_name}-spare-{serial}"
 
 
 def store_pod_name(job_name: str) -> str:
@@ -221,9 +227,7 @@ def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: 
 
 # Where the trainer POSTs its progress, and the file holding the pod's projected service-account token
 # it authenticates with (audience: the operator's; the operator checks it with a TokenReview).
-PROGRESS_URL_ENV = "DDPJOB_PROGRESS_URL"
-PROGRESS_TOKEN_ENV = "DDPJOB_PROGRESS_TOKEN_FILE"
-PROGRESS_CA_ENV = "DDPJOB_PROGRESS_CA"  # PEM: the CA the client verifies an https endpoint with
+# (PROGRESS_URL_ENV, PROGRESS_TOKEN_ENV, PROGRESS_CA_ENV: launcher.py, whose spares ask the same endpoint.)
 PROGRESS_TOKEN_VOLUME = "ddpjob-progress-token"
 PROGRESS_TOKEN_DIR = "/var/run/secrets/ddpjob/progress"
 PROGRESS_TOKEN_SECONDS = 3600  # the kubelet rotates it at 80% of this
@@ -320,7 +324,8 @@ def worker_tolerations(spec: model.DDPJobSpec) -> list[dict[str, Any]]:
 
 
 def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: int,
-               attempt: int = 0, progress: ProgressEndpoint | None = None) -> dict[str, Any]:
+               attempt: int = 0, progress: ProgressEndpoint | None = None,
+               avoid_nodes: tuple[str, ...] = ()) -> dict[str, Any]:
     name = worker_name(job.name, index)
     template = spec.template
     endpoint = store_endpoint(job.name, job.namespace, spec.rendezvous.port)
@@ -394,9 +399,38 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
     pod_spec.update({k: v for k, v in optional.items() if v})
     annotations = dict(template.annotations or {})
     _add_pod_spec_overrides(job, spec, pod_spec)
+    _avoid_nodes(pod_spec, avoid_nodes)
     _add_gang(job, spec, pod_spec, labels, annotations)
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": _metadata(job, name, labels, annotations), "spec": pod_spec}
+
+
+def spare_pod(job: JobRef, spec: model.DDPJobSpec, *, serial: int, generation: int,
+              progress: ProgressEndpoint | None = None) -> dict[str, Any]:
+    """A warm spare: a worker's pod (image, resources, volumes, token) whose launcher waits for an
+    assignment (launcher.SPARE_ENV) instead of joining a rendezvous. It prefers a node without the job's
+    workers, so that a node lost with a worker does not take its replacement with it."""
+    pod = copy.deepcopy(worker_pod(job, spec, index=0, generation=generation, progress=progress))  # owns its dicts
+    name = spare_name(job.name, serial)
+    meta, pod_spec = pod["metadata"], pod["spec"]
+    meta["name"] = name
+    labels = meta["labels"]
+    labels[LABEL_ROLE] = ROLE_SPARE
+    for key in (LABEL_REPLICA_INDEX, LABEL_ATTEMPT):
+        labels.pop(key, None)
+    pod_spec["hostname"] = name
+    container = pod_spec["containers"][0]
+    for var in container["env"]:
+        if var["name"] == "DDPJOB_REPLICA_INDEX":
+            var["value"] = "-1"  # until assigned
+    container["env"].append({"name": SPARE_ENV, "value": "1"})
+    anti = {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
+        "matchLabels": {LABEL_JOB_NAME: job.name, LABEL_ROLE: ROLE_WORKER}}}}
+    affinity = pod_spec.setdefault("affinity", {})
+    preferred = affinity.setdefault("podAntiAffinity", {}).setdefault(
+        "preferredDuringSchedulingIgnoredDuringExecution", [])
+    preferred.append(anti)
+    return pod
 
 
 def _merge_resources(ours: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -428,6 +462,22 @@ def _add_pod_spec_overrides(job: JobRef, spec: model.DDPJobSpec, pod_spec: dict[
 
 
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+
+def _avoid_nodes(pod_spec: dict[str, Any], nodes: tuple[str, ...]) -> None:
+    """status.avoidedNodes (decisions/nodes.py): required node anti-affinity, `NotIn` on the hostname label,
+    ANDed into every required term the user wrote (terms are ORed, a term's expressions ANDed)."""
+    if not nodes:
+        return
+    avoid = {"key": HOSTNAME_TOPOLOGY, "operator": "NotIn", "values": sorted(nodes)}
+    affinity = pod_spec["affinity"] = copy.deepcopy(pod_spec.get("affinity") or {})  # never the spec's own
+    required = affinity.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution",
+                                                                   {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term.setdefault("matchExpressions", []).append(dict(avoid))
 
 
 def _add_gang(job: JobRef, spec: model.DDPJobSpec, pod_spec: dict[str, Any], labels: dict[str, str],

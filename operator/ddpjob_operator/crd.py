@@ -162,6 +162,11 @@ def build_crd() -> dict[str, Any]:
                      "description": "Training loss at that step, averaged over ranks."},
                     {"name": "Samples/s", "type": "number", "jsonPath": ".status.progress.samplesPerSecond",
                      "priority": 1, "description": "Training throughput over all ranks."},
+                    {"name": "Slowest", "type": "string", "jsonPath": ".status.stepTimes.slowest", "priority": 1,
+                     "description": "The worker with the longest own time per step and its ratio to its peers' "
+                                    "median (straggler detection)."},
+                    {"name": "Spares", "type": "integer", "jsonPath": ".status.readySpares", "priority": 1,
+                     "description": "Warm spares ready to take a lost worker's place (failurePolicy.spares)."},
                 ],
             }],
         },

@@ -121,7 +121,9 @@ class Controller:
         self.options = decisions.Options(stuck_terminating_seconds=settings.stuck_terminating_seconds,
                                          cannot_start_seconds=settings.cannot_start_seconds,
                                          incident_settle_seconds=settings.incident_settle_seconds,
-                                         silent_peer_settle_seconds=settings.silent_peer_settle_seconds)
+                                         silent_peer_settle_seconds=settings.silent_peer_settle_seconds,
+                                         # A spare learns its assignment from the progress endpoint.
+                                         spares_enabled=bool(settings.progress_url))
         self.jobs: dict[JobKey, dict[str, Any]] = {}
         self.pods: Mapping[tuple[str, str], Any] = {}  # kopf's index: (namespace, job uid) -> PodSummary
         self.written = WrittenStatuses()  # job uid -> the status this process last wrote
@@ -147,6 +149,7 @@ class Controller:
             self.progress, progress.TokenReviewer(api.token_review, settings.progress_audience),
             find_worker=lambda ns, name, who: progress.find_worker_in(self.pods, self.jobs, ns, name, who,
                                                                       builders.ROLE_WORKER),
+            assignment=lambda ns, name, who: progress.assignment_in(self.pods, self.jobs, ns, name, who),
             leading=self.leading, accepted=self._progress_reported,
             count=lambda result: metrics.progress_reports.labels(result=result).inc(), clock=clock,
             refused=self._progress_refused)
@@ -540,15 +543,19 @@ class Controller:
                         for a in actions if isinstance(a, (decisions.DeleteWorker, decisions.DeleteStore))
                         for name in [_pod_name(job, a)])
         workers = [a for a in actions if isinstance(a, decisions.CreateWorker)]
+        spares = [a for a in actions if isinstance(a, decisions.CreateSpare)]
         creates_store = any(isinstance(a, decisions.CreateStore) for a in actions)
-        if workers or creates_store:
+        if workers or creates_store or spares:
             assert spec is not None  # the decision layer only creates for a runnable spec
             # The store before the workers (they dial it); nothing more once a creation was refused.
             if await self._ensure_shared(job, spec, now) and \
                     (not creates_store or await self._create(job, builders.store_pod(job, spec), now)):
                 await self._all(self._create(job, builders.worker_pod(
                     job, spec, index=a.index, generation=a.generation, attempt=a.attempt,
-                    progress=self.progress_endpoint), now) for a in workers)
+                    progress=self.progress_endpoint, avoid_nodes=a.avoid_nodes), now) for a in workers)
+                await self._all(self._create(job, builders.spare_pod(
+                    job, spec, serial=a.slot, generation=a.generation, progress=self.progress_endpoint), now)
+                    for a in spares)
         if any(isinstance(a, decisions.DeleteJob) for a in actions):
             await self.api.delete(kube.DDPJOBS, job.namespace, job.name)
         # Events after the pod calls: they are informational and must not queue ahead of them.

@@ -39,6 +39,22 @@ REJOIN_FAILED_PREFIX = "rejoin failed"
 GENERATION_MARK = "[generation {generation}]"
 GENERATION_MARK_PATTERN = r"\[generation (\d+)\]"
 
+# A warm spare (failurePolicy.spares) runs the same launcher with SPARE_ENV=1: it imports what a worker
+# imports, joins no rendezvous, and asks for its assignment (the replica index and generation whose place
+# it takes) until the operator gives one: from the operator's progress endpoint in a pod (the URL and token
+# the pod has for progress reports, path ASSIGNMENT_PATH), from ASSIGNMENT_FILE_ENV in a local run.
+SPARE_ENV = "DDPJOB_SPARE"
+ASSIGNMENT_FILE_ENV = "DDPJOB_ASSIGNMENT_FILE"
+ASSIGNMENT_PATH = "assignment"  # replaces the last segment ("progress") of the progress URL
+PROGRESS_URL_ENV = "DDPJOB_PROGRESS_URL"
+PROGRESS_TOKEN_ENV = "DDPJOB_PROGRESS_TOKEN_FILE"
+PROGRESS_CA_ENV = "DDPJOB_PROGRESS_CA"  # PEM: the CA the client verifies an https endpoint with
+
+# The trainer runtime's exit for a checkpoint volume that is full or keeps failing reads (its
+# CHECKPOINT_VOLUME_* constants; a test keeps the two equal): infrastructure, never the user's bug.
+CHECKPOINT_VOLUME_EXIT_CODE = 75
+CHECKPOINT_VOLUME_PREFIXES = ("checkpoint volume full:", "checkpoint volume unreadable:")
+
 # On a node without GPUs the trainer starts as a fork of the agent, which has imported torch already,
 # instead of a new interpreter importing it again: seconds off every start and restart
 # (bench/recovery.py). Where a GPU is visible it starts as a new interpreter, as torchrun does: CUDA
@@ -243,7 +259,55 @@ def run_generation(args, generation, generations):
     finally:
         stop_watching()
 
+def assignment():
+    # The operator's answer for this spare: {{"index", "generation", "rdzvId", "nnodes"}}, or None yet.
+    import json
+    path = os.environ.get("{ASSIGNMENT_FILE_ENV}")
+    if path:
+        try:
+            with open(path) as file:
+                return json.load(file)
+        except (OSError, ValueError):
+            return None  # not written yet (the runner writes it whole, by rename)
+    import ssl, urllib.request
+    url = os.environ.get("{PROGRESS_URL_ENV}", "")
+    if not url:
+        return None
+    try:
+        with open(os.environ.get("{PROGRESS_TOKEN_ENV}", "")) as file:
+            token = file.read().strip()
+        context = ssl.create_default_context(cadata=os.environ["{PROGRESS_CA_ENV}"]) \
+            if os.environ.get("{PROGRESS_CA_ENV}") else None
+        request = urllib.request.Request(url.rsplit("/", 1)[0] + "/{ASSIGNMENT_PATH}",
+                                         headers={{"Authorization": f"Bearer {{token}}"}})
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return json.load(response) if response.status == 200 else None
+    except Exception:  # the operator is busy, failing over, or has nothing for us yet: ask again
+        return None
+
+def wait_as_spare(args):
+    # Warm: what every worker imports, and the entrypoint's package (never its __main__).
+    import importlib
+    import torch._dynamo, torch.optim
+    entry = args[args.index("-m") + 1] if "-m" in args else None
+    if entry:
+        try:
+            importlib.import_module(entry.split(".")[0])
+        except Exception as error:
+            print(f"spare: could not preload {{entry}}: {{error}}", file=sys.stderr, flush=True)
+    print("spare: warm, waiting for an assignment", file=sys.stderr, flush=True)
+    while (given := assignment()) is None:
+        time.sleep(0.5)
+    generation = int(given["generation"])
+    print(f"spare: taking the place of worker {{given['index']}} in rendezvous generation {{generation}}",
+          file=sys.stderr, flush=True)
+    os.environ.update(DDPJOB_REPLICA_INDEX=str(given["index"]), DDPJOB_GENERATION=str(generation),
+                      PET_RDZV_ID=given["rdzvId"], PET_NNODES=given["nnodes"])
+    return with_flags(args, rdzv_id=given["rdzvId"], nnodes=given["nnodes"])
+
 def launch(args):
+    if os.environ.get("{SPARE_ENV}") == "1":
+        args = wait_as_spare(args)
     generation = generation_of(flag(args, "rdzv-id"))
     generations = None
     if os.environ.get("{REJOIN_ENV}") == "1" and generation is not None:

@@ -775,8 +775,13 @@ class FailurePolicy(APIModel):
         "Restart budget: replacements of failed workers (and torchrun's in-pod restarts) before the "
         "job fails. Disruptions (eviction, preemption, node loss) do not spend it."))
     restart_scope: Literal["Pod", "All"] = Field(default="Pod", description=(
-        "Pod: replace only the failed worker; survivors re-form the group via elastic rendezvous. "
-        "All: restart the whole gang with a new rendezvous generation."))
+        "Pod: replace only the failed worker; the survivors keep their pods and join the next rendezvous "
+        "generation in place. All: replace every worker pod in the next generation."))
+    spares: int = Field(default=0, ge=0, le=64, description=(
+        "Warm standby pods (restartScope Pod): each has imported torch and waits, in no rendezvous and "
+        "outside the world size; when a worker is lost, a ready spare takes its place in the next "
+        "generation at once and the pool is refilled in the background. Needs the operator's progress "
+        "endpoint (the chart enables it) or a local run."))
     backoff: Backoff = Field(default_factory=Backoff, description="Exponential backoff between restarts.")
     retryable_exit_codes: list[ExitCode] = Field(default_factory=list, max_length=64, description=(
         "Exit codes to retry although they are in 1-127 (user errors are permanent by default)."))
@@ -790,12 +795,33 @@ class FailurePolicy(APIModel):
         "tolerationSeconds of the workers' and the store's NoExecute tolerations for "
         "node.kubernetes.io/not-ready and node.kubernetes.io/unreachable; a template.tolerations entry "
         "for either key (or a keyless Exists one) wins."))
+    stragglers: Literal["Report", "Replace"] = Field(default="Report", description=(
+        "What to do about a straggler, a worker whose own time per step (apart from waiting for the others "
+        "in collectives) stays above stragglerThreshold x the median of its peers for stragglerWindowSeconds. "
+        "Report: a Straggler condition and Event naming the rank, pod, node and ratio. Replace: also move "
+        "that worker off its node (its pod is deleted and replaced like an eviction: a disruption, never "
+        "charged; the survivors keep their pods with restartScope Pod)."))
+    straggler_threshold: float = Field(default=1.5, ge=1.1, le=10.0, description=(
+        "A worker is a straggler when its own step time is above this many times the median of its peers' "
+        "(its lower quartile over the window, so a few slow steps are not enough); it stops being one below "
+        "half way back to 1 (1.25 for 1.5), so a noisy worker does not flap."))
+    straggler_window_seconds: int = Field(default=300, ge=10, le=86400, description=(
+        "How long a worker must stay above stragglerThreshold before it is named (and how much of its "
+        "recent timing is judged)."))
+    avoid_node_seconds: int = Field(default=3600, ge=0, le=604800, description=(
+        "A node where two of this job's workers failed with an infrastructure-looking cause (a signal, an "
+        "NCCL/Gloo, Xid or ECC error, a replaced straggler) within this many seconds is listed in "
+        "status.avoidedNodes for this long, and the job's new workers get required node anti-affinity "
+        "against it. 0 turns it off. A user error (exit 1-127) never marks a node."))
 
     cel_rules = (
         cel("self.retryableExitCodes.all(c, !(c in self.permanentExitCodes))",
             "an exit code cannot be both retryable and permanent: remove it from one of "
             "failurePolicy.retryableExitCodes or failurePolicy.permanentExitCodes",
             ".retryableExitCodes"),
+        cel("self.spares == 0 || self.restartScope == 'Pod'",
+            "failurePolicy.spares needs restartScope: Pod (with All every worker is replaced anyway): set "
+            "spares: 0 or restartScope: Pod", ".spares"),
         cel("self.backoff.initialSeconds <= self.backoff.maxSeconds",
             "backoff.initialSeconds must not exceed backoff.maxSeconds", ".backoff.initialSeconds"),
     )
@@ -1028,9 +1054,16 @@ class Condition(StatusModel):
     observed_generation: int | None = Field(default=None, description="Spec generation seen.")
 
 
+class SpareStatus(StatusModel):
+    pod: str = Field(description="The spare pod, `<job>-spare-<n>`.")
+    phase: str = Field(description="Pod phase (Pending, Running, ...).")
+    ready: bool = Field(default=False, description="Running: warm, ready to take a lost worker's place.")
+    node: str | None = Field(default=None, description="Node the spare runs on.")
+
+
 class RankStatus(StatusModel):
     index: int = Field(description="Replica index i of `<job>-worker-<i>`.")
-    pod: str = Field(description="Current pod name.")
+    pod: str = Field(description="Current pod name (`<job>-worker-<i>`, or the spare that took its place).")
     phase: str = Field(description="Pod phase (Pending, Running, Succeeded, Failed, Missing).")
     ready: bool = Field(default=False, description="Pod is Ready.")
     node: str | None = Field(default=None, description="Node the pod runs on.")
@@ -1081,6 +1114,42 @@ class Incident(StatusModel):
         "incident beyond the previous one's step is restarted without backoff."))
 
 
+class NodeFailure(StatusModel):
+    """One infrastructure-looking failure of this job's worker on a node: the evidence for avoidedNodes."""
+
+    node: str = Field(max_length=253, description="Node name.")
+    time: str = Field(description="When it happened (RFC 3339).")
+    reason: str = Field(default="", max_length=128, description=(
+        "Signal, NCCLError, XidError, ECCError, NodeLost or StragglerReplaced."))
+    pod_uid: str | None = Field(default=None, max_length=64, description="The worker pod that failed there.")
+
+
+class AvoidedNode(StatusModel):
+    """A node this job's new workers are kept off (required node anti-affinity), until `until`."""
+
+    node: str = Field(max_length=253, description="Node name.")
+    reason: str = Field(default="", max_length=1024, description="The failures that marked it.")
+    since: str = Field(description="When it was marked (RFC 3339).")
+    until: str = Field(description="When the mark expires (RFC 3339).")
+
+
+class RankStepTime(StatusModel):
+    index: int = Field(description="Replica index i of `<job>-worker-<i>`.")
+    seconds: float = Field(description="Its own time per step (median over the straggler window), in seconds.")
+    ratio: float = Field(description="seconds / the median of its peers' (1.0: typical).")
+
+
+class StepTimes(StatusModel):
+    """Each worker's own time per step, apart from waiting for the others (docs/operator.md, "Stragglers")."""
+
+    generation: int = Field(description="Rendezvous generation the timings belong to.")
+    slowest: str | None = Field(default=None, max_length=64, description=(
+        "The slowest worker and its ratio to its peers' median, e.g. `1 (2.03x)` (the SLOWEST column)."))
+    straggler: int | None = Field(default=None, description=(
+        "Replica index of the worker named a straggler (the Straggler condition), if any."))
+    ranks: list[RankStepTime] = Field(default_factory=list, max_length=1024, description="Per worker.")
+
+
 class DDPJobStatus(StatusModel):
     phase: Phase | None = Field(default=None, description="Lifecycle phase.")
     message: str | None = Field(default=None, description="Why the job is in this phase.")
@@ -1094,6 +1163,9 @@ class DDPJobStatus(StatusModel):
     disruptions: int = Field(default=0, description="Replacements after evictions or node loss (not charged).")
     generation: int = Field(default=0, description="Rendezvous generation (bumped by gang restarts).")
     ranks: list[RankStatus] = Field(default_factory=list, description="Per-replica state.")
+    spares: list[SpareStatus] = Field(default_factory=list, description=(
+        "Idle warm spares (failurePolicy.spares); a spare that takes a worker's place moves to ranks."))
+    ready_spares: int = Field(default=0, description="Idle spares that are Running (the SPARES column).")
     start_time: str | None = Field(default=None, description="When the first worker was created.")
     completion_time: str | None = Field(default=None, description="When the job reached Succeeded or Failed.")
     observed_generation: int | None = Field(default=None, description="metadata.generation last reconciled.")
@@ -1105,6 +1177,14 @@ class DDPJobStatus(StatusModel):
     incidents: list[Incident] = Field(default_factory=list, description=(
         "The last 10 restarts, newest last: each failure or disruption (charged or not) and each move to a fresh "
         "rendezvous generation, with its cause."))
+    step_times: StepTimes | None = Field(default=None, description=(
+        "Each worker's own time per step and its ratio to its peers' (straggler detection)."))
+    node_failures: list[NodeFailure] = Field(default_factory=list, max_length=16, description=(
+        "Recent infrastructure-looking failures of this job's workers by node (the newest 16, within "
+        "failurePolicy.avoidNodeSeconds): the evidence behind avoidedNodes."))
+    avoided_nodes: list[AvoidedNode] = Field(default_factory=list, max_length=8, description=(
+        "Nodes where this job's workers failed twice with an infrastructure-looking cause: new workers get "
+        "required node anti-affinity against them until each expires (at most 8)."))
 
 
 # A worker's FQDN with setHostnameAsFQDN: `<job>-worker-<i>.<job>-workers.<ns>.svc.<cluster domain>`; the kubelet

@@ -51,7 +51,8 @@ from typing import Any, Callable, Iterable, Mapping
 import aiohttp.web
 from prometheus_client.core import GaugeMetricFamily
 
-from . import decisions
+from . import builders, decisions
+from .validation import InvalidJob, parse_spec
 
 logger = logging.getLogger("ddpjob_operator.progress")
 
@@ -101,10 +102,12 @@ class Report:
     world_size: int | None = None
     last_checkpoint_step: int | None = None
     rank: int | None = None  # the global rank that sent it; rank 0's values are the job's
+    step_seconds: float | None = None  # this pod's own time per step, apart from waiting in collectives
 
 
 _INTS = ("total_steps", "epoch", "world_size", "last_checkpoint_step", "rank")
-_FLOATS = ("loss", "samples_per_second")
+_FLOATS = ("loss", "samples_per_second", "step_seconds")
+MAX_STEP_SECONDS = 86400.0  # one step of a day: beyond it a report is wrong, not slow
 MAX_INT = 2**53
 
 
@@ -163,6 +166,8 @@ def parse_report(raw: bytes) -> Report:
             raise BadReport(422, f"{key} must be a finite number or null, got {value!r}")
         if key == "samples_per_second" and value < 0:
             raise BadReport(422, f"{key} must be >= 0, got {value!r}")
+        if key == "step_seconds" and not 0 <= value <= MAX_STEP_SECONDS:
+            raise BadReport(422, f"{key} must be from 0 to {MAX_STEP_SECONDS:g} seconds or null, got {value!r}")
         values[key] = float(value)
     return Report(**values)
 
@@ -320,6 +325,7 @@ class JobProgress:
     dirty: bool = False
     rank0_index: int | None = None  # the pod (replica index) whose reports say rank 0 in this generation
     last_refused: datetime | None = None  # the operator last could not take a report for this job
+    timings: decisions.TimingHistory = field(default_factory=decisions.TimingHistory)  # straggler detection
 
 
 class ProgressTracker:
@@ -337,6 +343,8 @@ class ProgressTracker:
         rank = job.ranks.get(index)
         if rank is None or generation >= rank.generation:
             job.ranks[index] = _Rank(generation, report.step, now)
+        if report.step_seconds is not None:
+            job.timings.add(index, generation, report.step, report.step_seconds, now)
         if generation < job.generation:
             return  # a pod of a generation left behind (still stopping): its rank's silence is all it tells
         if generation > job.generation:
@@ -384,7 +392,8 @@ class ProgressTracker:
                 generation=job.generation, step=latest.step, last_advance=job.last_advance,
                 total_steps=latest.total_steps, epoch=latest.epoch, loss=latest.loss,
                 samples_per_second=latest.samples_per_second, last_checkpoint_step=latest.last_checkpoint_step,
-                world_size=latest.world_size, steps_per_second=self._rate(job), updated_at=job.received_at)
+                world_size=latest.world_size, steps_per_second=self._rate(job), updated_at=job.received_at,
+                timings=job.timings.snapshot())
             job.published_at, job.dirty = now, False
         if job.published is None:
             return None
@@ -417,16 +426,22 @@ class ProgressTracker:
         since = GaugeMetricFamily("ddpjob_job_seconds_since_progress",
                                   "Seconds since a DDPJob's step last advanced (in its newest generation)",
                                   labels=labels)
+        own = GaugeMetricFamily("ddpjob_rank_step_seconds", "A DDPJob worker's own time per step (apart from "
+                                "waiting for the others in collectives), its newest report in the job's generation",
+                                labels=labels + ["rank"])
         moment = now()
         for uid, job in list(self.jobs.items()):
             if uid not in self.names or job.latest is None or job.last_advance is None:
                 continue
             key = list(self.names[uid])
+            for rank in job.timings.snapshot():
+                if rank.generation == job.generation and rank.samples:
+                    own.add_metric(key + [str(rank.index)], rank.samples[-1].seconds)
             step.add_metric(key, job.latest.step)
             if job.latest.samples_per_second is not None:
                 rate.add_metric(key, job.latest.samples_per_second)
             since.add_metric(key, max(0.0, (moment - job.last_advance).total_seconds()))
-        return [step, rate, since]
+        return [step, rate, since, own]
 
 
 def _replace(observation: decisions.ProgressObservation, **changes: Any) -> decisions.ProgressObservation:
@@ -510,14 +525,18 @@ class ProgressServer:
                  accepted: Callable[[str, str, str], None], count: Callable[[str], None],
                  clock: Callable[[], datetime], refused: Callable[[str, str], None] = lambda ns, name: None, *,
                  header_seconds: float = HEADER_SECONDS, body_seconds: float = BODY_SECONDS,
-                 max_connections: int = MAX_CONNECTIONS):
+                 max_connections: int = MAX_CONNECTIONS,
+                 assignment: Callable[[str, str, Identity], dict[str, Any] | None] = lambda ns, name, who: None):
         self.tracker, self.reviewer, self.find_worker = tracker, reviewer, find_worker
+        self.assignment = assignment
         self.leading, self.accepted, self.count, self.clock = leading, accepted, count, clock
         self.refused = refused
         self.header_seconds, self.body_seconds, self.max_connections = header_seconds, body_seconds, max_connections
         self.limiter = TokenBucket(RATE_PER_POD, BURST_PER_POD)
         self.app = aiohttp.web.Application(client_max_size=MAX_BODY_BYTES)
         self.app.router.add_post("/v1/namespaces/{namespace}/ddpjobs/{name}/progress", self.handle)
+        # A warm spare asks which rank's place it takes (launcher.ASSIGNMENT_PATH): 200 with it, 204 not yet.
+        self.app.router.add_get("/v1/namespaces/{namespace}/ddpjobs/{name}/assignment", self.handle_assignment)
         self.app.router.add_get("/healthz", self.healthz)
         self._runner: aiohttp.web.AppRunner | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -574,6 +593,33 @@ class ProgressServer:
         except Exception:  # noqa: BLE001 - bookkeeping only
             logger.exception("recording a refused progress report failed")
 
+    async def handle_assignment(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        try:
+            identity = await self._identify(request)
+            if isinstance(identity, aiohttp.web.Response):
+                return identity
+            given = self.assignment(request.match_info["namespace"], request.match_info["name"], identity)
+        except Exception:  # noqa: BLE001 - a client must never crash the operator
+            logger.exception("assignment request failed")
+            return self._answer(500, "unavailable", "internal error")
+        if given is None:
+            return aiohttp.web.Response(status=204)
+        return aiohttp.web.json_response(given)
+
+    async def _identify(self, request: aiohttp.web.Request) -> Identity | aiohttp.web.Response:
+        """The pod the bearer token names, or the refusal to send."""
+        if not self.leading():
+            return self._answer(503, "standby", "this operator replica is a standby; retry")
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return self._answer(401, "unauthenticated", "send the pod's projected service-account token")
+        try:
+            return await self.reviewer.authenticate(token.strip(), request.remote or "")
+        except Unauthenticated as exc:
+            return self._answer(401, "unauthenticated", str(exc))
+        except RateLimited as exc:
+            return self._answer(429, "rate_limited", str(exc))
+
     async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         if not self.leading():
@@ -619,20 +665,57 @@ class ProgressServer:
         return self._answer(204, "accepted")
 
 
-def find_worker_in(pods: Mapping[tuple[str, str], Any], jobs: Mapping[tuple[str, str], Mapping[str, Any]],
-                   namespace: str, name: str, identity: Identity, worker_role: str) -> Worker | None:
-    """The operator's pod index lookup: the identity's pod, by name and uid, among the job's workers (pods
-    whose controller ownerReference is the job: labels alone are anyone's to copy)."""
-    body = jobs.get((namespace, name))
-    if body is None:
-        return None
+def _own_pod(pods: Mapping[tuple[str, str], Any], body: Mapping[str, Any], namespace: str,
+             identity: Identity) -> Any:
+    """The identity's pod, by name and uid, among the job's pods (whose controller ownerReference is the
+    job: labels alone are anyone's to copy)."""
     uid = (body.get("metadata") or {}).get("uid", "")
     for pod in pods.get((namespace, uid), ()) or ():
-        if pod.name == identity.pod_name and pod.uid == identity.pod_uid and pod.role == worker_role \
-                and uid and pod.controller_uid == uid:
-            return Worker(uid=uid, index=pod.index, generation=served_generation(body, pod.index, pod.uid,
-                                                                                  pod.generation))
+        if pod.name == identity.pod_name and pod.uid == identity.pod_uid and uid and pod.controller_uid == uid:
+            return pod
     return None
+
+
+def _rank_of(body: Mapping[str, Any], pod_uid: str) -> Mapping[str, Any] | None:
+    """The status rank whose pod this is (a survivor carried along, a spare that took a rank's place)."""
+    return next((r for r in (body.get("status") or {}).get("ranks") or () if r.get("uid") == pod_uid), None)
+
+
+def find_worker_in(pods: Mapping[tuple[str, str], Any], jobs: Mapping[tuple[str, str], Mapping[str, Any]],
+                   namespace: str, name: str, identity: Identity, worker_role: str) -> Worker | None:
+    """The operator's pod index lookup: the identity's pod among the job's workers, or a spare the status
+    names as a rank's pod."""
+    body = jobs.get((namespace, name))
+    pod = _own_pod(pods, body, namespace, identity) if body is not None else None
+    if pod is None:
+        return None
+    uid = body["metadata"]["uid"]
+    if pod.role == worker_role:
+        return Worker(uid=uid, index=pod.index, generation=served_generation(body, pod.index, pod.uid, pod.generation))
+    rank = _rank_of(body, pod.uid) if pod.role == builders.ROLE_SPARE else None
+    if rank is not None and isinstance(rank.get("generation"), int):
+        return Worker(uid=uid, index=rank["index"], generation=rank["generation"])
+    return None
+
+
+def assignment_in(pods: Mapping[tuple[str, str], Any], jobs: Mapping[tuple[str, str], Mapping[str, Any]],
+                  namespace: str, name: str, identity: Identity) -> dict[str, Any] | None:
+    """What a spare is told: the rank whose place the status gives it, that generation's rendezvous id and
+    node range; None while it has none (or is not this job's spare)."""
+    body = jobs.get((namespace, name))
+    pod = _own_pod(pods, body, namespace, identity) if body is not None else None
+    if pod is None or pod.role != builders.ROLE_SPARE:
+        return None
+    rank = _rank_of(body, pod.uid)
+    if rank is None or not isinstance(rank.get("generation"), int) or rank.get("pod") != pod.name:
+        return None
+    try:
+        spec = parse_spec(body.get("spec"))
+    except InvalidJob:
+        return None
+    generation = rank["generation"]
+    return {"index": rank["index"], "generation": generation, "nnodes": builders.nnodes(spec),
+            "rdzvId": builders.rendezvous_id(body["metadata"]["uid"], generation)}
 
 
 def served_generation(job: Mapping[str, Any], index: int, pod_uid: str, label_generation: int) -> int:

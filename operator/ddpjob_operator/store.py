@@ -6,6 +6,7 @@ Pure: bodies in, frozen values out.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -178,7 +179,7 @@ def worker_observation(pod: PodSummary) -> decisions.WorkerObservation:
 def observe(pods: Iterable[PodSummary], now: datetime,
             rejected: tuple[decisions.CreateRejected, ...] = (), job_uid: str | None = None) -> decisions.Observed:
     """`job_uid`: only pods that job controls are observed (never counted, reported or charged otherwise)."""
-    workers, store = [], None
+    workers, spares, store = [], [], None
     for pod in pods:
         if job_uid is not None and pod.controller_uid != job_uid:
             continue
@@ -186,10 +187,13 @@ def observe(pods: Iterable[PodSummary], now: datetime,
             store = decisions.StoreObservation(phase=pod.phase, ready=pod.ready, reason=pod.reason,
                                                terminating_since=pod.terminating_since, waiting=pod.waiting,
                                                unschedulable=pod.unschedulable)
+        elif pod.role == builders.ROLE_SPARE:
+            spares.append(dataclasses.replace(worker_observation(pod), index=-1))
         else:
             workers.append(worker_observation(pod))
     workers.sort(key=lambda w: (w.index, w.generation))
-    return decisions.Observed(workers=tuple(workers), store=store, now=now, rejected=rejected)
+    return decisions.Observed(workers=tuple(workers), store=store, now=now, rejected=rejected,
+                              spares=tuple(sorted(spares, key=lambda s: s.name)))
 
 
 def parse_status(raw: Any) -> model.DDPJobStatus:

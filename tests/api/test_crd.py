@@ -79,9 +79,13 @@ def test_api_identity_and_subresources():
                        # issue 12: progress and ETA by default, step, loss and throughput with -o wide
                        "Progress%": ".status.progress.percent", "ETA": ".status.progress.eta",
                        "Step": ".status.progress.step", "Loss": ".status.progress.loss",
-                       "Samples/s": ".status.progress.samplesPerSecond"}
+                       "Samples/s": ".status.progress.samplesPerSecond",
+                       # issue 22: the slowest rank and its ratio to its peers, with -o wide
+                       "Slowest": ".status.stepTimes.slowest",
+                       # issue 25: idle warm spares, with -o wide
+                       "Spares": ".status.readySpares"}
     wide = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1}
-    assert wide == {"Step", "Loss", "Samples/s"}
+    assert wide == {"Step", "Loss", "Samples/s", "Slowest", "Spares"}
 
 
 def test_server_side_defaults_match_the_model():

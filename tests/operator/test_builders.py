@@ -93,10 +93,13 @@ def test_worker_env_matches_the_launch_contract():
     env = env_for(spec(minReplicas=1, checkpoint={"claimName": "ck", "intervalSteps": 7, "keep": 4}))
     contract = (ROOT / "docs" / "launch-contract.md").read_text()
     documented = set(re.findall(r"`(DDPJOB_[A-Z_]+)`", contract))
-    # The pod IP comes from the downward API, the termination log path from the local runner, and the
-    # progress endpoint and token file only with an operator progress endpoint (worker_pod, below).
+    # The pod IP comes from the downward API, the termination log path from the local runner, the
+    # progress endpoint, token file and CA only with an operator progress endpoint (worker_pod, below), and
+    # the spare's two only in a spare (spare_pod).
     assert {k for k in env if k.startswith("DDPJOB_")} | {builders.POD_IP_ENV, builders.TERMINATION_LOG_ENV,
-                                                          builders.PROGRESS_URL_ENV, builders.PROGRESS_TOKEN_ENV} \
+                                                          builders.PROGRESS_URL_ENV, builders.PROGRESS_TOKEN_ENV,
+                                                          builders.PROGRESS_CA_ENV, builders.SPARE_ENV,
+                                                          builders.ASSIGNMENT_FILE_ENV} \
         == documented
     assert env["DDPJOB_REPLICA_INDEX"] == "1" and env["DDPJOB_GENERATION"] == "3"
     assert env["DDPJOB_CHECKPOINT_DIR"] == "/checkpoints"

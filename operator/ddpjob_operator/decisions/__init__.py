@@ -20,15 +20,19 @@ from .accounting import (account_incident, backoff_seconds, classify_exit, rende
                          rendezvous_failed)
 from .common import (MESSAGE_LIMIT, Plan, parse_time, rfc3339, set_condition, set_phase, short_message)
 from .completion import cannot_start, deadline_passed, finished, invalid_spec, rejected, succeeded
+from . import spares
 from .generations import replace_and_create, resized, store_lost, suspend
 from .progress import format_eta, progress_status, record_progress, stalled
+from .nodes import avoid_nodes, record_node_failures
+from .stragglers import TimingHistory, detect_stragglers
 from .volumes import checkpoint_volume
 from .types import *  # noqa: F403 - the layer's vocabulary is part of its interface
 from .types import (CONDITION_SPEC_REJECTED, PHASE_CONDITIONS, REASON_RESUMED, TERMINAL_PHASES, CreateWorker,
                     Decision, DeleteStore, DeleteWorker, JobView, Observed, Options)
 
 __all__ = ["decide", "accounting", "classify_exit", "backoff_seconds", "rendezvous_failed", "rendezvous_closed",
-           "parse_time", "rfc3339", "set_condition", "short_message", "MESSAGE_LIMIT", "format_eta", "progress_status"]
+           "parse_time", "rfc3339", "set_condition", "short_message", "MESSAGE_LIMIT", "format_eta", "progress_status",
+           "TimingHistory"]
 
 
 def accounting(status: model.DDPJobStatus) -> tuple[object, ...]:
@@ -39,9 +43,10 @@ def accounting(status: model.DDPJobStatus) -> tuple[object, ...]:
 
 
 def decide(job: JobView, observed: Observed, options: Options = Options()) -> Decision:
-    plan = Plan(job, observed, options)
+    plan = Plan(job, spares.with_promoted(job.status, observed), options)
     if job.deleting:
         return Decision(status=job.status)  # ownerReferences garbage-collect the children
+    spares.forget_vanished(plan)
     record_progress(plan)
     if job.spec is None:
         invalid_spec(plan)
@@ -55,6 +60,8 @@ def decide(job: JobView, observed: Observed, options: Options = Options()) -> De
         _prepare(plan)
         checkpoint_volume(plan, job.spec)
         _active(plan, job.spec)
+        avoid_nodes(plan)
+    spares.keep_pool(plan, job.spec)
     return _finish(plan)
 
 
@@ -77,8 +84,11 @@ def _active(plan: Plan, spec: model.DDPJobSpec) -> None:
         status.start_time = rfc3339(plan.now)  # written before the workers it starts (see accounting)
     # Success first: a finished rendezvous is closed, nothing may join it any more. Then what ends
     # the job, then what moves it to a fresh generation, then the incident, then a stalled step (hang
-    # detection, decisions/progress.py), then the desired pods.
-    for step in (succeeded, deadline_passed, rejected, cannot_start, account_incident, store_lost, resized, stalled):
+    # detection, decisions/progress.py), then a straggler (decisions/stragglers.py), then the desired pods.
+    # Failures that blame a node are noted first, while their pods are still observed (decisions/nodes.py).
+    record_node_failures(plan, spec)
+    for step in (succeeded, deadline_passed, rejected, cannot_start, account_incident, store_lost, resized, stalled,
+                 detect_stragglers):
         if step(plan, spec):
             return
     replace_and_create(plan, spec)

@@ -29,11 +29,14 @@ import re
 from datetime import timedelta
 
 from .. import builders, model
-from ..launcher import GENERATION_MARK_PATTERN, PEER_FAILURE_PATTERN, REJOIN_FAILED_PREFIX
+from ..launcher import (CHECKPOINT_VOLUME_EXIT_CODE, CHECKPOINT_VOLUME_PREFIXES, GENERATION_MARK_PATTERN,
+                        PEER_FAILURE_PATTERN, REJOIN_FAILED_PREFIX)
 from .common import Plan, describe_failure, fail, parse_time, record_failure, rfc3339
+from .spares import promote
 from .types import (CONSEQUENCE, DISRUPTION, MISSING, PEER_FAILURE, PERMANENT, REASON_BUDGET_EXHAUSTED,
                     REASON_GANG_RESTART, REASON_PERMANENT_ERROR, REASON_POD_DELETED, REASON_POD_VANISHED,
-                    REASON_RENDEZVOUS_CLOSED, REASON_REPLACE, REASON_STORE_LOST, REASON_WORKER_DISRUPTED, REASON_WORKER_FAILED,
+                    REASON_CHECKPOINT_VOLUME, REASON_RENDEZVOUS_CLOSED, REASON_REPLACE, REASON_SPARE_TAKES_OVER,
+                    REASON_STORE_LOST, REASON_WORKER_DISRUPTED, REASON_WORKER_FAILED,
                     RETRYABLE, FailureClass, WorkerObservation)
 
 CLOSED_ERROR = "RendezvousClosedError"
@@ -64,6 +67,8 @@ def classify_exit(exit_code: int | None, reason: str | None, disruption: bool,
         return PERMANENT
     if exit_code is not None and exit_code in policy.retryable_exit_codes:
         return RETRYABLE
+    if checkpoint_volume_failed(exit_code, message):
+        return RETRYABLE  # a full or failing checkpoint volume: the infrastructure's, retried within the budget
     if reason == "OOMKilled" or rendezvous_failed(message):
         return RETRYABLE
     if exit_code is None or exit_code >= 128:
@@ -71,6 +76,12 @@ def classify_exit(exit_code: int | None, reason: str | None, disruption: bool,
     if peer_failed(message):
         return PEER_FAILURE  # its collective failed because another rank did: that rank's exit is the cause
     return PERMANENT  # 1-127: the user's program said no
+
+
+def checkpoint_volume_failed(exit_code: int | None, message: str | None) -> bool:
+    """The trainer runtime's exit for a checkpoint volume that is full or keeps failing reads."""
+    return exit_code == CHECKPOINT_VOLUME_EXIT_CODE and any(prefix in (message or "")
+                                                             for prefix in CHECKPOINT_VOLUME_PREFIXES)
 
 
 def peer_failed(message: str | None) -> bool:
@@ -142,6 +153,7 @@ def _replace_left_behind(plan: Plan, current: list[WorkerObservation]) -> list[W
         if ended and w.attempt == rank.restarts and _left_behind(plan, w):
             record_failure(plan, w)
             rank.restarts += 1
+            plan.release(w.index)
             plan.event("Normal", REASON_RENDEZVOUS_CLOSED,
                        f"{describe_failure(w)}: it ended with the incident of generation "
                        f"{plan.status.generation - 1}; replacing it in generation {plan.status.generation} "
@@ -228,7 +240,8 @@ def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
     budget_spent = charged and status.restarts + 1 > policy.max_restarts
     store_lost = cause == DISRUPTION and STORE_UNREACHABLE in (root.message or "")  # the root's own words
     reason = {DISRUPTION: REASON_STORE_LOST if store_lost else root.reason or REASON_POD_DELETED,
-              RETRYABLE: REASON_WORKER_FAILED,
+              RETRYABLE: REASON_CHECKPOINT_VOLUME if checkpoint_volume_failed(root.exit_code, root.message)
+              else REASON_WORKER_FAILED,
               PERMANENT: REASON_PERMANENT_ERROR, CONSEQUENCE: REASON_RENDEZVOUS_CLOSED}[cause]
     plan.record_incident(model.Incident(
         generation=status.generation, time=rfc3339(began), cause=cause, reason=reason,
@@ -247,6 +260,7 @@ def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
     for w, _ in members:
         record_failure(plan, w)
         plan.rank(w.index).restarts += 1
+        plan.release(w.index)
     if charged:
         status.restarts += 1
         plan.event("Warning", REASON_WORKER_FAILED,
@@ -266,6 +280,11 @@ def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
     if in_place:
         for w in survivors:
             plan.carry(w, status.generation)
+        taken = promote(plan, sorted({w.index for w, _ in members if w.index < spec.replicas}))
+        if taken:
+            plan.event("Normal", REASON_SPARE_TAKES_OVER,
+                       "; ".join(f"spare {plan.rank(i).pod} takes the place of worker {i}" for i in taken)
+                       + f" in rendezvous generation {status.generation}")
         plan.event("Normal", REASON_REPLACE,
                    f"replacing worker{'s' if len(members) > 1 else ''} "
                    f"{', '.join(str(i) for i in sorted({w.index for w, _ in members}))} in rendezvous generation "

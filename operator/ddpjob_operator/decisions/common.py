@@ -114,6 +114,14 @@ class Plan:
         rank = self.rank(w.index)
         rank.uid, rank.generation = w.uid, generation
 
+    def release(self, index: int) -> None:
+        """The rank's pod, accounted as ended, serves no generation any more: a carried survivor or a
+        promoted spare falls back to the generation of its label (left behind), and is never taken for the
+        rank's worker again."""
+        rank = self.rank(index)
+        rank.uid = rank.generation = None
+        rank.pod = builders.worker_name(self.job.name, index)
+
     def record_incident(self, incident: model.Incident) -> None:
         self.status.incidents = (self.status.incidents + [incident])[-INCIDENT_HISTORY:]
 
@@ -134,12 +142,15 @@ def update_counts(plan: Plan, spec: model.DDPJobSpec, current: list[WorkerObserv
     ranks = []
     for i in sorted(set(range(spec.replicas)) | set(observed)):
         rank, w = plan.rank(i), observed.get(i)
-        rank.pod = builders.worker_name(plan.job.name, i)
+        # A spare promoted in this pass is not among the workers yet: the status keeps naming it.
+        spare_pending = w is None and rank.uid is not None and rank.pod != builders.worker_name(plan.job.name, i)
+        rank.pod = w.name if w else (rank.pod if spare_pending else builders.worker_name(plan.job.name, i))
         rank.phase = MISSING if w is None else ("Terminating" if w.terminating_since else w.phase)
         rank.ready = bool(w and w.ready)
         rank.node = w.node if w else None
-        rank.uid = w.uid if w else None
-        rank.generation = plan.served_generation(w) if w else None
+        if not spare_pending:
+            rank.uid = w.uid if w else None
+            rank.generation = plan.served_generation(w) if w else None
         ranks.append(rank)
     status.ranks = ranks
 

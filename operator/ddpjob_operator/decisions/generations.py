@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 from .. import builders, model
 from .accounting import backoff_seconds
+from .spares import promoted_to
 from .common import Plan, force_stuck, rfc3339, set_condition, set_phase, short_message, update_counts
 from .types import (CONDITION_UNSCHEDULABLE, DISRUPTION, REASON_OLD_GENERATION, REASON_RANGE_CHANGED, REASON_REPLACE,
                     REASON_SCALE_DOWN, REASON_SCALED, REASON_STORE_LOST, REASON_SUSPENDED, REASON_UNSCHEDULABLE,
@@ -139,7 +140,8 @@ def replace_and_create(plan: Plan, spec: model.DDPJobSpec) -> None:
     store_ready_or_coming = store is None or store.usable
     remaining = [w for w in plan.observed.workers if w.name not in freed]
     if not any(plan.served_generation(w) != generation for w in remaining) and store_ready_or_coming:
-        occupied = {w.index for w in remaining}
+        # A spare promoted in this pass holds its rank although it is not among the workers yet.
+        occupied = {w.index for w in remaining} | {r.index for r in status.ranks if promoted_to(r, plan.job.name)}
         for i in range(spec.replicas):
             if i not in occupied:
                 plan.act(CreateWorker(i, generation, plan.rank(i).restarts))

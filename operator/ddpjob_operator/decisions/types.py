@@ -52,8 +52,16 @@ REASON_POD_REJECTED = "PodRejected"
 REASON_NAME_CONFLICT = "NameConflict"
 REASON_QUOTA = "QuotaExceeded"
 REASON_GANG_SCHEDULER_MISSING = "GangSchedulerNotInstalled"
+REASON_CHECKPOINT_VOLUME = "CheckpointVolumeFailed"  # exit 75: the checkpoint volume is full or unreadable
+REASON_SPARE_TAKES_OVER = "SpareTakesOver"
+REASON_SPARE_EXITED = "SpareExited"  # an idle spare's pod ended: replaced, never an incident
+REASON_SPARE_SURPLUS = "SpareSurplus"  # failurePolicy.spares lowered, or the job finished
 REASON_STALLED = "Stalled"  # the step stopped advancing for runPolicy.progressDeadlineSeconds
 REASON_PROGRESSING = "Progressing"
+REASON_STRAGGLER = "Straggler"  # a worker's own step time stays above the threshold x its peers' median
+REASON_NO_STRAGGLER = "NoStraggler"
+REASON_STRAGGLER_REPLACED = "StragglerReplaced"  # failurePolicy.stragglers Replace: moved off its node
+REASON_NODE_AVOIDED = "NodeAvoided"  # status.avoidedNodes gained a node
 
 # Container waiting reasons that never clear by themselves (a wrong image, a missing secret); a pod
 # stuck in one past Options.cannot_start_seconds fails the job instead of leaving it Pending forever.
@@ -77,6 +85,8 @@ CONDITION_CREATE_BLOCKED = "CreateBlocked"
 CONDITION_CHECKPOINT_SHARED = "CheckpointVolumeShared"
 # Hang detection (decisions/progress.py): True from a stall until a later generation advances again.
 CONDITION_STALLED = "Stalled"
+# Straggler detection (decisions/stragglers.py): True while a worker is named a straggler.
+CONDITION_STRAGGLER = "Straggler"
 # Pod phases of a worker that has stopped on its own.
 EXITED = ("Succeeded", "Failed")
 MISSING = "Missing"
@@ -178,6 +188,25 @@ class RankReport:
 
 
 @dataclass(frozen=True)
+class StepTiming:
+    """One worker's own time per step (apart from waiting in collectives), as it reported it."""
+
+    at: datetime  # when the operator (runner) received it
+    step: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RankTimings:
+    """A worker's recent step timings in one generation (decisions/stragglers.py judges them)."""
+
+    index: int
+    generation: int
+    since: datetime  # its first timing in this generation (the window must be covered before it is judged)
+    samples: tuple[StepTiming, ...]  # oldest first, bounded by the caller
+
+
+@dataclass(frozen=True)
 class ProgressObservation:
     """The trainer's reports as the operator (or the local runner) received them: the job-level values
     to show (already rate-limited by the caller) and, for hang detection, when the step last advanced."""
@@ -195,6 +224,7 @@ class ProgressObservation:
     updated_at: datetime | None = None  # the newest report shown
     ranks: tuple[RankReport, ...] = ()  # per worker; empty where reports carry no worker (local runs)
     last_refused: datetime | None = None  # the operator last could not take one of the job's reports
+    timings: tuple[RankTimings, ...] = ()  # per worker, as last published (straggler detection)
 
 
 @dataclass(frozen=True)
@@ -204,6 +234,9 @@ class Observed:
     now: datetime
     rejected: tuple[CreateRejected, ...] = ()
     progress: ProgressObservation | None = None
+    # Warm spares (failurePolicy.spares), index -1; a spare the status names as a rank's pod (by uid) is
+    # that rank's worker: decisions.spares.with_promoted moves it to `workers`.
+    spares: tuple[WorkerObservation, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -223,6 +256,10 @@ class Options:
     # A worker whose last progress report is older than this "stopped reporting" (reporters heartbeat
     # every few seconds): the stall event names such ranks.
     report_silence_seconds: float = 15.0
+    # Spares need a way to learn their assignment: the operator's progress endpoint, or a local run.
+    spares_enabled: bool = True
+    # Failures on one node within failurePolicy.avoidNodeSeconds that mark it avoided.
+    node_failures_to_avoid: int = 2
 
 
 # ---------------------------------------------------------------- actions
@@ -244,6 +281,13 @@ class CreateWorker:
     index: int
     generation: int
     attempt: int
+    avoid_nodes: tuple[str, ...] = ()  # status.avoidedNodes: required node anti-affinity (NotIn hostname)
+
+
+@dataclass(frozen=True)
+class CreateSpare:
+    slot: int  # the pod is `<job>-spare-<slot>`
+    generation: int
 
 
 @dataclass(frozen=True)
@@ -265,7 +309,7 @@ class DeleteJob:
     reason: str
 
 
-Action = Union[CreateStore, DeleteStore, CreateWorker, DeleteWorker, Event, DeleteJob]
+Action = Union[CreateStore, DeleteStore, CreateWorker, CreateSpare, DeleteWorker, Event, DeleteJob]
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ environment comes from builders.py; this module only maps pods onto local proces
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
 import signal
@@ -144,6 +145,7 @@ class WorkerProcess:
     held_until: datetime | None = None
     exit_recorded: bool = False
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))  # like a pod's: this one, not the next
+    assignment_file: Path | None = None  # a warm spare's: where it reads the place it is given
 
 
 def utc_now() -> datetime:
@@ -236,6 +238,7 @@ class LocalRunner:
         self._progress_history: collections.deque[tuple[datetime, int]] = collections.deque(maxlen=64)
         self._progress_raw: dict | None = None
         self._progress_at: datetime | None = None
+        self._timings = decisions.TimingHistory()  # per worker, from progress.json (straggler detection)
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -272,6 +275,7 @@ class LocalRunner:
         self.status = decision.status
         for action in decision.actions:
             self.execute(action, now)
+        self._assign_spares()
         self._inject_faults(now)
         self._apply_changes(now)
         self._show(now)
@@ -297,7 +301,7 @@ class LocalRunner:
                                  spec=self.spec, status=self.status)
 
     def observe(self, now: datetime) -> decisions.Observed:
-        workers = []
+        workers, spares = [], []
         for name, w in list(self.workers.items()):
             if w.held:
                 if w.deleted:
@@ -313,9 +317,9 @@ class LocalRunner:
                 continue
             if w.deleted and now >= w.process.terminating_since + self._grace():
                 w.process.kill()  # the grace period is over, as the kubelet would do
-            workers.append(self._observation(name, w, code))
+            (spares if w.assignment_file is not None else workers).append(self._observation(name, w, code))
         return decisions.Observed(workers=tuple(workers), store=self._store_observation(now), now=now,
-                                  progress=self._observe_progress(now))
+                                  progress=self._observe_progress(now), spares=tuple(spares))
 
     def _observe_progress(self, now: datetime) -> decisions.ProgressObservation | None:
         """The trainer's progress.json as the decision layer's ProgressObservation: a new report (its
@@ -335,6 +339,13 @@ class LocalRunner:
                 self._progress_history.append((now, step))
             self._progress = (generation, step, advanced)
             self._progress_raw, self._progress_at = raw, now
+            # Rank 0 writes every worker's own step time (gathered at its log interval), by replica index.
+            by_worker = raw.get("step_seconds_by_worker")
+            if isinstance(by_worker, dict):
+                for index, seconds in by_worker.items():
+                    if str(index).isdigit() and isinstance(seconds, (int, float)) and not isinstance(seconds, bool) \
+                            and 0 <= seconds < 86400:
+                        self._timings.add(int(index), generation, raw["step"], float(seconds), now)
         generation, step, advanced = self._progress
         raw = self._progress_raw
         if raw is None or advanced is None:
@@ -353,7 +364,7 @@ class LocalRunner:
             epoch=number("epoch", int), loss=number("loss", float),
             samples_per_second=number("samples_per_second", float),
             last_checkpoint_step=number("last_checkpoint_step", int), world_size=number("world_size", int),
-            steps_per_second=rate, updated_at=self._progress_at)
+            steps_per_second=rate, updated_at=self._progress_at, timings=self._timings.snapshot())
 
     def _record_exit(self, name: str, w: WorkerProcess, code: int) -> None:
         w.exit_recorded = True
@@ -365,6 +376,11 @@ class LocalRunner:
         self.view.event(f"{name} (generation {w.generation}, attempt {w.attempt}) exited with code {code}"
                         + (" after its deletion" if w.deleted else "")
                         + (f": {decisions.short_message(message)}" if message else ""))
+
+    def _pod_of(self, index: int) -> str:
+        """The pod that serves worker `index` now: its own, or the spare that took its place."""
+        rank = next((r for r in self.status.ranks if r.index == index), None)
+        return rank.pod if rank is not None else builders.worker_name(self.name, index)
 
     def _grace(self) -> timedelta:
         return timedelta(seconds=self.spec.template.termination_grace_period_seconds)
@@ -408,6 +424,8 @@ class LocalRunner:
             self._create_store(now)
         elif isinstance(action, decisions.DeleteStore):
             self._delete_store(action, now)
+        elif isinstance(action, decisions.CreateSpare):
+            self._create_spare(action, now)
         elif isinstance(action, decisions.CreateWorker):
             self._create_worker(action, now)
         elif isinstance(action, decisions.DeleteWorker):
@@ -459,6 +477,50 @@ class LocalRunner:
         self.view.event(f"{name} (generation {action.generation}) is not scheduled: Pending "
                         + ("for ever" if hold.seconds is None else f"for {hold.seconds:g}s")
                         + " (Unschedulable)")
+
+    def _create_spare(self, action: decisions.CreateSpare, now: datetime) -> None:
+        """A warm spare: a worker's launcher that waits for an assignment file (launcher.SPARE_ENV)."""
+        name = builders.spare_name(self.name, action.slot)
+        if name in self.workers:
+            return
+        endpoint = f"{LOCALHOST}:{self.store_port}"
+        rdzv_id = builders.rendezvous_id(self.uid, action.generation)
+        termination_log = self.log_dir / f"{name}.termination-log"
+        termination_log.unlink(missing_ok=True)
+        assignment = self.log_dir / f"{name}.assignment.json"
+        assignment.unlink(missing_ok=True)
+        env = {**self.base_env, **builders.worker_env(
+            self.spec, job_name=self.name, namespace=NAMESPACE, index=-1, generation=action.generation,
+            endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST, master_addr=LOCALHOST,
+            checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None),
+            builders.TERMINATION_LOG_ENV: str(termination_log), builders.SPARE_ENV: "1",
+            builders.ASSIGNMENT_FILE_ENV: str(assignment)}
+        process = LocalProcess(
+            name=name, marker=marker_for(self.run_id, name, 0), env=env,
+            argv=builders.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST,
+                                         python=sys.executable),
+            log_path=self.log_dir / f"{name}.log", zygote=self.zygote)
+        if name not in self.tails:
+            self.tails[name] = LogTail(process.log_path, offset=_size(process.log_path))
+        spare = WorkerProcess(-1, action.generation, 0, process, termination_log,
+                              node_range=builders.node_range(self.spec), created_at=now, assignment_file=assignment)
+        self.workers[name] = spare
+        self._start(spare, now)
+
+    def _assign_spares(self) -> None:
+        """Tell each spare the status gave a rank's place which one (written whole: the launcher polls)."""
+        ranks = {r.uid: r for r in self.status.ranks if r.uid is not None}
+        for name, w in self.workers.items():
+            rank = ranks.get(w.uid)
+            if w.assignment_file is None or rank is None or rank.pod != name or rank.generation is None \
+                    or w.assignment_file.exists():
+                continue
+            given = {"index": rank.index, "generation": rank.generation, "nnodes": builders.nnodes(self.spec),
+                     "rdzvId": builders.rendezvous_id(self.uid, rank.generation)}
+            partial = w.assignment_file.with_suffix(".partial")
+            partial.write_text(json.dumps(given))
+            partial.replace(w.assignment_file)
+            self.view.event(f"{name} takes the place of worker {rank.index} in generation {rank.generation}")
 
     def _start(self, w: WorkerProcess, now: datetime) -> None:
         w.held, w.held_until = False, None
@@ -512,7 +574,7 @@ class LocalRunner:
                     continue
                 stores.append(self.store)
             else:
-                target = self.workers.get(builders.worker_name(self.name, fault.index))
+                target = self.workers.get(self._pod_of(fault.index))
                 if target is None or target.deleted or target.held or target.process.poll(now) is not None:
                     continue
                 (kills if fault.kind == KILL else deletes).append(target)
@@ -625,8 +687,8 @@ class LocalRunner:
         shown = self.status.progress
         ranks = {r.index: r for r in self.status.ranks}
         rows = []
-        for index in sorted(set(ranks) | {w.index for w in self.workers.values()}):
-            name = builders.worker_name(self.name, index)
+        for index in sorted(set(ranks) | {w.index for w in self.workers.values() if w.index >= 0}):
+            name = self._pod_of(index)
             w, rank, tail = self.workers.get(name), ranks.get(index), self.tails.get(name)
             code = w.process.poll(now) if w else None
             if w is None or w.held:
