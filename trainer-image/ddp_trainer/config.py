@@ -138,6 +138,9 @@ class FaultConfig:
     rank: int = 0  # global rank that fails
     generation: int = 0  # only when DDPJOB_GENERATION equals it; -1: in every generation
     hang_at_step: int = 0  # 0: off; else the rank freezes itself (SIGSTOP) right after optimizer step N
+    slow_rank: int = -1  # -1: off; else this global rank's own work per step takes slow_factor times as long
+    slow_factor: float = 2.0
+    node: str | None = None  # faults only on the node named $NODE_NAME == node (a node-specific failure)
 
     def __post_init__(self) -> None:
         _require(self.at_step >= 0, "fault.at_step", "must be >= 0", self.at_step)
@@ -146,6 +149,8 @@ class FaultConfig:
         _require(self.generation >= -1, "fault.generation", "must be >= -1 (-1: every generation)",
                  self.generation)
         _require(self.hang_at_step >= 0, "fault.hang_at_step", "must be >= 0", self.hang_at_step)
+        _require(self.slow_rank >= -1, "fault.slow_rank", "must be >= 0, or -1 (off)", self.slow_rank)
+        _require(1.0 <= self.slow_factor <= 100.0, "fault.slow_factor", "must be in 1..100", self.slow_factor)
 
 
 @dataclass
@@ -227,6 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="freeze (SIGSTOP) right after optimizer step N, as a hung process: its peers block in the "
                         "next collective (hang detection: runPolicy.progressDeadlineSeconds); 0: never")
     f.add_argument("--fault-rank", type=int, default=0, metavar="R", help="the global rank that fails (default 0)")
+    f.add_argument("--fault-slow-rank", type=int, default=-1, metavar="R",
+                   help="global rank R works --fault-slow-factor times as long per step (it sleeps after each step, "
+                        "outside any collective): a straggler, in --fault-generation; -1: off")
+    f.add_argument("--fault-slow-factor", type=float, default=2.0, metavar="F", help="how much slower (default 2)")
+    f.add_argument("--fault-node", default=None, metavar="NAME",
+                   help="every fault above strikes every rank where $NODE_NAME is NAME, and nowhere else (the "
+                        "rank flags are then ignored; give the pod NODE_NAME from spec.nodeName): a node-specific "
+                        "failure that follows the node, not the rank")
     g = f.add_mutually_exclusive_group()
     g.add_argument("--fault-generation", type=int, default=0, metavar="G",
                    help="fail only while $DDPJOB_GENERATION is G (default 0: once, in the first "
@@ -279,5 +292,6 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] | None = 
         epochs=args.epochs, max_steps=args.max_steps, log_every=args.log_every, device=args.device,
         record_samples=args.record_samples,
         fault=FaultConfig(at_step=args.fault_at_step, exit_code=args.fault_exit_code, rank=args.fault_rank,
-                          generation=args.fault_generation, hang_at_step=args.fault_hang_at_step),
+                          generation=args.fault_generation, hang_at_step=args.fault_hang_at_step,
+                          slow_rank=args.fault_slow_rank, slow_factor=args.fault_slow_factor, node=args.fault_node),
     )

@@ -20,16 +20,37 @@ from collections.abc import Mapping
 from .config import FaultConfig
 
 
-def due(fault: FaultConfig, rank: int, step: int, environ: Mapping[str, str] = os.environ) -> bool:
-    if not fault.at_step or step < fault.at_step or rank != fault.rank:
+def _here(fault: FaultConfig, environ: Mapping[str, str]) -> bool:
+    """In the generation the fault is for and, with --fault-node, on that node ($NODE_NAME)."""
+    if fault.node is not None and environ.get("NODE_NAME") != fault.node:
         return False
     return fault.generation == -1 or environ.get("DDPJOB_GENERATION", "0") == str(fault.generation)
+
+
+def due(fault: FaultConfig, rank: int, step: int, environ: Mapping[str, str] = os.environ) -> bool:
+    if not fault.at_step or step < fault.at_step or (rank != fault.rank and fault.node is None):
+        return False
+    return _here(fault, environ)
 
 
 def hang_due(fault: FaultConfig, rank: int, step: int, environ: Mapping[str, str] = os.environ) -> bool:
-    if not fault.hang_at_step or step < fault.hang_at_step or rank != fault.rank:
+    if not fault.hang_at_step or step < fault.hang_at_step or (rank != fault.rank and fault.node is None):
         return False
-    return fault.generation == -1 or environ.get("DDPJOB_GENERATION", "0") == str(fault.generation)
+    return _here(fault, environ)
+
+
+def slow_due(fault: FaultConfig, rank: int, environ: Mapping[str, str] = os.environ) -> bool:
+    """`--fault-slow-rank R --fault-slow-factor F`: this rank is a straggler (with --fault-node: every rank on
+    that node is)."""
+    if fault.slow_rank < 0 or fault.slow_factor <= 1.0 or (rank != fault.slow_rank and fault.node is None):
+        return False
+    return _here(fault, environ)
+
+
+def slow_down(fault: FaultConfig, own_seconds: float) -> None:
+    """Work F times as long: sleep (F - 1) x this step's own time, outside any collective."""
+    if own_seconds > 0:
+        time.sleep((fault.slow_factor - 1.0) * own_seconds)
 
 
 def hang(rank: int, step: int) -> None:

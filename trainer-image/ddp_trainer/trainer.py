@@ -19,6 +19,7 @@ from torch.utils.data import BatchSampler, DataLoader, Subset
 
 from .config import ConfigError, TrainConfig
 from .fault import due as fault_due, hang as fault_hang, hang_due as fault_hang_due, strike as fault_strike
+from .fault import slow_down as fault_slow_down, slow_due as fault_slow_due
 from .runtime import (Job, ResumableDistributedSampler, atomic_write_json, check_resume, is_peer_failure, move_to,
                       worker_init_fn)
 from .workloads import Workload, load_workload
@@ -82,6 +83,7 @@ class Trainer:
         self.model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                          find_unused_parameters=m.find_unused_parameters, static_graph=m.static_graph,
                          gradient_as_bucket_view=m.gradient_as_bucket_view, bucket_cap_mb=m.bucket_cap_mb)
+        job.step_timer.watch(self.model)  # the wait at the end of backward is not this rank's own work
         self.forward = torch.compile(self.model) if m.compile else self.model
         self._records = open(f"{cfg.record_samples}.rank{self.env.rank}", "a") if cfg.record_samples else None
         self._window = (time.perf_counter(), 0, torch.zeros((), device=self.device), 0)  # start, samples, loss, steps
@@ -161,6 +163,8 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if fault_slow_due(self.cfg.fault, self.env.rank):
+            fault_slow_down(self.cfg.fault, self.job.step_timer.own_so_far())
 
         p = self.progress
         p.step, p.epoch_samples, p.total_samples = p.step + 1, p.epoch_samples + samples, p.total_samples + samples
@@ -254,6 +258,7 @@ class Trainer:
         reports (the file is rank 0's, the endpoint hears from local rank 0 of each pod)."""
         start, samples, loss_total, steps = self._window
         loss = self.job.mean(loss_total / max(steps, 1))  # one small all_reduce per log interval
+        step_seconds, pods = self.job.step_seconds()  # own time per step, every pod's (one small all_gather)
         now = time.perf_counter()
         self._window = (now, 0, torch.zeros((), device=self.device), 0)
         rate = samples / max(now - start, 1e-9)
@@ -261,8 +266,9 @@ class Trainer:
         if self.env.is_main:
             lr = self.optimizer.param_groups[0]["lr"]
             print(f"step={p.step} epoch={p.epoch} loss={loss:.4f} samples_per_s={rate:.1f} lr={lr:.6g}", flush=True)
+        extra = {"step_seconds_by_worker": {str(i): s for i, s in sorted(pods.items())}} if self.env.is_main else {}
         self.job.report(step=p.step, total_steps=self._total_steps(), loss=loss, epoch=p.epoch,
-                        samples_per_second=rate)
+                        samples_per_second=rate, step_seconds=step_seconds, **extra)
 
     def _total_steps(self) -> int:
         """Planned optimizer steps at the current world size (an estimate again after a resize)."""

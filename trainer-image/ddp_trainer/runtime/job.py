@@ -27,6 +27,7 @@ from .checkpoint import CheckpointManager, atomic_write_json
 from .distributed import (CollectiveTimeout, JobEnv, StopRequest, barrier, destroy_process_group,
                           init_process_group, select_device)
 from .progress import ProgressReporter
+from .timing import StepTimer
 
 log = logging.getLogger(__name__)
 META = "ddpjob"  # key of the runtime's own entry in every checkpoint dict
@@ -67,6 +68,8 @@ class Job:
             rank=env.rank)
         self._owns_pg = owns_process_group
         self._closed = False
+        # Own time per step, apart from waits in collectives (straggler detection; runtime/timing.py).
+        self.step_timer = StepTimer(device)
 
     @classmethod
     def start(cls, *, device: str = "auto", backend: str = "auto", timeout_s: float = 1800.0,
@@ -164,7 +167,9 @@ class Job:
     def should_stop(self) -> bool:
         """Call once per step on every rank: True on all of them once any was signalled."""
         self.timeouts.step()
-        stop = self.stop.agreed()
+        self.step_timer.boundary()
+        with self.step_timer.waiting():  # the stop flag's all_reduce waits for the slowest rank
+            stop = self.stop.agreed()
         if self.stop.group is not None:
             self.timeouts.add_group(self.stop.group)
         return stop
@@ -186,9 +191,29 @@ class Job:
         """The mean of a per-rank value over all ranks (a collective: every rank must call it)."""
         t = torch.as_tensor(value, dtype=torch.float64, device=self.device).detach().clone().reshape(1)
         if dist.is_initialized() and self.env.world_size > 1:
-            dist.all_reduce(t)
+            with self.step_timer.waiting():
+                dist.all_reduce(t)
             t /= self.env.world_size
         return float(t.item())
+
+    def step_seconds(self) -> tuple[float | None, dict[int, float]]:
+        """Every rank (one small all_gather, e.g. at each log interval): this pod's own time per step since
+        the last call (the slowest of its local ranks) and every pod's, by replica index (DDPJOB_REPLICA_INDEX,
+        else torchrun's group rank). Report the first as `step_seconds` (straggler detection)."""
+        own = self.step_timer.take()
+        pod = self.env.replica_index if self.env.replica_index is not None else self.env.group_rank
+        mine = torch.tensor([-1.0 if own is None else own, float(pod)], dtype=torch.float64, device=self.device)
+        rows = [mine]
+        if dist.is_initialized() and self.env.world_size > 1:
+            rows = [torch.empty_like(mine) for _ in range(self.env.world_size)]
+            with self.step_timer.waiting():
+                dist.all_gather(rows, mine)
+        pods: dict[int, float] = {}
+        for row in torch.stack(rows).tolist():
+            seconds, index = row[0], int(row[1])
+            if seconds >= 0:
+                pods[index] = max(pods.get(index, 0.0), seconds)
+        return pods.get(pod), pods
 
     # ---- exit ---------------------------------------------------------------------------------
 

@@ -46,7 +46,7 @@ TOKEN_ENV = "DDPJOB_PROGRESS_TOKEN_FILE"
 CA_ENV = "DDPJOB_PROGRESS_CA"
 MAX_BODY = 4096
 CORE_KEYS = ("step", "total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "loss",
-             "samples_per_second", "time")
+             "samples_per_second", "step_seconds", "time")
 
 
 class ProgressReporter:
