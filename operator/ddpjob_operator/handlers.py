@@ -149,7 +149,9 @@ class Controller:
             self.progress, progress.TokenReviewer(api.token_review, settings.progress_audience),
             find_worker=lambda ns, name, who: progress.find_worker_in(self.pods, self.jobs, ns, name, who,
                                                                       builders.ROLE_WORKER),
-            assignment=lambda ns, name, who: progress.assignment_in(self.pods, self.jobs, ns, name, who),
+            assignment=lambda ns, name, who: progress.assignment_in(
+                self.pods, self.jobs, ns, name, who,
+                lambda body: self._parsed_spec(body["metadata"].get("uid", ""), body)[0]),
             leading=self.leading, accepted=self._progress_reported,
             count=lambda result: metrics.progress_reports.labels(result=result).inc(), clock=clock,
             refused=self._progress_refused)

@@ -52,7 +52,6 @@ import aiohttp.web
 from prometheus_client.core import GaugeMetricFamily
 
 from . import builders, decisions
-from .validation import InvalidJob, parse_spec
 
 logger = logging.getLogger("ddpjob_operator.progress")
 
@@ -699,9 +698,10 @@ def find_worker_in(pods: Mapping[tuple[str, str], Any], jobs: Mapping[tuple[str,
 
 
 def assignment_in(pods: Mapping[tuple[str, str], Any], jobs: Mapping[tuple[str, str], Mapping[str, Any]],
-                  namespace: str, name: str, identity: Identity) -> dict[str, Any] | None:
+                  namespace: str, name: str, identity: Identity,
+                  spec_of: Callable[[Mapping[str, Any]], Any]) -> dict[str, Any] | None:
     """What a spare is told: the rank whose place the status gives it, that generation's rendezvous id and
-    node range; None while it has none (or is not this job's spare)."""
+    node range; None while it has none (or is not this job's spare). `spec_of(body)`: the parsed spec."""
     body = jobs.get((namespace, name))
     pod = _own_pod(pods, body, namespace, identity) if body is not None else None
     if pod is None or pod.role != builders.ROLE_SPARE:
@@ -709,9 +709,8 @@ def assignment_in(pods: Mapping[tuple[str, str], Any], jobs: Mapping[tuple[str, 
     rank = _rank_of(body, pod.uid)
     if rank is None or not isinstance(rank.get("generation"), int) or rank.get("pod") != pod.name:
         return None
-    try:
-        spec = parse_spec(body.get("spec"))
-    except InvalidJob:
+    spec = spec_of(body)
+    if spec is None:
         return None
     generation = rank["generation"]
     return {"index": rank["index"], "generation": generation, "nnodes": builders.nnodes(spec),

@@ -78,3 +78,19 @@ def test_all_scope_replaces_every_worker(tmp_path):
     assert runner.creations == {0: 2, 1: 2}
     assert len(runner.pids["gang-worker-0"]) == 2 and len(runner.pids["gang-worker-1"]) == 2, o.describe()
     expect_completed(o)
+
+
+def test_a_warm_spare_takes_the_killed_workers_place(tmp_path):
+    o, runner = run(tmp_path, "warm", spec(failurePolicy={"restartScope": "Pod", "spares": 1}),
+                    faults=(FaultInjection(index=1, at_step=43, kind=KILL),))
+    expect(o, phase="Succeeded", reason="Succeeded", restarts=1, disruptions=0, generation=1)
+    # No worker pod was created again: the spare (one process tree from start to end) became worker 1,
+    # and the pool was refilled with a second spare.
+    assert runner.creations == {0: 1, 1: 1}, o.describe()
+    assert [r.pod for r in o.status.ranks] == ["warm-worker-0", "warm-spare-0"]
+    assert len(runner.pids["warm-worker-0"]) == 1 and len(runner.pids["warm-spare-0"]) == 1, runner.pids
+    assert "warm-spare-1" in runner.pids
+    log = (o.log_dir / "warm-spare-0.log").read_text(errors="replace")
+    assert "spare: taking the place of worker 1 in rendezvous generation 1" in log
+    expect_resumed(o, world_size=2, lost=1)
+    expect_completed(o)

@@ -26,7 +26,7 @@ import pytest_asyncio
 from ddpjob_operator import builders
 
 from . import conftest
-from .conftest import FAST, NAMESPACE, Harness, OperatorProcess, eventually, operator_fixture
+from .conftest import FAST, NAMESPACE, Harness, OperatorProcess, eventually, operator_fixture, passes
 from .emulator import NODES, PODS, NodeUnreachable, api_error
 
 pytestmark = pytest.mark.timeout(60)
@@ -66,6 +66,8 @@ class Nodes:
         labels = pod["metadata"]["labels"]
         if labels.get(builders.LABEL_ROLE) == builders.ROLE_STORE:
             node = STORE_NODE
+        elif labels.get(builders.LABEL_ROLE) == builders.ROLE_SPARE:
+            node = "node-3"  # off the workers' nodes, as its preferred anti-affinity asks
         else:
             node = f"node-{labels[builders.LABEL_REPLICA_INDEX]}"
         return SPARE_NODE if node in self.c._unreachable else node
@@ -371,7 +373,7 @@ async def test_node_down_then_up_is_one_uncharged_disruption(harness, operator, 
     before = uids(harness, "lost")
     await harness.cluster.node_down("node-1")
     await eventually(lambda: harness.status("lost").get("readyReplicas") == 1, what="worker 1 not ready")
-    await asyncio.sleep(0.3)
+    await passes(operator)
     assert harness.status("lost")["phase"] == "Running" and harness.status("lost")["generation"] == 0
     await harness.cluster.taint_manager_evict(NS, "lost-worker-1")
     await eventually(lambda: harness.status("lost").get("generation") == 1, what="generation 1")
@@ -382,7 +384,7 @@ async def test_node_down_then_up_is_one_uncharged_disruption(harness, operator, 
     await nodes.generation_running("lost", 1, 2)
     assert harness.pods("lost")["lost-worker-1"]["spec"]["nodeName"] == SPARE_NODE
     await harness.cluster.node_up("node-1")
-    await asyncio.sleep(0.3)
+    await passes(operator)
     assert_outcome(harness, "lost", phase="Running", reason="Running", restarts=0, disruptions=1, generation=1,
                    incident=("Disruption", False, [1]))
 
@@ -445,7 +447,7 @@ async def test_taint_manager_eviction_from_a_healthy_node_lets_the_worker_checkp
         {"key": "maintenance", "value": "now", "effect": "NoExecute"}]}})
     await harness.cluster.taint_manager_evict(NS, "drain-worker-1")
     await eventually(lambda: harness.status("drain").get("generation") == 1, what="generation 1")
-    await asyncio.sleep(0.6)  # a resync or two
+    await passes(operator)
     assert grace_marks(harness, "drain-worker-1") == [60], "the checkpointing worker was cut short"
     await nodes.c.kubelet_finish(NS, "drain-worker-1", 143, SIGTERMED)
     await nodes.generation_running("drain", 1, 2)
@@ -717,7 +719,7 @@ async def test_operator_killed_mid_reconcile_duplicates_and_charges_nothing(harn
                      .get(builders.LABEL_ATTEMPT) == "1", what="the replacement of worker 1")
     await nodes.start_all("crash")
     await harness.wait_phase("crash", "Running")
-    await asyncio.sleep(0.6)  # a resync or two: nothing more happens
+    await passes(operator)  # nothing more happens
     assert_outcome(harness, "crash", phase="Running", reason="Running", restarts=1, disruptions=0, generation=1,
                    incident=("Retryable", True, [1]))
     assert creations(harness, "crash") == {"crash-worker-0": 1, "crash-worker-1": 2, "crash-rdzv": 1}
@@ -736,7 +738,7 @@ async def test_operator_killed_after_charging_a_gang_restart(harness, operator, 
     await nodes.exit("gang-worker-0", 1, PEER_LOST.format(rank=0))  # while no operator runs
     await operator.start()
     await nodes.generation_running("gang", 1, 2)
-    await asyncio.sleep(0.6)
+    await passes(operator)
     assert_outcome(harness, "gang", phase="Running", reason="Running", restarts=1, disruptions=0, generation=1,
                    incident=("Retryable", True, [1]))
     assert creations(harness, "gang") == {"gang-worker-0": 2, "gang-worker-1": 2, "gang-rdzv": 1}
@@ -752,7 +754,7 @@ async def test_api_server_unavailable_while_a_job_starts(harness, operator, node
     assert time.monotonic() >= harness.cluster.unavailable_until
     await nodes.start_all("outage")
     await harness.wait_phase("outage", "Running")
-    await asyncio.sleep(0.6)
+    await passes(operator)
     assert_outcome(harness, "outage", phase="Running", reason="Running", restarts=0, disruptions=0, generation=0,
                    incident=None)
     assert creations(harness, "outage") == {"outage-worker-0": 1, "outage-worker-1": 1, "outage-rdzv": 1}
