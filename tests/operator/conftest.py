@@ -260,6 +260,13 @@ def reconcile_passes(operator: OperatorProcess) -> int:
     return 0
 
 
+async def passes(operator: OperatorProcess, count: int = 2) -> None:
+    """Until the operator finished `count` more reconcile passes (the 0.5 s resync makes them): the horizon
+    of a check that nothing (more) happens, instead of a sleep."""
+    start = reconcile_passes(operator)
+    await eventually(lambda: reconcile_passes(operator) >= start + count, 10, f"{count} more reconcile passes")
+
+
 def assert_within_permissions(emulator: Cluster) -> None:
     """Every call the operator made is one the chart's RBAC grants (permissions.py)."""
     assert emulator.calls, "the recorder saw no operator calls"

@@ -11,7 +11,7 @@ import pytest
 
 from ddpjob_operator import builders, model
 
-from .conftest import NAMESPACE, eventually, reconcile_passes, started
+from .conftest import NAMESPACE, eventually, passes, reconcile_passes, started
 from .emulator import DDPJOBS, PODS
 
 pytestmark = pytest.mark.timeout(60)
@@ -318,7 +318,10 @@ async def test_deleting_the_job_removes_everything_and_nothing_comes_back(harnes
     await harness.delete_job("doomed")
     await harness.settle("doomed", lambda: not harness.pods("doomed") and not harness.pods("doomed", builders.ROLE_STORE),
                          what="garbage collection (running pods are deleted gracefully)")
-    await asyncio.sleep(1.2)  # two resync periods: the operator must not recreate anything
+    # The operator forgot the job (its DELETED event) and runs nothing: it cannot recreate anything.
+    async def forgotten() -> bool:
+        return (NAMESPACE, "doomed") not in operator.controller.jobs and not operator.controller._running
+    await eventually(forgotten, what="the operator to forget the job")
     assert not harness.pods("doomed") and not harness.pods("doomed", builders.ROLE_STORE)
 
 
@@ -360,7 +363,7 @@ async def test_invalid_stored_spec_fails_without_pods(harness, operator):
     await harness.wait_phase("broken", "Failed")
     failed = harness.condition("broken", "Failed")
     assert failed["reason"] == "InvalidSpec" and "spec.minReplicas" in failed["message"]
-    await asyncio.sleep(0.6)
+    await passes(operator)
     assert harness.pods("broken") == {} and harness.pods("broken", builders.ROLE_STORE) == {}
 
 
@@ -372,7 +375,7 @@ async def test_operator_restart_mid_job_duplicates_nothing_and_loses_nothing(har
     await operator.start()
     await eventually(lambda: harness.pods("survivor").get("survivor-worker-1", {}).get("metadata", {})
                      .get("uid", before["survivor-worker-1"]) != before["survivor-worker-1"], what="replacement")
-    await asyncio.sleep(0.6)
+    await passes(operator)
     pods = harness.pods("survivor")
     assert set(pods) == {"survivor-worker-0", "survivor-worker-1"}
     assert pods["survivor-worker-0"]["metadata"]["uid"] == before["survivor-worker-0"]
