@@ -1,0 +1,252 @@
+"""PyTorch Lightning on DDPJob: `Trainer(**lightning.trainer_kwargs(), callbacks=[DDPJobCallback()])`.
+
+    from ddp_trainer.runtime import lightning as ddpjob
+    trainer = L.Trainer(max_steps=..., callbacks=[ddpjob.DDPJobCallback()], **ddpjob.trainer_kwargs())
+    trainer.fit(model, train_loader, ckpt_path=ddpjob.resume_from_checkpoint())
+    ddpjob.exit_process(0)
+
+- `trainer_kwargs()`: what Lightning needs to run under torchrun, as DDPJob starts it: `strategy="ddp"`,
+  `devices` = the pod's processes (LOCAL_WORLD_SIZE), `num_nodes` = WORLD_SIZE / LOCAL_WORLD_SIZE (this
+  generation's, which changes when the job is resized), the accelerator. Lightning then detects
+  torchrun (TorchElasticEnvironment) and takes ranks and the rendezvous from its environment.
+- the callback: progress to the job's status; a checkpoint (Lightning's own `.ckpt`, every
+  `DDPJOB_CHECKPOINT_INTERVAL_STEPS`, the newest `DDPJOB_CHECKPOINT_KEEP` kept) made complete by a
+  commit marker; on SIGTERM every rank agrees at the same step, saves, and exits 143; on a peer's
+  death, a survivor saves its replica (Lightning's full checkpoint: model, optimizers, schedulers,
+  loops) without a collective, so the next generation resumes at most the step in flight behind;
+  a `ResumableDistributedSampler` in the train loader is advanced every step and its position saved
+  in the checkpoint (the callback's state), so the data order continues exactly at any world size.
+- `resume_from_checkpoint()`: the newest complete checkpoint, for `trainer.fit(ckpt_path=...)`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback
+
+from . import frameworks
+from .data import batch_size_of
+from .distributed import JobEnv, StopRequest, is_peer_failure
+from .job import exit_process
+from .progress import ProgressReporter
+from .sampler import ResumableDistributedSampler
+
+__all__ = ["DDPJobCallback", "checkpoint_dir", "exit_process", "resume_from_checkpoint", "trainer_kwargs"]
+
+log = logging.getLogger(__name__)
+CHECKPOINT = re.compile(r"^step-(\d+)\.ckpt$")
+SUBDIR = "lightning"
+
+
+def checkpoint_dir(default: str | os.PathLike = "lightning_checkpoints") -> Path:
+    """`<DDPJOB_CHECKPOINT_DIR>/<DDPJOB_NAME>/lightning` under DDPJob, `default` elsewhere."""
+    return frameworks.job_dir(SUBDIR, default)
+
+
+def trainer_kwargs(accelerator: str = "auto") -> dict[str, Any]:
+    """`L.Trainer(**trainer_kwargs(), ...)`: devices and nodes of this rendezvous generation, DDP."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if accelerator == "auto":
+        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    return {"accelerator": accelerator, "devices": local, "num_nodes": max(1, world // local),
+            "strategy": "ddp" if world > 1 else "auto"}
+
+
+def _env() -> JobEnv | None:
+    try:
+        return JobEnv.from_env()
+    except RuntimeError:
+        return None
+
+
+def resume_from_checkpoint(directory: str | os.PathLike | None = None) -> str | None:
+    """The newest complete checkpoint (`step-<N>.ckpt` with its commit marker) for `fit(ckpt_path=...)`, or
+    None. Call it before `fit` (no process group yet): every rank reads the same shared directory."""
+    env = _env()
+    found = frameworks.newest_complete(directory if directory is not None else checkpoint_dir(), CHECKPOINT)
+    if found is None:
+        return None
+    step, path, marker = found
+    if env is None or env.is_main:
+        frameworks.announce(frameworks.resume_message(step, marker.get("world_size"), env.world_size if env else 1))
+    return str(path)
+
+
+class DDPJobCallback(Callback):
+    """`L.Trainer(callbacks=[DDPJobCallback()])`. `every_steps`/`keep` default to the manifest's
+    checkpoint.intervalSteps/keep; `directory` to `checkpoint_dir()`. `exit_on_stop`: after a SIGTERM
+    stop, exit 143 once the checkpoint is committed."""
+
+    def __init__(self, *, every_steps: int | None = None, keep: int | None = None,
+                 directory: str | os.PathLike | None = None, exit_on_stop: bool = True, report_every: int = 1) -> None:
+        self.env = _env()
+        self.stop = StopRequest()  # in the main thread, before training: a SIGTERM now is not lost
+        self.every_steps = every_steps if every_steps is not None else (self.env.checkpoint_interval_steps
+                                                                        if self.env else 0)
+        self.keep = max(2, keep if keep is not None else (self.env.checkpoint_keep if self.env else 2))
+        self.directory = Path(directory) if directory is not None else checkpoint_dir()
+        self.exit_on_stop, self.report_every = exit_on_stop, max(1, report_every)
+        self.stopped = False
+        self.last_checkpoint_step: int | None = None
+        self.reporter: ProgressReporter | None = None
+        self.sampler: ResumableDistributedSampler | None = None
+        self._sampler_state: dict | None = None
+        self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=20)
+
+    @property
+    def exit_code(self) -> int:
+        return self.stop.exit_code if self.stopped else 0
+
+    # ---- the sampler's position travels in the checkpoint, as this callback's state ------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict()} if self.sampler is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._sampler_state = state_dict.get("sampler")
+
+    def _find_sampler(self, trainer) -> ResumableDistributedSampler | None:
+        loader = trainer.train_dataloader
+        for candidate in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None),
+                                                                         "sampler", None)):
+            if isinstance(candidate, ResumableDistributedSampler):
+                return candidate
+        return None
+
+    # ---- Lightning events -----------------------------------------------------------------------
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        env = self.env
+        if self.reporter is None:
+            self.reporter = ProgressReporter(
+                os.environ.get("DDPJOB_CHECKPOINT_DIR") or None, os.environ.get("DDPJOB_PROGRESS_URL") or None,
+                enabled=env is None or env.is_main, http_enabled=env is None or env.local_rank == 0,
+                token_file=os.environ.get("DDPJOB_PROGRESS_TOKEN_FILE") or None,
+                rank=env.rank if env else 0, ca_pem=os.environ.get("DDPJOB_PROGRESS_CA") or None)
+        if trainer.global_step:
+            self.last_checkpoint_step = trainer.global_step
+        self._restore_sampler(trainer)
+
+    def _restore_sampler(self, trainer) -> None:
+        """Resume the sampler where the checkpoint's replica was. Lightning then calls `set_epoch` for the
+        resumed epoch (which would start it over) before the epoch's first batch: that one call keeps the
+        position."""
+        self.sampler = sampler = self._find_sampler(trainer)
+        state, self._sampler_state = self._sampler_state, None
+        if sampler is None or state is None:
+            return
+        sampler.load_state_dict(state)  # refuses another seed, shuffle or dataset (ResumeMismatch)
+
+        def set_epoch(epoch: int, consumed: int = 0) -> None:
+            del sampler.set_epoch  # once: the class's own from now on
+            if epoch == sampler.epoch and consumed == 0:
+                consumed = sampler.position
+            sampler.set_epoch(epoch, consumed)
+
+        sampler.set_epoch = set_epoch
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if self.sampler is not None:
+            self.sampler.advance(batch_size_of(batch))  # what this rank trained on
+        if self.every_steps and step % self.every_steps == 0:
+            self._save(trainer, step)
+        if self.stop.agreed():  # every rank, once per step: the same answer at the same step
+            log.warning("stop requested (signal %s) at step %d: saving a checkpoint", self.stop.signum, step)
+            self.stopped = True
+            if self.last_checkpoint_step != step:
+                self._save(trainer, step)
+            trainer.should_stop = True
+        now = time.monotonic()
+        self._times.append((now, step))
+        if self.reporter is not None and step % self.report_every == 0:
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            rate = None
+            if len(self._times) >= 2 and now > self._times[0][0]:
+                rate = (batch_size_of(batch) * trainer.world_size * (step - self._times[0][1])
+                        / (now - self._times[0][0]))
+            self.reporter.report(step=step, total_steps=trainer.max_steps if trainer.max_steps > 0 else None,
+                                 loss=float(loss) if isinstance(loss, torch.Tensor) else None,
+                                 epoch=trainer.current_epoch, samples_per_second=rate,
+                                 world_size=trainer.world_size, last_checkpoint_step=self.last_checkpoint_step)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.stopped:
+            if self.reporter is not None:
+                self.reporter.close()
+            self.stop.close(drain=False)
+            if self.exit_on_stop:
+                exit_process(self.exit_code)  # save_checkpoint's barrier: rank 0's file is committed
+            return
+        if trainer.is_global_zero and os.environ.get("DDPJOB_CHECKPOINT_DIR"):
+            from .checkpoint import atomic_write_json
+            loss = trainer.callback_metrics.get("train_loss", trainer.callback_metrics.get("loss"))
+            atomic_write_json(Path(os.environ["DDPJOB_CHECKPOINT_DIR"]) / "result.json",
+                              {"status": "completed", "world_size": trainer.world_size, "step": trainer.global_step,
+                               **({"loss": float(loss)} if loss is not None else {})})
+        if self.reporter is not None:
+            self.reporter.close()
+        self.stop.close(drain=False)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self.rescue(trainer, exception)
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+
+    def _path(self, step: int) -> Path:
+        return self.directory / f"step-{step:08d}.ckpt"
+
+    def _save(self, trainer, step: int) -> None:
+        """Every rank (Lightning's save ends with a barrier); rank 0 writes, commits and prunes."""
+        path = self._path(step)
+        if trainer.is_global_zero:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        trainer.save_checkpoint(str(path))
+        self.last_checkpoint_step = step
+        if trainer.is_global_zero:
+            frameworks.commit(path, step=step, world_size=trainer.world_size)
+            self._prune(step)
+
+    def _prune(self, newest: int) -> None:
+        complete = sorted((int(m.group(1)) for p in self.directory.iterdir() if (m := CHECKPOINT.match(p.name))
+                           and frameworks.read_marker(p) is not None), reverse=True)
+        for step in [s for s in complete if s <= newest][self.keep:]:
+            frameworks.marker_path(self._path(step)).unlink(missing_ok=True)  # marker first: never a marker alone
+            self._path(step).unlink(missing_ok=True)
+
+    def rescue(self, trainer, error: BaseException) -> bool:
+        """After a collective failed because a peer died: this rank writes its replica as a complete
+        checkpoint of the last completed step, unless one exists (any surviving rank may; the first to
+        place it wins). No collective. Lightning calls it through `on_exception`."""
+        if not is_peer_failure(error):
+            return False
+        step = trainer.global_step
+        final = self._path(step)
+        if step == 0 or frameworks.read_marker(final) is not None:
+            return False
+        tmp = self.directory / f".tmp-{final.name}-{uuid.uuid4().hex}"
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            torch.save(checkpoint, tmp)
+            os.replace(tmp, final)
+            frameworks.commit(final, step=step, world_size=trainer.world_size,
+                              rescued_by_rank=self.env.rank if self.env else 0)
+        except Exception as e:  # noqa: BLE001 - the peer's failure matters more than this one
+            tmp.unlink(missing_ok=True)
+            log.warning("rescue checkpoint of step %d not written: %s", step, e)
+            return False
+        log.warning("rescue checkpoint: rank %d saved step %d after a peer failed",
+                    self.env.rank if self.env else 0, step)
+        return True
+
