@@ -143,13 +143,14 @@ def kill_step(k: int, every: int) -> int:
     return every * (k + 1) + 7
 
 
-def load_example(kills: int, every: int):
+def load_example(kills: int, every: int, scope: str = "Pod", spares: int = 0):
     job = validation.load_jobs(EXAMPLE)[0]
     spec = job.spec
     epochs = 2 + (every * (kills + 1)) // STEPS_PER_EPOCH
     spec = spec.model_copy(update={
         "args": [*spec.args, "--epochs", str(epochs), "--log-every", "1"],  # a later --epochs wins
-        "failure_policy": spec.failure_policy.model_copy(update={"max_restarts": kills + 2}),
+        "failure_policy": spec.failure_policy.model_copy(update={"max_restarts": kills + 2, "restart_scope": scope,
+                                                                 "spares": spares}),
     })
     return job.model_copy(update={"spec": spec})
 
@@ -159,13 +160,19 @@ def load_example(kills: int, every: int):
 class RecordingView:
     def __init__(self, timeline: Timeline):
         self.timeline = timeline
+        self.kills = 0
 
     def update(self, snap: Snapshot) -> None:
         self.timeline.poll()
 
     def event(self, text: str) -> None:
         if text.startswith("fault injection: killed"):
-            self.timeline.add("kill", int(text.split("-worker-")[1].split()[0]))
+            # The pod serving the worker: its own, or a spare that took its place (`--spares`), which the
+            # fault's index names as well: kills alternate 1, 0, 1, ...
+            killed = re.search(r"-(worker|spare)-(\d+) ", text)
+            index = int(killed.group(2)) if killed and killed.group(1) == "worker" else (self.kills + 1) % 2
+            self.kills += 1
+            self.timeline.add("kill", index)
         elif "GangRestart" in text or "Replace:" in text:
             self.timeline.add("restart", 0)
 
@@ -321,7 +328,7 @@ def follow_logs(namespace: str, pods: list[str], log_dir: Path, stop: threading.
     return thread
 
 
-def run_cluster(kills: int, every: int, state: Path, timeout: float) -> tuple[str, list[Recovery]]:
+def run_cluster(kills: int, every: int, state: Path, timeout: float, scope: str = "Pod") -> tuple[str, list[Recovery]]:
     """The same job and kills through the operator on the cluster KUBECONFIG names (installed by the
     chart, trainer image loaded: `make kind-up kind-load helm-install`), each kill by the fault command
     (`kill NAMESPACE/POD`: SIGKILL of the worker's processes, as on the local runner)."""
@@ -332,7 +339,7 @@ def run_cluster(kills: int, every: int, state: Path, timeout: float) -> tuple[st
     name = "recovery"
     epochs = 2 + (every * (kills + 1)) // STEPS_PER_EPOCH
     manifest = digits_job(name, max_steps=every * (kills + 2), trainer_args=["--log-every", "1", "--epochs", str(epochs)],
-                          failure_policy={"maxRestarts": kills + 2, "restartScope": "Pod",
+                          failure_policy={"maxRestarts": kills + 2, "restartScope": scope,
                                           "backoff": {"initialSeconds": 1, "maxSeconds": 30}})
     timeline = Timeline(state)
     stop = threading.Event()
@@ -399,12 +406,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated: ours, stock, cluster (the operator on the cluster KUBECONFIG names)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per setup")
     parser.add_argument("--keep-logs", metavar="DIR", help="keep each setup's logs and checkpoints under DIR")
+    parser.add_argument("--scope", choices=("Pod", "All"), default="Pod",
+                        help="failurePolicy.restartScope of ours and cluster (Pod: survivors stay in place)")
+    parser.add_argument("--spares", type=int, default=0, help="failurePolicy.spares of ours (warm spares)")
     args = parser.parse_args(argv)
-    job = load_example(args.kills, args.every)
+    if args.spares and args.scope != "Pod":
+        parser.error("--spares needs --scope Pod")
+    if args.spares and "cluster" in args.setups.split(","):
+        parser.error("--spares is measured locally only (the cluster setup kills pods by worker name)")
+    job = load_example(args.kills, args.every, args.scope, args.spares)
     interval = job.spec.checkpoint.interval_steps
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
           f"{datetime.now().isoformat(timespec='minutes')}; job {EXAMPLE.name}, checkpoint every {interval} steps, "
-          f"kills every {args.every} steps")
+          f"kills every {args.every} steps, restartScope {args.scope}, spares {args.spares}")
     medians = {}
     for setup in args.setups.split(","):
         with tempfile.TemporaryDirectory(prefix=f"ddpjob-recovery-{setup}-") as tmp:
@@ -420,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
                 if (reason := why_no_cluster()) is not None:
                     print(f"\ncluster: skipped: {reason}")
                     continue
-                phase, results = run_cluster(args.kills, args.every, Path(tmp), args.timeout)
+                phase, results = run_cluster(args.kills, args.every, Path(tmp), args.timeout, args.scope)
             else:
                 parser.error(f"unknown setup {setup!r}")
             table(f"{setup} ({time.monotonic() - started:.0f} s wall)", phase, results, interval)

@@ -215,6 +215,7 @@ class Trainer:
         Evaluating twice at the same step (end of the last epoch, then the end of training) reuses the result."""
         if self._eval is not None and self._eval[0] == self.progress.step:
             return self._eval[1]
+        self.job.timeouts.relax()  # not a step: ranks may take unequal time, and the stall watchdog waits
         model = self.model.module  # no DDP forward: no gradient sync and ranks may run unequal batch counts
         model.eval()
         shard = Subset(self.eval_set, range(self.env.rank, len(self.eval_set), self.env.world_size))

@@ -28,6 +28,7 @@ from .distributed import (CollectiveTimeout, JobEnv, StopRequest, barrier, destr
                           init_process_group, select_device)
 from .progress import ProgressReporter
 from .timing import StepTimer
+from .watchdog import StallWatchdog
 
 log = logging.getLogger(__name__)
 META = "ddpjob"  # key of the runtime's own entry in every checkpoint dict
@@ -70,6 +71,10 @@ class Job:
         self._closed = False
         # Own time per step, apart from waits in collectives (straggler detection; runtime/timing.py).
         self.step_timer = StepTimer(device)
+        # A trainer blocked in a collective still obeys SIGTERM within seconds, and a silent peer is
+        # noticed even where the collective itself does not time out (runtime/watchdog.py). Work that is
+        # not steps (an evaluation) relaxes the timeouts first: `self.timeouts.relax()`.
+        self.watchdog = StallWatchdog(lambda: self.timeouts.steady_s if self.timeouts.steady else 0.0)
 
     @classmethod
     def start(cls, *, device: str = "auto", backend: str = "auto", timeout_s: float = 1800.0,
@@ -167,6 +172,7 @@ class Job:
     def should_stop(self) -> bool:
         """Call once per step on every rank: True on all of them once any was signalled."""
         self.timeouts.step()
+        self.watchdog.step()
         self.step_timer.boundary()
         with self.step_timer.waiting():  # the stop flag's all_reduce waits for the slowest rank
             stop = self.stop.agreed()
@@ -222,6 +228,7 @@ class Job:
         if self._closed:
             return
         self._closed = True
+        self.watchdog.close()
         try:
             if self.checkpoints is not None:
                 self.checkpoints.wait()

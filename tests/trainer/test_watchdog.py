@@ -1,0 +1,158 @@
+"""The stall watchdog (runtime/watchdog.py, issue 25): a trainer blocked in a collective on a silent peer
+obeys SIGTERM at once, and leaves with a peer failure when the collective itself never times out.
+
+Real processes and a real Gloo group: rank 1 stops taking part after a few steps with its sockets open
+(a frozen process, a node that went silent) while rank 0 waits in an all_reduce whose own timeout is far
+away (300 s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ddp_trainer.runtime.watchdog import StallWatchdog
+
+# ---------------------------------------------------------------- the rules (pure)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def watchdog(steady: float = 0.0, **kw) -> tuple[StallWatchdog, Clock]:
+    clock = Clock()
+    dog = StallWatchdog(lambda: steady, clock=clock, exit=lambda code: None, **kw)
+    dog.close()  # the rules only: no thread
+    return dog, clock
+
+
+def test_a_stop_with_no_step_after_it_exits_after_the_grace():
+    dog, clock = watchdog()
+    dog._stop_at = clock.now
+    clock.now += 4.9
+    assert dog.check(clock.now) is None
+    clock.now += 0.2
+    code, message = dog.check(clock.now)
+    assert code == 143 and "stopped by SIGTERM while blocked" in message
+
+
+def test_a_step_after_the_stop_means_the_trainer_is_not_blocked():
+    dog, clock = watchdog()
+    dog._stop_at = clock.now
+    clock.now += 1
+    dog.step()  # it reached the step boundary: the stop is being handled (final checkpoint)
+    clock.now += 60
+    assert dog.check(clock.now) is None
+
+
+def test_the_grace_grows_with_slow_steps():
+    dog, clock = watchdog()
+    for _ in range(5):
+        clock.now += 10
+        dog.step()
+    dog._stop_at = clock.now
+    clock.now += 29
+    assert dog.check(clock.now) is None  # 3 steps' time
+    clock.now += 2
+    assert dog.check(clock.now)[0] == 143
+
+
+def test_a_silent_peer_is_a_peer_failure_only_while_the_steady_timeout_is_in_force():
+    relaxed, clock = watchdog(steady=0.0)
+    clock.now += 3600
+    assert relaxed.check(clock.now) is None  # start-up, a save, an evaluation: no limit
+    dog, clock = watchdog(steady=30.0)
+    clock.now += 69
+    assert dog.check(clock.now) is None
+    clock.now += 1
+    code, message = dog.check(clock.now)
+    launcher = pytest.importorskip("ddpjob_operator.launcher", reason="the operator package is not on the path")
+    assert code == 1 and re.search(launcher.PEER_FAILURE_PATTERN, message)  # the launcher waits in place
+
+
+# ---------------------------------------------------------------- real ranks, real Gloo
+
+RANK = textwrap.dedent("""
+    import datetime, os, sys, time
+    import torch, torch.distributed as dist
+    from ddp_trainer.runtime.distributed import StopRequest
+    from ddp_trainer.runtime.watchdog import StallWatchdog
+
+    rank, port, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    stop = StopRequest()
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300))
+    dog = StallWatchdog(lambda: 1.0, silent_s=None if mode == "stop" else 4.0, stop_grace_s=2.0)
+    if mode == "stop":
+        dog.silent_s = 3600.0  # only the stop rule here
+    for step in range(1000):
+        if rank == 1 and step == 5:
+            print("frozen", flush=True)
+            time.sleep(3600)  # alive, sockets open, never answering again
+        dist.all_reduce(torch.ones(4))
+        dog.step()
+        print(f"step {step}", flush=True)
+""")
+
+
+def start_pair(tmp_path: Path, mode: str) -> list[subprocess.Popen]:
+    import socket
+    with socket.socket() as s:  # only the store's port: held by rank 0's TCPStore at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(tmp_path / f"error-{rank}.json"), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, str(script), str(rank), str(port), mode], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if text in line:
+            return
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError(f"never printed {text!r} (exit {proc.poll()})")
+
+
+def error_message(tmp_path: Path) -> str:
+    return json.loads((tmp_path / "error-0.json").read_text())["message"]["message"]
+
+
+@pytest.mark.parametrize("mode", ["stop", "silent"])
+def test_a_rank_blocked_on_a_silent_peer_leaves_long_before_the_collective_timeout(tmp_path, mode):
+    procs = start_pair(tmp_path, mode)
+    try:
+        wait_for_line(procs[1], "frozen")
+        wait_for_line(procs[0], "step 4")
+        if mode == "stop":
+            procs[0].send_signal(signal.SIGTERM)  # blocked in the all_reduce: Python's handler cannot run
+        # The group's own timeout is 300 s: without the watchdog, rank 0 would still be waiting then.
+        code = procs[0].wait(timeout=120)
+        if mode == "stop":
+            assert code == 143 and "stopped by SIGTERM while blocked" in error_message(tmp_path)
+        else:
+            assert code == 1 and error_message(tmp_path).startswith("TrainerStalled: Timed out")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
