@@ -32,6 +32,7 @@ from .. import builders, model
 from ..launcher import (CHECKPOINT_VOLUME_EXIT_CODE, CHECKPOINT_VOLUME_PREFIXES, GENERATION_MARK_PATTERN,
                         PEER_FAILURE_PATTERN, REJOIN_FAILED_PREFIX)
 from .common import Plan, describe_failure, fail, parse_time, record_failure, rfc3339
+from .progress import stalled
 from .spares import promote
 from .types import (CONSEQUENCE, DISRUPTION, MISSING, PEER_FAILURE, PERMANENT, REASON_BUDGET_EXHAUSTED,
                     REASON_GANG_RESTART, REASON_PERMANENT_ERROR, REASON_POD_DELETED, REASON_POD_VANISHED,
@@ -222,6 +223,11 @@ def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
         settle = _settle_seconds(plan, cause, members, survivors)
         settles = min(finished) + timedelta(seconds=settle)  # type: ignore[type-var]
         if plan.now < settles:
+            # Survivors' collectives timed out on a peer: a hang. When the step also stopped for the
+            # progress deadline meanwhile, the hang is told as a stall (one story: `Stalled`, its evidence
+            # these timeouts); the members are left behind with the generation it ends.
+            if cause == PEER_FAILURE and stalled(plan, spec):
+                return True
             plan.wake_at(settles)
             return True
 
