@@ -220,6 +220,7 @@ class Client:
     def __init__(self, namespace: str | None = None, connection: Connection | None = None, *,
                  request_timeout: float = 30.0):
         self._connection = connection
+        self._from_environment = connection is None
         self.namespace = namespace or (default_namespace() if connection is None else "default")
         self.request_timeout = request_timeout
         self._ssl: ssl.SSLContext | None = None
@@ -252,7 +253,8 @@ class Client:
         return self._ssl
 
     def _open(self, method: str, path: str, *, body: Any = None, params: Mapping[str, Any] | None = None,
-              content_type: str = "application/json", timeout: float | None = None, what: str = ""):
+              content_type: str = "application/json", timeout: float | None = None, what: str = "",
+              retried: bool = False):
         conn = self.connection
         query = urllib.parse.urlencode({k: v for k, v in (params or {}).items() if v is not None})
         url = conn.server.rstrip("/") + path + (f"?{query}" if query else "")
@@ -267,6 +269,11 @@ class Client:
         try:
             return urllib.request.urlopen(request, timeout=timeout or self.request_timeout, context=self._context())
         except urllib.error.HTTPError as exc:
+            if exc.code == 401 and self._from_environment and not retried:
+                # An exec plugin's or an OIDC token expired: read the credentials again, once.
+                self._connection, self._ssl = None, None
+                return self._open(method, path, body=body, params=params, content_type=content_type,
+                                  timeout=timeout, what=what, retried=True)
             text = exc.read().decode(errors="replace")
             try:
                 info = json.loads(text)

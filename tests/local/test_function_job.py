@@ -115,3 +115,24 @@ def test_an_exception_in_the_function_fails_the_job_locally(tmp_path):
     assert phase == "Failed"
     log = (tmp_path / ".ddpjob" / "boom" / "logs" / "boom-worker-0.log").read_text()
     assert "ValueError: bad data in shard 3" in log
+
+
+LEARNING_RATE = 0.1
+
+
+def defaults_read_a_global(lr: float = LEARNING_RATE) -> None:
+    print(lr)
+
+
+def annotated(config: "Config", steps: int = 3) -> None:  # noqa: F821 - never evaluated in the program
+    print(config, steps)
+
+
+def test_defaults_that_read_globals_are_refused_and_annotations_are_never_evaluated():
+    with pytest.raises(validation.InvalidJob, match=r"global name\(s\) LEARNING_RATE"):
+        function_job.build(defaults_read_a_global)
+    program = function_job.build(annotated, kwargs={"config": "c"}).program
+    assert program.startswith("# Generated") and "from __future__ import annotations" in program
+    namespace: dict = {"__name__": "not_main"}
+    exec(compile(program, "ddpjob_function.py", "exec"), namespace)  # defining it needs no `Config`
+    assert callable(namespace["annotated"])

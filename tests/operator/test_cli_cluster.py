@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpjob_operator import builders, cli
+from ddpjob_operator import builders, cli, client
+from ddpjob_operator.kube import Connection
 
 from .conftest import NAMESPACE, eventually
-from .emulator import DDPJOBS
+from .emulator import DDPJOBS, api_error
 from .test_client import cluster, manifest  # noqa: F401 - the emulated cluster serving pod logs
 
 DDPJOB = Path(sys.executable).with_name("ddpjob")
@@ -151,3 +152,27 @@ async def test_the_installed_command(kubeconfig, cluster, tmp_path):  # noqa: F8
     assert process.returncode == 0, err.decode()
     assert out.decode().strip() == f"ddpjob {NAMESPACE}/cmd created"
     assert cluster[0].get(DDPJOBS, NAMESPACE, "cmd") is not None
+
+
+async def test_an_expired_token_is_read_again_once(kubeconfig, cluster):  # noqa: F811
+    """An exec plugin's token expires: a 401 reads the kubeconfig again and retries once; a token that is
+    still refused is an error with the fix."""
+    emulator, _ = cluster
+    serve = emulator._serve
+
+    async def refusing(request):  # an API server that no longer accepts the first token
+        if request.headers.get("Authorization") == "Bearer my-token":
+            return emulator._failure(api_error(401, "Unauthorized", "Unauthorized"))
+        return await serve(request)
+
+    emulator._serve = refusing
+    api = client.Client()
+    assert api.connection.token == "my-token"
+    config = yaml.safe_load(kubeconfig.read_text())
+    config["users"][0]["user"]["token"] = "renewed-token"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    assert await asyncio.to_thread(api.list) == []
+    assert api.connection.token == "renewed-token"
+    stale = client.Client(connection=Connection(server=cluster[1], token="my-token"), namespace=NAMESPACE)
+    with pytest.raises(client.ApiError, match="HTTP 401 Unauthorized.*Fix: your credentials were refused"):
+        await asyncio.to_thread(stale.list)
