@@ -306,7 +306,18 @@ def wait_as_spare(args):
                       PET_RDZV_ID=given["rdzvId"], PET_NNODES=given["nnodes"])
     return with_flags(args, rdzv_id=given["rdzvId"], nnodes=given["nnodes"])
 
+def drop_foreign_torchrun_settings(args):
+    # torchrun reads a PET_<FLAG> variable for every flag not on the command line, and TORCHELASTIC_*
+    # for its agent: only the operator's own mirrors of the flags it passes may reach it (an envFrom
+    # without a prefix could bring PET_STANDALONE from a ConfigMap the manifest never shows).
+    ours = {{"PET_" + a[2:].split("=", 1)[0].upper().replace("-", "_") for a in args if a.startswith("--")}}
+    for name in [n for n in os.environ if n.startswith(("PET_", "TORCHELASTIC_")) and n not in ours]:
+        print(f"ignoring {{name}}: torchrun's settings are the operator's", file=sys.stderr, flush=True)
+        del os.environ[name]
+
 def launch(args):
+    flags = next((args[:i] for i, a in enumerate(args) if not a.startswith("--")), args)  # torchrun's own
+    drop_foreign_torchrun_settings(flags)
     if os.environ.get("{SPARE_ENV}") == "1":
         args = wait_as_spare(args)
     generation = generation_of(flag(args, "rdzv-id"))
