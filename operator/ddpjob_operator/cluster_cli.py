@@ -169,10 +169,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 @_guarded
 def cmd_list(args: argparse.Namespace) -> int:
-    jobs = _client(args).list(all_namespaces=args.all_namespaces)
+    api = _client(args)
+    jobs = api.list(all_namespaces=args.all_namespaces)
     if not jobs:
-        print("no DDPJobs" + ("" if args.all_namespaces else f" in namespace {args.namespace or 'default'}"),
-              file=sys.stderr)
+        print("no DDPJobs" + ("" if args.all_namespaces else f" in namespace {api.namespace}"), file=sys.stderr)
         return 0
     now = datetime.now(timezone.utc)
     table = Table(box=None, pad_edge=False)

@@ -51,6 +51,8 @@ def write(tmp_path: Path, *docs: dict[str, Any]) -> str:
 
 async def test_submit_list_status_delete(kubeconfig, cluster, capsys, tmp_path):  # noqa: F811
     emulator, _ = cluster
+    code, out, err = await ddpjob(capsys, "list")
+    assert code == 0 and out == "" and err == f"no DDPJobs in namespace {NAMESPACE}\n"  # the context's namespace
     code, out, _ = await ddpjob(capsys, "submit", write(tmp_path, manifest("one"), manifest("two", replicas=1)))
     assert code == 0 and out.splitlines() == [f"ddpjob {NAMESPACE}/one created", f"ddpjob {NAMESPACE}/two created"]
     code, out, _ = await ddpjob(capsys, "list")
