@@ -59,3 +59,28 @@ def test_a_killed_worker_is_replaced_and_only_with_all_the_gang(faults, namespac
     # The survivors' rescue checkpoint: no step seen before the kill is lost.
     t.assert_resumed(g0 + 1, world=3, not_before=before, lost=0)
     t.assert_no_duplicates(replacements=True)
+
+
+def test_a_warm_spare_takes_the_killed_workers_place(faults, namespace, operator):
+    """failurePolicy.spares 1: a ready spare becomes worker 1 in the next generation; no worker pod is
+    created for it, the survivor keeps its pod, the pool is refilled and training resumes at full size."""
+    policy = {**_policy("Pod"), "spares": 1}
+    t = Training(namespace, digits_job("warm", replicas=2, failure_policy=policy)).start()
+    before = t.wait_training()
+    t.wait(lambda: t.status.get("readySpares") == 1, "a ready spare", 600)
+    g0 = t.generation
+    survivor = _containers(t)["warm-worker-0"]
+    spare = t.status["spares"][0]["pod"]
+
+    cluster.fault("kill", f"{namespace}/warm-worker-1", "--signal", "9")
+    t.wait(lambda: next(r for r in t.status.get("ranks", []) if r["index"] == 1)["pod"] == spare,
+           f"{spare} in worker 1's place", 300)
+    t.wait_running_world(g0 + 1, 2)
+    t.wait(lambda: t.status.get("readySpares") == 1 and t.status["spares"][0]["pod"] != spare,
+           "the pool refilled", 600)
+    assert _containers(t)["warm-worker-0"] == survivor
+    assert not any(r.name == "warm-worker-1" and r.generation > g0 for r in t.records.values()), \
+        "a worker pod was created for the rank the spare took"
+    t.wait_terminal()
+    t.assert_outcome(phase="Succeeded", reason="Succeeded", restarts=1, disruptions=0, generation=g0 + 1)
+    t.assert_resumed(g0 + 1, world=2, not_before=before, lost=0)
