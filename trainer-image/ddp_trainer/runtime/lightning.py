@@ -25,6 +25,7 @@ import collections
 import logging
 import os
 import re
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -126,7 +127,13 @@ class DDPJobCallback(Callback):
     # ---- Lightning events -----------------------------------------------------------------------
 
     def on_train_start(self, trainer, pl_module) -> None:
+        # Lightning's own SIGTERM handling (a broadcast inside the signal handler, then an exception at the
+        # batch's end, no checkpoint) replaced `fit`'s handlers; DDPJob's stop is ours: restore it.
+        for signum in self.stop._previous:
+            signal.signal(signum, self.stop._handle)
         env = self.env
+        if trainer.is_global_zero:
+            self.directory.mkdir(parents=True, exist_ok=True)  # (and the volume's root, outside DDPJob)
         if self.reporter is None:
             self.reporter = ProgressReporter(
                 os.environ.get("DDPJOB_CHECKPOINT_DIR") or None, os.environ.get("DDPJOB_PROGRESS_URL") or None,
