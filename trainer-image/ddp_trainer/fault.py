@@ -47,8 +47,16 @@ def slow_due(fault: FaultConfig, rank: int, environ: Mapping[str, str] = os.envi
     return _here(fault, environ)
 
 
-def slow_down(fault: FaultConfig, own_seconds: float) -> None:
+_announced = False
+
+
+def slow_down(fault: FaultConfig, own_seconds: float, rank: int = -1) -> None:
     """Work F times as long: sleep (F - 1) x this step's own time, outside any collective."""
+    global _announced
+    if not _announced:
+        _announced = True
+        print(f"fault injection: rank {rank}: working {fault.slow_factor:g}x as long per step (a straggler)",
+              file=sys.stderr, flush=True)
     if own_seconds > 0:
         time.sleep((fault.slow_factor - 1.0) * own_seconds)
 

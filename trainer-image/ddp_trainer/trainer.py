@@ -164,7 +164,7 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if fault_slow_due(self.cfg.fault, self.env.rank):
-            fault_slow_down(self.cfg.fault, self.job.step_timer.own_so_far())
+            fault_slow_down(self.cfg.fault, self.job.step_timer.own_so_far(), self.env.rank)
 
         p = self.progress
         p.step, p.epoch_samples, p.total_samples = p.step + 1, p.epoch_samples + samples, p.total_samples + samples
@@ -299,7 +299,8 @@ class Trainer:
         if self.job.checkpoints is None:
             return
         rng = [None] * self.env.world_size
-        dist.all_gather_object(rng, _rng_state())  # every rank's RNG, so an equal-size resume is exact
+        with self.job.step_timer.waiting():
+            dist.all_gather_object(rng, _rng_state())  # every rank's RNG, so an equal-size resume is exact
         self.job.save(self.progress.step, self._state(rng) if self.env.is_main else {}, final=final)
 
     def _state(self, rng: list[dict[str, Any]] | None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import CheckpointManager, atomic_write_json
+from .frameworks import announce as announce_line, resume_message
 from .distributed import (CollectiveTimeout, JobEnv, StopRequest, barrier, destroy_process_group,
                           init_process_group, select_device)
 from .progress import ProgressReporter
@@ -121,9 +122,8 @@ class Job:
             return None
         state = found[1] if found else self.checkpoints.load(step)
         meta = state.get(META) or {}
-        if announce and self.env.is_main:
-            log.info("resumed from checkpoint step=%d (saved at world_size=%s, now %d)", step,
-                     meta.get("world_size", "?"), self.env.world_size)
+        if announce and self.env.is_main:  # shown even where the script configured no logging
+            announce_line(resume_message(step, meta.get("world_size", "?"), self.env.world_size))
         return state
 
     def should_save(self, step: int) -> bool:
@@ -135,6 +135,10 @@ class Job:
         synchronously, then every rank waits at a barrier, so no rank exits before the commit (torchrun
         tears down a node's other trainers as soon as one exits, and rank 0 may be one of them)."""
         self.timeouts.relax()  # the other ranks wait for this write in their next collective
+        with self.step_timer.waiting():  # a checkpoint is not training work: rank 0 must not look slow for it
+            self._save(step, state, final)
+
+    def _save(self, step: int, state: dict[str, Any], final: bool) -> None:
         if self.checkpoints is not None and self.env.is_main:
             if final:
                 self.checkpoints.wait()
