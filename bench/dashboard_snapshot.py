@@ -133,13 +133,21 @@ async def scenario(seconds: float, scrapes: list[tuple[float, dict]]) -> None:
                         token = tokens[uid]
                         body = {"step": int(t.step), "total_steps": t.total, "rank": rank, "world_size": world,
                                 "loss": round(3.0 * (0.999 ** t.step) + 0.2, 4),
-                                "samples_per_second": round(t.sps_per_worker * world * random.uniform(0.9, 1.1), 1)}
+                                "samples_per_second": round(t.sps_per_worker * world * random.uniform(0.9, 1.1), 1),
+                                "step_seconds": round(own_step_seconds(t, rank, now), 4)}
                         async with session.post(f"{progress_base}/v1/namespaces/{NAMESPACE}/ddpjobs/{t.job}/progress",
                                                 json=body, headers={"Authorization": f"Bearer {token}"}) as answer:
                             await answer.read()
                 await asyncio.sleep(0.5)
             await scraper
         await operator.stop()
+
+
+def own_step_seconds(t: Trainer, rank: int, now: float) -> float:
+    """A worker's own time per step (apart from waiting for its peers): bert-base's rank 2 slows down
+    2.5x after 30 s, as on a throttled node."""
+    base = 0.6 / t.speed * random.uniform(0.9, 1.1)
+    return base * (2.5 if t.job == "bert-base" and rank == 2 and now > 30 else 1.0)
 
 
 def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -260,7 +268,7 @@ def render(scrapes, out: Path) -> None:
     stalls = series(scrapes, "ddpjob_stalls_total", (), sum)
     count = series(scrapes, "ddpjob_reconcile_duration_seconds_count", (), sum)
     errors = series(scrapes, "ddpjob_reconcile_errors_total", (), sum)
-    W, H = 1200, 980
+    W, H = 1200, 1160
     panels = [
         (10, 40, 585, 210, "Jobs by phase", {k: v for k, v in phases.items()}, "", True, PHASE_COLORS),
         (605, 40, 585, 210, "Restarts and disruptions (increase over 10s)",
@@ -273,15 +281,17 @@ def render(scrapes, out: Path) -> None:
          "", False, None),
         (800, 290, 390, 220, "Seconds since the step advanced",
          series(scrapes, "ddpjob_job_seconds_since_progress", ("namespace", "ddpjob")), "s", False, None),
-        (10, 550, 290, 210, "Leader", series(scrapes, "ddpjob_leader", ()), "", False, None),
-        (305, 550, 290, 210, "Reconcile latency",
+        (10, 520, 1180, 190, "Own step time per rank (stragglers)",
+         series(scrapes, "ddpjob_rank_step_seconds", ("ddpjob", "rank")), "s", False, None),
+        (10, 730, 290, 210, "Leader", series(scrapes, "ddpjob_leader", ()), "", False, None),
+        (305, 730, 290, 210, "Reconcile latency",
          {"p50": quantile(scrapes, 0.5, 10), "p99": quantile(scrapes, 0.99, 10)}, "s", False, None),
-        (600, 550, 290, 210, "Reconciles and errors (per s, 10s)",
+        (600, 730, 290, 210, "Reconciles and errors (per s, 10s)",
          {"passes/s": [(t, v / 10) for t, v in increase(count.get("ddpjob_reconcile_duration_seconds_count", []), 10)],
           "errors/s": [(t, v / 10) for t, v in increase(errors.get("ddpjob_reconcile_errors_total", []), 10)]},
          "", False, None),
-        (895, 550, 295, 210, "Queue depth", series(scrapes, "ddpjob_reconcile_queue_depth", ()), "", False, None),
-        (10, 770, 1180, 200, "Progress reports by result (per s, 10s)",
+        (895, 730, 295, 210, "Queue depth", series(scrapes, "ddpjob_reconcile_queue_depth", ()), "", False, None),
+        (10, 950, 1180, 200, "Progress reports by result (per s, 10s)",
          {k: [(t, v / 10) for t, v in increase(p, 10)]
           for k, p in series(scrapes, "ddpjob_progress_reports_total", ("result",), sum).items()}, "", False, None),
     ]
@@ -293,7 +303,7 @@ def render(scrapes, out: Path) -> None:
             f'ddpjob.json from the operator\'s /metrics, scraped every 1s for {t_max:.0f}s (bench/dashboard_snapshot.py)'
             f'</text>',
             '<text x="12" y="282" fill="#ccccdc" font-size="14" font-weight="600">Training progress (per job)</text>',
-            '<text x="12" y="542" fill="#ccccdc" font-size="14" font-weight="600">Operator health</text>']
+            '<text x="12" y="722" fill="#ccccdc" font-size="14" font-weight="600">Operator health</text>']
     for x, y, w, h, title, lines, unit, stacked, colors in panels:
         body.append(panel_svg(x, y, w, h, title, lines, t_max, unit, stacked, colors))
     body.append("</svg>")
