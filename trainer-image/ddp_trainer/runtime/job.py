@@ -189,6 +189,8 @@ class Job:
         local rank 0 of every pod). Adds world_size and last_checkpoint_step."""
         fields.setdefault("world_size", self.env.world_size)
         fields.setdefault("last_checkpoint_step", self.last_checkpoint_step)
+        if "step_seconds" not in fields:  # this rank's own time per step since the last report (no collective)
+            fields["step_seconds"] = self.step_timer.take()
         self.reporter.report(step=step, total_steps=total_steps, loss=loss, **fields)
 
     def result(self, **metrics: Any) -> None:
