@@ -76,60 +76,6 @@ async def test_permanent_failure_fails_the_job(harness, operator):
                                  for e in harness.events("user-error")), what="a Failed event")
 
 
-async def test_budget_exhaustion_fails_the_job(harness, operator):
-    await started(harness, "budget", minReplicas=1, failurePolicy={"maxRestarts": 1, **FAST_BACKOFF})
-    await harness.exit("budget-worker-1", 143)
-    await eventually(lambda: harness.pods("budget").get("budget-worker-1", {}).get("status", {})
-                     .get("phase") == "Pending", what="the replacement")
-    await harness.exit("budget-worker-1", 143)
-    await harness.wait_phase("budget", "Failed")
-    assert harness.condition("budget", "Failed")["reason"] == "RestartBudgetExhausted"
-    assert harness.status("budget")["restarts"] == 1
-
-
-async def test_eviction_is_a_disruption_not_charged(harness, operator):
-    await started(harness, "evicted", minReplicas=1, failurePolicy={"maxRestarts": 0, **FAST_BACKOFF})
-    survivor = harness.pods("evicted")["evicted-worker-1"]["metadata"]["uid"]
-    await harness.evict("evicted-worker-0")
-    # A fresh generation: the evicted rank is replaced, the survivor joins it in place (same pod).
-    await eventually(lambda: harness.status("evicted").get("generation") == 1, what="generation 1")
-    await harness.settle("evicted", lambda: len(generation_of(harness, "evicted", "1")) == 1,
-                         what="the replacement in generation 1")
-    assert harness.pods("evicted")["evicted-worker-1"]["metadata"]["uid"] == survivor
-    status = harness.status("evicted")
-    assert status["restarts"] == 0 and status["disruptions"] == 1 and status["phase"] != "Failed"
-    assert status["incidents"][-1]["cause"] == "Disruption" and not status["incidents"][-1]["charged"]
-    assert harness.pods("evicted", builders.ROLE_STORE)  # worker 0 does not take the store with it
-
-
-async def test_gang_restart_moves_every_worker_to_a_new_generation(harness, operator):
-    job = await started(harness, "gang", failurePolicy={"restartScope": "All", **FAST_BACKOFF})
-    await harness.exit("gang-worker-0", 139)
-    await eventually(lambda: harness.status("gang").get("generation") == 1, what="generation 1")
-    await harness.settle("gang", lambda: len(harness.pods("gang")) == 2 and all(
-        p["metadata"]["labels"][builders.LABEL_GENERATION] == "1" for p in harness.pods("gang").values()),
-        what="a new generation of workers")
-    for pod in harness.pods("gang").values():
-        assert f"--rdzv-id={job['metadata']['uid']}-g1" in pod["spec"]["containers"][0]["command"]
-    await harness.run(*harness.pods("gang"))
-    status = await harness.wait_phase("gang", "Running")
-    assert status["restarts"] == 1
-
-
-async def test_store_loss_moves_to_a_fresh_rendezvous_without_charging(harness, operator):
-    await started(harness, "store-lost", failurePolicy={"maxRestarts": 0})
-    await harness.set_status("store-lost-rdzv", {"phase": "Failed"})
-    await eventually(lambda: harness.status("store-lost").get("generation") == 1, what="generation 1")
-    await harness.settle("store-lost", lambda: len(harness.pods("store-lost")) == 2 and all(
-        p["metadata"]["labels"][builders.LABEL_GENERATION] == "1" for p in harness.pods("store-lost").values())
-        and harness.pods("store-lost", builders.ROLE_STORE), what="a new store and workers")
-    assert harness.status("store-lost")["restarts"] == 0 and harness.status("store-lost")["disruptions"] == 1
-
-
-def generation_of(harness, job: str, generation: str) -> list[str]:
-    return [n for n, p in harness.pods(job).items() if p["metadata"]["labels"][builders.LABEL_GENERATION] == generation]
-
-
 async def test_scale_up_and_down_within_bounds_and_rejected_outside(harness, operator):
     await started(harness, "elastic", minReplicas=1, maxReplicas=4)
     code, _ = await harness.scale("elastic", 4)
@@ -365,6 +311,10 @@ async def test_invalid_stored_spec_fails_without_pods(harness, operator):
     assert failed["reason"] == "InvalidSpec" and "spec.minReplicas" in failed["message"]
     await passes(operator)
     assert harness.pods("broken") == {} and harness.pods("broken", builders.ROLE_STORE) == {}
+
+
+def generation_of(harness, job: str, generation: str) -> list[str]:
+    return [n for n, p in harness.pods(job).items() if p["metadata"]["labels"][builders.LABEL_GENERATION] == generation]
 
 
 async def test_operator_restart_mid_job_duplicates_nothing_and_loses_nothing(harness, operator):
