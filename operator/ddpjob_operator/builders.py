@@ -187,6 +187,23 @@ def worker_command(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str, local
     return argv + [spec.entrypoint, *spec.args]
 
 
+THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def default_threads(spec: model.DDPJobSpec) -> int | None:
+    """Each trainer's thread count when the user set none in spec.env: the pod's CPU request shared by
+    its processes (at least 1). torch otherwise starts a thread per core of the node, and torchrun sets 1
+    only for more than one process: a trainer limited to a few CPUs on a large shared node then runs
+    many times slower. None without a CPU request (nothing to go by) or when spec.env sets it."""
+    if spec.resources.cpu is None or any(e.name == THREADS_ENV for e in spec.env):
+        return None
+    match = _QUANTITY.match(str(spec.resources.cpu))
+    if match is None or match.group(2) not in ("", "m"):
+        return None
+    cores = Decimal(match.group(1)) / (1000 if match.group(2) == "m" else 1)
+    return max(1, int(cores // spec.nproc_per_node))
+
+
 def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: int, generation: int,
                endpoint: str, rdzv_id: str, local_addr: str, master_addr: str,
                checkpoint_dir: str | None = None) -> dict[str, str]:
@@ -210,6 +227,9 @@ def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: 
     env[REJOIN_TIMEOUT_ENV] = str(REJOIN_TIMEOUT_SECONDS)
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
+    threads = default_threads(spec)
+    if threads is not None:
+        env[THREADS_ENV] = str(threads)
     # With torchrun's shared TCPStore, a surviving rank-0 agent skips publishing MASTER_ADDR in a
     # re-rendezvous round, so a replacement worker and it wait on each other until read_timeout.
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"

@@ -69,6 +69,22 @@ def _changes(args: argparse.Namespace, spec: model.DDPJobSpec) -> tuple[SpecChan
     return (SpecChange(replicas=args.scale_to, at_step=args.scale_at_step),)
 
 
+def _check_progress_source(args: argparse.Namespace, spec: model.DDPJobSpec) -> None:
+    """A moment given as a training step needs the trainer's progress, which a local run reads from the
+    checkpoint volume (progress.json) or rank 0's log lines: say now what would otherwise never fire."""
+    given = [flag for flag, value in (("--kill-at-step", args.kill_at_step), ("--scale-at-step", args.scale_at_step))
+             if value is not None]
+    if given and spec.checkpoint is None:
+        raise validation.InvalidJob([validation.FieldError(
+            "/".join(given), "waits for a training step, but a job without spec.checkpoint has no progress "
+            "report to read it from", "add spec.checkpoint (the trainer's job.report() writes progress.json "
+            "there), or use --kill-after SECONDS")])
+    if args.kill_at_step is not None:
+        print(f"--kill-at-step {args.kill_at_step}: worker {args.kill_worker} is killed at the first step the trainer "
+              f"reports at or past {args.kill_at_step} (job.report(step=...), the HF/Lightning callback, or rank 0's "
+              f"`step=N epoch=E loss=L` lines); a trainer that reports nothing never triggers it", file=sys.stderr)
+
+
 def load_one_job(path: str) -> model.DDPJob:
     """The single DDPJob in `path`; errors are worded exactly as `ddpjob validate` words them."""
     try:
@@ -108,6 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         job = with_replicas(load_one_job(args.file), args.replicas)
+        _check_progress_source(args, job.spec)
         options = RunOptions(checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                              print_logs=args.logs, faults=_fault(args, job.spec.replicas),
                              changes=_changes(args, job.spec))

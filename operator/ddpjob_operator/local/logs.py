@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,3 +53,37 @@ def read_report(checkpoint_dir: Path | None, name: str) -> dict[str, Any] | None
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+# Commit markers of complete checkpoints, whoever wrote them: the runtime's CheckpointManager
+# (step-N.committed beside step-N.pt), runtime.hf (checkpoint-N/ddpjob.committed.json), runtime.lightning
+# (step-N.ckpt.ddpjob.json beside the file).
+_COMMITTED = re.compile(r"^step-(\d+)\.committed$")
+_LIGHTNING = re.compile(r"^(step-(\d+)\.ckpt)\.ddpjob\.json$")
+_HF_DIR = re.compile(r"^checkpoint-(\d+)$")
+_HF_MARKER = "ddpjob.committed.json"
+
+
+def newest_checkpoint(checkpoint_dir: Path | None, max_depth: int = 4) -> tuple[int, Path] | None:
+    """(step, path) of the newest committed checkpoint anywhere under the checkpoint directory (the job's
+    own subdirectory, a framework's), by its commit marker; None when there is none."""
+    if checkpoint_dir is None or not checkpoint_dir.is_dir():
+        return None
+    best: tuple[int, Path] | None = None
+    root_depth = len(checkpoint_dir.parts)
+    for here, dirs, files in os.walk(checkpoint_dir):
+        base = Path(here)
+        if len(base.parts) - root_depth >= max_depth:
+            dirs[:] = []
+        found = []
+        for name in files:
+            if m := _COMMITTED.match(name):
+                found.append((int(m.group(1)), base / f"step-{m.group(1)}.pt"))
+            elif m := _LIGHTNING.match(name):
+                found.append((int(m.group(2)), base / m.group(1)))
+            elif name == _HF_MARKER and (m := _HF_DIR.match(base.name)):
+                found.append((int(m.group(1)), base))
+        for step, path in found:
+            if best is None or step > best[0]:
+                best = (step, path)
+    return best

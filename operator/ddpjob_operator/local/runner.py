@@ -24,7 +24,7 @@ from typing import Callable
 
 from .. import builders, decisions, model, validation
 from ..validation import FieldError, InvalidJob
-from .logs import RESUME_LINE, LogTail, read_report
+from .logs import RESUME_LINE, LogTail, newest_checkpoint, read_report
 from .processes import LocalProcess, Zygote, kill_marked, kill_together, marker_for
 from .view import Snapshot, Summary, View, WorkerRow
 
@@ -38,6 +38,9 @@ UNSCHEDULABLE = "Unschedulable"
 UNSCHEDULABLE_MESSAGE = "0/1 nodes are available: held Pending by the local run's Unschedulable option"
 # Where the local "volumes" and logs live, relative to the working directory.
 STATE_DIR = Path(".ddpjob")
+# A fault or spec change due at a training step waits for the trainer's progress reports; a trainer that
+# has reported nothing this long after the start is said (once) to never trigger it.
+NO_PROGRESS_WARNING_SECONDS = 60.0
 
 
 # What a FaultInjection does.
@@ -217,7 +220,10 @@ class LocalRunner:
         self.status = model.DDPJobStatus()
         self.store: LocalProcess | None = None
         # Every worker starts as a fork of it: a new generation imports nothing (bench/recovery.py).
-        self.zygote = Zygote(python=sys.executable, env=self.base_env, marker=marker_for(self.run_id, "zygote"),
+        # It imports torch, whose thread pool its forks keep: give it the trainers' thread count now.
+        threads = builders.default_threads(job.spec)
+        zygote_env = {**self.base_env, **({builders.THREADS_ENV: str(threads)} if threads is not None else {})}
+        self.zygote = Zygote(python=sys.executable, env=zygote_env, marker=marker_for(self.run_id, "zygote"),
                              log_path=self.log_dir / "zygote.log")
         self.store_port = free_port()
         self.store_ready = False
@@ -230,6 +236,7 @@ class LocalRunner:
         self.exits: list[ExitRecord] = []
         self.resumes: list[Resume] = []
         self.interrupted = False
+        self._warned_no_progress = False
         self._signals: list[int] = []
         self.created_at = clock()
         # Progress as the decision layer sees it (hang detection, status.progress): from progress.json.
@@ -285,11 +292,15 @@ class LocalRunner:
         self._signals.append(signum)
 
     def _prepare_dirs(self) -> None:
+        # The default directory is the job's own claim (claimTemplate): a new job starts empty, and so do
+        # its logs (the logs of the run whose checkpoints are kept, with --resume or --checkpoint-dir, go on).
+        fresh = self.options.checkpoint_dir is None and not self.options.resume
+        if fresh and self.log_dir.exists():
+            shutil.rmtree(self.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.checkpoint_dir is None:
             return
-        # The default directory is the job's own claim (claimTemplate): a new job starts empty.
-        if self.options.checkpoint_dir is None and not self.options.resume and self.checkpoint_dir.exists():
+        if fresh and self.checkpoint_dir.exists():
             shutil.rmtree(self.checkpoint_dir)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
 
@@ -554,14 +565,36 @@ class LocalRunner:
         else:
             self.store = None
 
+    def _reported_step(self, progress: dict) -> int | None:
+        """The newest step the trainer reported: progress.json, or its rank-0 `step=N epoch=E loss=L` log
+        lines for a script that prints them without reporting progress."""
+        steps = [s for s in (progress.get("step"), *(t.step for t in self.tails.values())) if isinstance(s, int)]
+        return max(steps) if steps else None
+
     def _due(self, at_step: int | None, after_seconds: float | None, progress: dict, now: datetime) -> bool:
         elapsed = (now - self.created_at).total_seconds()
         return (after_seconds is not None and elapsed >= after_seconds) or \
-               (at_step is not None and (progress.get("step") or 0) >= at_step)
+               (at_step is not None and (self._reported_step(progress) or 0) >= at_step)
+
+    def _waiting_on_steps(self) -> list[str]:
+        """The faults and spec changes still waiting for a training step, as the command line gives them."""
+        return ([f"--kill-at-step {f.at_step}" for f in self.pending_faults if f.at_step is not None]
+                + [f"--scale-at-step {c.at_step}" for c in self.pending_changes if c.at_step is not None])
+
+    def _warn_without_progress(self, progress: dict, now: datetime) -> None:
+        if self._warned_no_progress or self._reported_step(progress) is not None or not self._waiting_on_steps():
+            return
+        if (now - self.created_at).total_seconds() >= NO_PROGRESS_WARNING_SECONDS:
+            self._warned_no_progress = True
+            self.view.event(f"Warning: {', '.join(self._waiting_on_steps())} waits for the trainer to report a step, "
+                            f"and it has reported none after {NO_PROGRESS_WARNING_SECONDS:.0f}s: call "
+                            f"job.report(step=...) (or use the HF/Lightning callback), print `step=N epoch=E "
+                            f"loss=L` lines on rank 0, or use --kill-after SECONDS")
 
     def _inject_faults(self, now: datetime) -> None:
         """Every fault due now, in the same instant (all trees frozen before any is killed)."""
         progress = read_report(self.checkpoint_dir, "progress.json") or {}
+        self._warn_without_progress(progress, now)
         elapsed = (now - self.created_at).total_seconds()
         kills: list[WorkerProcess] = []
         stores: list[LocalProcess] = []
@@ -584,7 +617,7 @@ class LocalRunner:
             kill_together(*killed)
             for process in killed:
                 self.view.event(f"fault injection: killed {process.name} (SIGKILL to its whole process tree) "
-                                f"at {elapsed:.1f}s, trainer step {progress.get('step')}")
+                                f"at {elapsed:.1f}s, trainer step {self._reported_step(progress)}")
         for w in deletes:
             w.deleted = True  # the pod object is being deleted: it vanishes once its processes are gone
             w.process.terminate(now)
@@ -714,10 +747,15 @@ class LocalRunner:
         message = self.status.message or ""
         if condition is not None and condition.reason != phase:
             message = f"{condition.reason}: {message}"
+        newest = newest_checkpoint(self.checkpoint_dir)
         if self.interrupted:
-            message = (f"stopped by {signal.Signals(self._signals[0]).name} while {phase}; the workers "
-                       f"checkpointed, continue with --resume")
+            kept = (f"the workers checkpointed (newest: step {newest[0]}), continue with --resume" if newest is not None
+                    else "no checkpoint was written (the trainer saved none), --resume would start over")
+            message = f"stopped by {signal.Signals(self._signals[0]).name} while {phase}; {kept}"
             phase = "Interrupted"
+        notes = tuple(f"{what} never fired: the trainer reported no step that far (job.report(step=...), the "
+                      f"HF/Lightning callback, or rank 0's `step=N epoch=E loss=L` lines)"
+                      for what in self._waiting_on_steps())
         result = read_report(self.checkpoint_dir, "result.json")
         started = self.created_at.timestamp()
         if result is not None and (self.checkpoint_dir / "result.json").stat().st_mtime < started:
@@ -729,7 +767,8 @@ class LocalRunner:
                        progress=self.status.progress,
                        stalls=sum(1 for i in self.status.incidents if i.reason == decisions.REASON_STALLED),
                        checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None,
-                       log_dir=str(self.log_dir))
+                       log_dir=str(self.log_dir), notes=notes,
+                       newest_checkpoint=(newest[0], str(newest[1])) if newest is not None else None)
 
 
 def _stalled_message(status: model.DDPJobStatus) -> str | None:

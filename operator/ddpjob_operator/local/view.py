@@ -61,6 +61,8 @@ class Summary:
     log_dir: str
     progress: model.Progress | None = None  # the last status.progress (kept after the end)
     stalls: int = 0  # hangs detected (runPolicy.progressDeadlineSeconds)
+    newest_checkpoint: tuple[int, str] | None = None  # (step, path) of the newest committed one on disk
+    notes: tuple[str, ...] = ()  # what did not happen as asked (a --kill-at-step that never fired)
 
     def lines(self) -> list[str]:
         out = [f"job {self.job}: {self.phase} after {self.elapsed_s:.1f}s"
@@ -75,16 +77,25 @@ class Summary:
                        + (f", stalls detected: {self.stalls}" if self.stalls else ""))
         elif self.stalls:
             out.append(f"stalls detected: {self.stalls}")
-        if self.result:
-            acc = self.result.get("eval_accuracy")
-            out.append(f"final metrics: step {self.result.get('step')}, epoch {self.result.get('epoch')}, "
-                       f"eval_loss {_num(self.result.get('eval_loss'))}, "
-                       f"eval_accuracy {'n/a' if acc is None else f'{acc:.2%}'}, "
-                       f"world_size {self.result.get('world_size')}")
+        if self.result:  # what the trainer's job.result(...) wrote, whatever the script: no fields of our own
+            order = ["step", "epoch", *sorted(set(self.result) - {"step", "epoch", "world_size", "status"}),
+                     "world_size"]
+            out.append("final metrics: " + ", ".join(f"{k} {_metric(k, self.result[k])}" for k in order
+                                                     if k in self.result))
         if self.checkpoint_dir:
             out.append(f"checkpoints: {self.checkpoint_dir}")
+            if self.newest_checkpoint is not None:  # on disk now, not the last progress report's
+                out.append(f"newest checkpoint: step {self.newest_checkpoint[0]} ({self.newest_checkpoint[1]})")
+            else:
+                out.append("newest checkpoint: none")
         out.append(f"worker logs: {self.log_dir}")
-        return out
+        return out + list(self.notes)
+
+
+def _metric(key: str, value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.2%}" if key.endswith("accuracy") else f"{value:.4f}"
+    return str(value)
 
 
 def _num(value: float | int | None, fmt: str = ".4f") -> str:

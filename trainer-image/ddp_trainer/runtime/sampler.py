@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from .data import batch_size_of
+
 
 class ResumeMismatch(ValueError):
     """A checkpoint was written by a run whose data order differs from this one's."""
@@ -50,9 +52,11 @@ class ResumableDistributedSampler(Sampler[int]):
         self.epoch, self.consumed = epoch, consumed
         self.position = consumed
 
-    def advance(self, local_samples: int) -> None:
-        """Count one step's samples of this rank (every rank takes the same number); the DataLoader
-        prefetches ahead of training, so only the loop knows what was really trained on."""
+    def advance(self, batch: Any) -> None:
+        """Count one step's samples of this rank (every rank takes the same number): the step's batch
+        (a tensor, a dict such as a tokenizer's output, a tuple: its first tensor's first dimension) or
+        its size. The DataLoader prefetches ahead of training, so only the loop knows what was trained on."""
+        local_samples = batch if isinstance(batch, int) and not isinstance(batch, bool) else batch_size_of(batch)
         self.position += local_samples * self.world_size
 
     def state_dict(self) -> dict[str, Any]:
