@@ -16,6 +16,10 @@ API version 1 (`API_VERSION`); additions keep it, a breaking change bumps it. Se
 | `worker_init_fn()`, `ignore_stop_signals` | DataLoader workers that outlive SIGTERM until the final checkpoint |
 | `move_to`, `batch_size_of` | batches of any structure (tensors, dicts, tuples) |
 | `check_writable`, `check_resume` | fail early: unwritable checkpoint dir, resume with another data order |
+
+Framework integrations, imported on their own (they need their framework; docs/hf-and-lightning.md):
+`ddp_trainer.runtime.hf` (`DDPJobCallback` for the Hugging Face `Trainer`, `resume_from_checkpoint`,
+`output_dir`) and `ddp_trainer.runtime.lightning` (`DDPJobCallback`, `trainer_kwargs`, `resume_from_checkpoint`).
 """
 
 from .checkpoint import (CHECKPOINT_VOLUME_EXIT_CODE, CHECKPOINT_VOLUME_FULL_EXIT_CODE,
