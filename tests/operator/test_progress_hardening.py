@@ -318,10 +318,13 @@ async def test_a_token_of_a_replaced_pod_of_the_same_name_is_refused(harness, op
         await eventually(lambda: harness.pods("swap").get("swap-worker-0", {}).get("metadata", {}).get("uid")
                          not in (None, old_uid), what="the replacement of worker 0")
         controller = operator.controller
+        who = progress.Identity(NAMESPACE, "swap-worker-0", old_uid)
+        # The operator's pod index follows the watch: wait until it has seen the old pod go.
+        await eventually(lambda: all(p.uid != old_uid for p in controller.pods.get((NAMESPACE, harness.job("swap")
+                                     ["metadata"]["uid"]), ())), what="the old pod gone from the operator's index")
         # Its review is still cached (it names the old uid): the pod index refuses it, since the pod of
         # that name now is another one.
         assert await post(session, url, old, {"step": 2}) == 403
-        who = progress.Identity(NAMESPACE, "swap-worker-0", old_uid)
         assert controller.progress_server.find_worker(NAMESPACE, "swap", who) is None
         new_uid = harness.pods("swap")["swap-worker-0"]["metadata"]["uid"]
         assert controller.progress_server.find_worker(NAMESPACE, "swap", replace(who, pod_uid=new_uid)) is not None
