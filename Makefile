@@ -45,6 +45,8 @@ OPERATOR_IMAGE := $(OPERATOR_REPOSITORY):$(OPERATOR_VERSION)
 TRAINER_IMAGE := $(TRAINER_REPOSITORY):$(TRAINER_VERSION)
 # examples/byo: a user's own script in an image derived from the trainer's (docs/your-own-script.md).
 BYO_IMAGE ?= $(REGISTRY)/byo-text:$(TRAINER_VERSION)
+# examples/hf: the Hugging Face Trainer with the DDPJob callback (docs/hf-and-lightning.md).
+HF_IMAGE ?= $(REGISTRY)/hf-tiny-lm:$(TRAINER_VERSION)
 KIND_CLUSTER ?= ddpjob
 KIND_KUBECONFIG ?= $(HOME)/.kube/kind-$(KIND_CLUSTER).yaml
 KIND_GPU ?= $(shell command -v nvidia-ctk >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
@@ -61,6 +63,7 @@ images:
 	docker build -f operator/Dockerfile --build-arg VERSION=$(OPERATOR_VERSION) -t $(OPERATOR_IMAGE) operator
 	docker build -f trainer-image/Dockerfile --build-arg VERSION=$(TRAINER_VERSION) -t $(TRAINER_IMAGE) trainer-image
 	docker build -f examples/byo/Dockerfile --build-arg TRAINER_IMAGE=$(TRAINER_IMAGE) -t $(BYO_IMAGE) .
+	docker build -f examples/hf/Dockerfile --build-arg TRAINER_IMAGE=$(TRAINER_IMAGE) -t $(HF_IMAGE) .
 
 kind-up:
 	@mkdir -p $(dir $(KIND_KUBECONFIG))
@@ -70,7 +73,7 @@ kind-up:
 	@echo "export KUBECONFIG=$(KIND_KUBECONFIG)"
 
 kind-load:
-	kind load docker-image --name $(KIND_CLUSTER) $(OPERATOR_IMAGE) $(TRAINER_IMAGE) $(BYO_IMAGE)
+	kind load docker-image --name $(KIND_CLUSTER) $(OPERATOR_IMAGE) $(TRAINER_IMAGE) $(BYO_IMAGE) $(HF_IMAGE)
 
 # helm upgrade never touches crds/, so the CRD is applied first: upgrades get schema changes too.
 helm-install:
@@ -81,7 +84,7 @@ helm-install:
 		--wait --timeout 5m
 
 e2e: venv
-	KUBECONFIG=$(KIND_KUBECONFIG) DDPJOB_E2E_OPERATOR_NAMESPACE=$(HELM_NAMESPACE) DDPJOB_E2E_TRAINER_IMAGE=$(TRAINER_IMAGE) DDPJOB_E2E_BYO_IMAGE=$(BYO_IMAGE) \
+	KUBECONFIG=$(KIND_KUBECONFIG) DDPJOB_E2E_OPERATOR_NAMESPACE=$(HELM_NAMESPACE) DDPJOB_E2E_TRAINER_IMAGE=$(TRAINER_IMAGE) DDPJOB_E2E_BYO_IMAGE=$(BYO_IMAGE) DDPJOB_E2E_HF_IMAGE=$(HF_IMAGE) \
 		DDPJOB_E2E_FAULTS=$(DDPJOB_E2E_FAULTS) $(BIN)/python -m pytest tests/e2e -m e2e -v $(E2E_ARGS)
 
 kind-down:

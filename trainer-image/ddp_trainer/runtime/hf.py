@@ -11,7 +11,7 @@ What the callback does (docs/hf-and-lightning.md):
   (`report()`, microseconds per step, nothing blocks);
 - checkpoints every `DDPJOB_CHECKPOINT_INTERVAL_STEPS` (HF's own `checkpoint-<step>/`, HF's own
   rotation keeping `DDPJOB_CHECKPOINT_KEEP`), each made complete by a commit marker once written;
-- SIGTERM (scale-down, eviction, suspend): every rank agrees at the same step (`StopRequest`), HF saves
+- SIGTERM (scale-down, eviction, suspend): every rank agrees at the same step (`PacedStop`), HF saves
   a checkpoint and stops, and the trainer exits 143 once rank 0's checkpoint is committed;
 - a peer's death: the survivors' next collective fails inside the Trainer's epoch loop; the callback
   (which wraps that loop of the Trainer it is called from) saves the replica they hold (model,
@@ -42,7 +42,7 @@ from transformers import TrainerCallback
 
 from . import frameworks
 from .checkpoint import atomic_write_json
-from .distributed import JobEnv, StopRequest, barrier, is_peer_failure
+from .distributed import JobEnv, barrier, is_peer_failure
 from .job import exit_process
 from .progress import ProgressReporter
 
@@ -100,7 +100,7 @@ class DDPJobCallback(TrainerCallback):
     def __init__(self, *, every_steps: int | None = None, keep: int | None = None, exit_on_stop: bool = True,
                  rescue: bool = True, report_every: int = 1) -> None:
         self.env = _env()
-        self.stop = StopRequest()  # now, in the main thread: a SIGTERM during set-up is not lost
+        self.stop = frameworks.PacedStop()  # now, in the main thread: a SIGTERM during set-up is not lost
         self.every_steps = every_steps if every_steps is not None else (self.env.checkpoint_interval_steps
                                                                         if self.env else 0)
         self.keep = keep if keep is not None else (self.env.checkpoint_keep if self.env else None)
@@ -145,7 +145,7 @@ class DDPJobCallback(TrainerCallback):
         step = state.global_step
         if self.every_steps and step % self.every_steps == 0:
             control.should_save = True
-        if self.stop.agreed():  # every rank, once per step: the same answer at the same step
+        if self.stop.step():  # every rank, once per step: the same answer at the same step
             if not self.stopped:
                 log.warning("stop requested (signal %s) at step %d: saving a checkpoint", self.stop.signum, step)
             self.stopped = True

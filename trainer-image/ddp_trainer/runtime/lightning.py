@@ -36,7 +36,7 @@ from lightning.pytorch import Callback
 
 from . import frameworks
 from .data import batch_size_of
-from .distributed import JobEnv, StopRequest, is_peer_failure
+from .distributed import JobEnv, is_peer_failure
 from .job import exit_process
 from .progress import ProgressReporter
 from .sampler import ResumableDistributedSampler
@@ -91,7 +91,7 @@ class DDPJobCallback(Callback):
     def __init__(self, *, every_steps: int | None = None, keep: int | None = None,
                  directory: str | os.PathLike | None = None, exit_on_stop: bool = True, report_every: int = 1) -> None:
         self.env = _env()
-        self.stop = StopRequest()  # in the main thread, before training: a SIGTERM now is not lost
+        self.stop = frameworks.PacedStop()  # in the main thread, before training: a SIGTERM now is not lost
         self.every_steps = every_steps if every_steps is not None else (self.env.checkpoint_interval_steps
                                                                         if self.env else 0)
         self.keep = max(2, keep if keep is not None else (self.env.checkpoint_keep if self.env else 2))
@@ -168,7 +168,7 @@ class DDPJobCallback(Callback):
             self.sampler.advance(batch_size_of(batch))  # what this rank trained on
         if self.every_steps and step % self.every_steps == 0:
             self._save(trainer, step)
-        if self.stop.agreed():  # every rank, once per step: the same answer at the same step
+        if self.stop.step():  # every rank, once per step: the same answer at the same step
             log.warning("stop requested (signal %s) at step %d: saving a checkpoint", self.stop.signum, step)
             self.stopped = True
             if self.last_checkpoint_step != step:
