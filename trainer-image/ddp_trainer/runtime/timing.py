@@ -7,19 +7,19 @@ spent waiting for its peers. `StepTimer` measures
     own = wall time between two step boundaries - time waited in collectives in between
 
 - boundaries: `Job.should_stop()`, which every script calls once per step on every rank;
-- waits: the stop agreement's all_reduce and `Job.mean()` (both timed by `Job`), anything a script wraps in
-  `job.step_timer.waiting()`, and DDP's gradient all_reduce: `watch(ddp_model)` registers a communication
-  hook (the same all_reduce DDP does by default) that notes when the step's *last* gradient bucket became
-  ready here and when its all_reduce completed; the time between is the wait at the end of backward
-  (earlier buckets overlap the backward and cost no wait).
+- waits: the stop agreement's all_reduce, `Job.mean()` and checkpoint saves (timed by `Job`), anything a
+  script wraps in `job.step_timer.waiting()`, and DDP's gradient all_reduce: `watch(ddp_model)` notes when
+  the step's *last* gradient was accumulated here (a post-accumulate-grad hook per parameter) and when
+  backward returned (an autograd callback queued behind DDP's own); the time between is the wait at the end
+  of backward (earlier buckets overlap the backward and cost no wait).
 
 On CUDA the CPU runs ahead of the GPU, so CPU clocks would time kernel launches: there, `own` is the GPU's
-time from the step boundary to the last gradient bucket ready (two CUDA events per step on the current
+time from the step boundary to the last gradient ready (two CUDA events per step on the current
 stream, read at the next log interval, after the device was synchronised anyway), which leaves out the
 NCCL wait, queued later on that stream.
 
-Cost: two clock reads per step and one per bucket (a hook call), no device sync, no collective: well below
-1% of a step (bench/straggler_detection.py).
+Cost: a clock read per step and per parameter (a hook call), no device sync, no collective per step; the
+trainer's all_gather of the window's own times runs at log intervals (bench/straggler_detection.py).
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ class StepTimer:
         self.cuda = device is not None and device.type == "cuda"
         self._mark: float | None = None  # the current step's start
         self._waited = 0.0  # in collectives, since the mark
-        self._ready: float | None = None  # DDP: the last bucket ready here (this step)
-        self._done: float | None = None  # DDP: its all_reduce completed
+        self._ready: float | None = None  # DDP: the last gradient accumulated here (this step)
+        self._done: float | None = None  # DDP: backward returned (its all_reduce completed)
+        self._queued = False
         self._sum, self._steps = 0.0, 0  # own time since the last take()
-        self._events: list[tuple[Any, Any]] = []  # CUDA: (boundary, last bucket ready) per step
+        self._events: list[tuple[Any, Any]] = []  # CUDA: (boundary, last gradient ready) per step
         self._start_event: Any = None
         self._ready_event: Any = None
 
@@ -96,23 +97,31 @@ class StepTimer:
 
     # ---- DDP -----------------------------------------------------------------------------------
 
-    def watch(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
-        """Time the wait at the end of backward: DDP's own all_reduce, through a communication hook. Call
-        before the first forward (DDP's rule for hooks); a model with a hook of its own keeps it (not timed)."""
-        group = ddp_model.process_group
-        world = dist.get_world_size(group)
+    def watch(self, ddp_model: torch.nn.Module) -> None:
+        """Time the wait at the end of backward (DDP's gradient all_reduce): a hook on each parameter notes
+        when its gradient was accumulated here (the last one: this rank's backward is done), and a callback
+        queued behind DDP's own end-of-backward work notes when backward returns. DDP's built-in all_reduce is
+        untouched (no communication hook: a user's own hook, and the numerics, stay as they are)."""
+        engine = torch.autograd.Variable._execution_engine
 
-        def hook(_state, bucket):  # no annotations: DDP checks them, and they are strings in this module
+        def ended() -> None:
+            self._done = self.clock()
+            self._queued = False
+
+        def relay() -> None:
+            # Callbacks run in the order queued, and ones queued while they run come last: queued from here,
+            # `ended` runs after DDP's finalize (queued when its last bucket was ready), i.e. after the wait.
+            engine.queue_callback(ended)
+
+        def ready(_param: torch.Tensor) -> None:
             self._ready = self.clock()
             if self.cuda:
                 self._ready_event = torch.cuda.Event(enable_timing=True)
                 self._ready_event.record()
-            tensor = bucket.buffer().div_(world)  # what DDP's built-in all_reduce does: average
-            fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+            if not self._queued:
+                self._queued = True
+                engine.queue_callback(relay)
 
-            def done(f: torch.futures.Future[Any]) -> torch.Tensor:
-                self._done = self.clock()
-                return f.value()[0]
-            return fut.then(done)
-
-        ddp_model.register_comm_hook(None, hook)
+        for param in ddp_model.parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(ready)
