@@ -85,8 +85,9 @@ async def test_a_survivor_that_died_with_the_incident_is_replaced_without_a_seco
     await nodes.exit("late-worker-2", 1, "rejoin failed: no rendezvous generation newer than 0 started within "
                                          "120 s; " + PEER_LOST.format(rank=2))
     await nodes.generation_running("late", 1, 3)
+    # One incident, every rank it took: the two survivors that died with it are listed in it too.
     assert_outcome(harness, "late", phase="Running", reason="Running", restarts=1, disruptions=0, generation=1,
-                   incident=("Retryable", True, [1]))
+                   incident=("Retryable", True, [0, 1, 2]))
     assert creations(harness, "late") == {"late-worker-0": 2, "late-worker-1": 2, "late-worker-2": 2, "late-rdzv": 1}
 
 

@@ -327,7 +327,8 @@ async def test_a_token_of_a_replaced_pod_of_the_same_name_is_refused(harness, op
         assert await post(session, url, old, {"step": 2}) == 403
         assert controller.progress_server.find_worker(NAMESPACE, "swap", who) is None
         new_uid = harness.pods("swap")["swap-worker-0"]["metadata"]["uid"]
-        assert controller.progress_server.find_worker(NAMESPACE, "swap", replace(who, pod_uid=new_uid)) is not None
+        await eventually(lambda: controller.progress_server.find_worker(NAMESPACE, "swap", replace(who, pod_uid=new_uid))
+                         is not None, what="the replacement in the operator's index")
 
 
 # ---------------------------------------------------------------- item 12: the trainer's client

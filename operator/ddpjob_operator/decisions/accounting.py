@@ -155,6 +155,10 @@ def _replace_left_behind(plan: Plan, current: list[WorkerObservation]) -> list[W
             record_failure(plan, w)
             rank.restarts += 1
             plan.release(w.index)
+            carried_by = next((i for i in reversed(plan.status.incidents)
+                               if i.generation == plan.status.generation - 1), None)
+            if carried_by is not None:  # one incident, every rank it took
+                carried_by.ranks = sorted({*carried_by.ranks, w.index})
             plan.event("Normal", REASON_RENDEZVOUS_CLOSED,
                        f"{describe_failure(w)}: it ended with the incident of generation "
                        f"{plan.status.generation - 1}; replacing it in generation {plan.status.generation} "
