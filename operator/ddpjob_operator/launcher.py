@@ -335,7 +335,12 @@ def launch(args):
     while True:
         failure = run_generation(args, generation, generations)
         if failure is None:
-            newest = generations.newest()
+            try:
+                newest = generations.newest()
+            except Exception as error:  # the store is gone: so is this job's rendezvous, a disruption
+                report(f"{RENDEZVOUS_FAILED_PREFIX}: RendezvousConnectionError: the store is unreachable: {{error}}",
+                       generation=generation)
+                finish(1)
         else:
             code, text, closed = failure
             if generations is None or not (code < 128 and re.search(PEER_FAILURE, text)):
@@ -344,7 +349,11 @@ def launch(args):
             # A peer's failure ended this generation: wait here for the operator's next one.
             print(f"waiting up to {{timeout:g}} s for rendezvous generation {{generation + 1}} or newer: {{text}}",
                   file=sys.stderr, flush=True)
-            newest = generations.wait_newer(generation, timeout)
+            try:
+                newest = generations.wait_newer(generation, timeout)
+            except Exception as error:  # the store is gone too: exit with the failure that ended the generation
+                print(f"the rendezvous store is unreachable: {{error}}", file=sys.stderr, flush=True)
+                newest = None
             if newest is None:
                 report(f"{REJOIN_FAILED_PREFIX}: no rendezvous generation newer than {{generation}} started within "
                        f"{{timeout:g}} s; {{text}}", closed=closed, generation=generation)
