@@ -33,11 +33,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import atomic_write_json
 
 log = logging.getLogger(__name__)
 PROGRESS_FILE = "progress.json"
@@ -45,6 +45,7 @@ URL_ENV = "DDPJOB_PROGRESS_URL"
 TOKEN_ENV = "DDPJOB_PROGRESS_TOKEN_FILE"
 CA_ENV = "DDPJOB_PROGRESS_CA"
 MAX_BODY = 4096
+FILE_INTERVAL_S = 0.1
 CORE_KEYS = ("step", "total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "loss",
              "samples_per_second", "step_seconds", "time")
 
@@ -73,6 +74,9 @@ class ProgressReporter:
         # HTTP pacing: at most one POST per min_interval_s (the endpoint allows 2 a second per pod); the
         # newest report wins meanwhile, so a fast loop costs nothing more than a slow one.
         self.min_interval_s, self._next_post = min_interval_s, 0.0
+        # File pacing: progress.json at most every FILE_INTERVAL_S (its readers poll it: the local runner
+        # every 0.2 s); a write per step of a fast loop costs the trainer's CPU for nothing.
+        self._next_file = 0.0
         self._idle = False  # the thread waits for a report: only then does report() wake it (no GIL churn)
         self._last_sent: dict[str, Any] | None = None
         self._latest: dict[str, Any] | None = None
@@ -115,6 +119,9 @@ class ProgressReporter:
                     self._idle = False
                 while self.url is not None and not self._closed and time.monotonic() < self._next_post:
                     self._cond.wait(self._next_post - time.monotonic())
+                while self.url is None and self.path is not None and not self._closed \
+                        and time.monotonic() < self._next_file:
+                    self._cond.wait(self._next_file - time.monotonic())
                 values, self._latest = self._latest, None
                 if values is None and self._closed:
                     return
@@ -128,7 +135,8 @@ class ProgressReporter:
         with self._write_lock:
             if self.path is not None:
                 try:
-                    atomic_write_json(self.path, values)
+                    _replace_json(self.path, values)
+                    self._next_file = time.monotonic() + FILE_INTERVAL_S
                 except OSError as e:
                     self._warn_once("file", f"cannot write {self.path}: {e}")
             if self.url is not None:
@@ -184,6 +192,18 @@ class ProgressReporter:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+def _replace_json(path: Path, values: dict[str, Any]) -> None:
+    """progress.json atomically (a temp file renamed over it) but without fsync: it is advisory and
+    rewritten within the second, where two fsyncs per step would cost a fast loop's CPU."""
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
+    try:
+        tmp.write_text(json.dumps(values, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 _default: ProgressReporter | None = None
