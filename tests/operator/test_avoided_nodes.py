@@ -100,6 +100,16 @@ def _carry(status: model.DDPJobStatus) -> dict:
             "restarts": status.restarts, "generation": status.generation, "incidents": status.incidents}
 
 
+def test_a_crash_that_follows_the_job_from_node_to_node_marks_no_more_nodes():
+    status = job().status
+    for n, node in enumerate(("node-1", "node-2", "node-1", "node-2", "node-3")):
+        status = decisions.decide(job(**_carry(status)), observed(
+            survivor(), failed(139, node=node, uid=f"u{n}"), at=n)).status
+        avoided = [a.node for a in status.avoided_nodes]
+        # node-1 leads 2:1 when it is marked; node-2 only draws level (the job's crash, not node-2's).
+        assert avoided == ([] if n < 2 else ["node-1"]), (n, avoided)
+
+
 def test_user_errors_never_mark_a_node():
     status = job().status
     for i in range(3):
@@ -117,14 +127,19 @@ def test_marks_expire_and_the_evidence_is_bounded():
     assert before.requeue_after is not None and before.requeue_after <= 1  # wakes up when the mark expires
     after = decisions.decide(job(avoided_nodes=[marked]), observed(survivor(), at=600))
     assert after.status.avoided_nodes == []
-    # Many nodes failing: at most 16 failures and 8 avoided nodes are kept, the newest.
+    # The evidence keeps the newest 16 failures; the marks the newest 8 (the oldest goes first).
     status = job().status
     for i in range(20):
-        for k in (0, 1):
-            status = decisions.decide(job(**_carry(status)), observed(
-                survivor(), failed(137, node=f"node-{i}", uid=f"{i}-{k}"), at=i)).status
-    assert len(status.node_failures) == bad_nodes.MAX_NODE_FAILURES
-    assert [a.node for a in status.avoided_nodes] == [f"node-{i}" for i in range(12, 20)]
+        status = decisions.decide(job(**_carry(status)), observed(
+            survivor(), failed(137, node=f"node-{i}", uid=f"u{i}"), at=i)).status
+    assert [f.node for f in status.node_failures] == [f"node-{i}" for i in range(4, 20)]
+    marks = [model.AvoidedNode(node=f"old-{i}", reason="r", since=f"2026-11-22T00:00:0{i}Z",
+                               until="2026-11-22T01:00:00Z") for i in range(8)]
+    status = job(avoided_nodes=marks).status
+    for k in (0, 1):
+        status = decisions.decide(job(**_carry(status)), observed(
+            survivor(), failed(137, node="node-x", uid=f"x{k}"), at=10 + k)).status
+    assert [a.node for a in status.avoided_nodes] == [f"old-{i}" for i in range(1, 8)] + ["node-x"]
 
 
 def test_avoid_node_seconds_zero_turns_it_off():

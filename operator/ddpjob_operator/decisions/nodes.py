@@ -10,6 +10,10 @@ the node lost (the taint manager's eviction), or a straggler replaced there. Nev
 1-127 that failurePolicy does not list as retryable), a failure caused by a peer (connection reset, timed
 out, remote process exited: the peer's node is to blame, not this one), an eviction or preemption.
 
+A failure that follows the job from node to node is the job's: a node is marked only while it has more such
+failures than any other node (so a trainer that crashes with a signal wherever it runs never gets every node of
+a small cluster avoided and its replacements unschedulable).
+
 Pure: the evidence lives in `status.nodeFailures` (the newest 16, each keyed by its pod's uid so a failed pod
 seen in many passes counts once), the clock comes in with the observation.
 """
@@ -77,6 +81,10 @@ def record(plan: Plan, spec: model.DDPJobSpec, node: str, reason: str, pod_uid: 
     here = [f for f in status.node_failures if f.node == node]
     if len(here) < plan.options.node_failures_to_avoid:
         return
+    elsewhere = max((sum(1 for f in status.node_failures if f.node == other)
+                     for other in {f.node for f in status.node_failures} - {node}), default=0)
+    if len(here) <= elsewhere:
+        return  # failing as often on another node: it follows the job, not this node
     until = plan.now + timedelta(seconds=seconds)
     why = ", ".join(f"{f.reason} at {f.time}" for f in here)
     status.avoided_nodes = sorted(status.avoided_nodes + [model.AvoidedNode(
