@@ -76,9 +76,10 @@ def resume_from_checkpoint(args: Any = None) -> str | None:
         args.device  # noqa: B018 - HF sets up the process group here, so the choice can be shared
     env = _env()
     rank, world = (env.rank, env.world_size) if env else (0, 1)
-    found = frameworks.newest_complete(directory, CHECKPOINT) if rank == 0 else None
+    shared = dist.is_initialized() and dist.get_world_size() > 1  # else every rank reads the same directory
+    found = frameworks.newest_complete(directory, CHECKPOINT) if rank == 0 or not shared else None
     chosen = [None if found is None else (str(found[1]), found[0], found[2].get("world_size"))]
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if shared:
         dist.broadcast_object_list(chosen, src=0)
     if chosen[0] is None:
         return None
@@ -95,7 +96,7 @@ class DDPJobCallback(TrainerCallback):
     `checkpoint.intervalSteps` / `keep` via DDPJOB_CHECKPOINT_*; 0: only HF's own `save_steps`).
     `exit_on_stop`: after a SIGTERM stop, end the process with 143 once the checkpoint is committed
     (code after `trainer.train()` does not run: the pod is going away). `rescue`: on a peer's death,
-    save the survivor's replica (an exception hook, see the module docstring)."""
+    save the survivor's replica from inside `trainer.train()` (see the module docstring)."""
 
     def __init__(self, *, every_steps: int | None = None, keep: int | None = None, exit_on_stop: bool = True,
                  rescue: bool = True, report_every: int = 1) -> None:
