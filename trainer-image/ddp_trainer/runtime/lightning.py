@@ -103,6 +103,7 @@ class DDPJobCallback(Callback):
         self.sampler: ResumableDistributedSampler | None = None
         self._sampler_state: dict | None = None
         self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=20)
+        self._loss: torch.Tensor | None = None
 
     @property
     def exit_code(self) -> int:
@@ -176,8 +177,10 @@ class DDPJobCallback(Callback):
             trainer.should_stop = True
         now = time.monotonic()
         self._times.append((now, step))
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        # The previous step's loss: long computed by now, so reading it never waits for the GPU.
+        loss, self._loss = self._loss, loss.detach() if isinstance(loss, torch.Tensor) else None
         if self.reporter is not None and step % self.report_every == 0:
-            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
             rate = None
             if len(self._times) >= 2 and now > self._times[0][0]:
                 rate = (batch_size_of(batch) * trainer.world_size * (step - self._times[0][1])
