@@ -216,6 +216,8 @@ class DDPJobCallback(TrainerCallback):
                 return original(*args, **kwargs)
             except Exception as e:
                 self.rescue(e)
+                if self.reporter is not None:
+                    self.reporter.flush()  # the last step reached, before the process ends
                 raise
 
         trainer._run_epoch = run_epoch

@@ -210,6 +210,8 @@ class DDPJobCallback(Callback):
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self.rescue(trainer, exception)
+        if self.reporter is not None:
+            self.reporter.flush()  # the last step reached, before the process ends
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
