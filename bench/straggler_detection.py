@@ -41,7 +41,7 @@ def overhead_launch(a: argparse.Namespace) -> None:
         out = Path(d) / "result.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={a.nproc}",
                __file__, "overhead-worker", "--out", str(out), "--hidden", str(a.hidden), "--rounds", str(a.rounds),
-               "--steps", str(a.steps), "--log-every", str(a.log_every)]
+               "--steps", str(a.steps), "--log-every", str(a.log_every)] + (["--noise-floor"] if a.noise_floor else [])
         env = {**os.environ, "OMP_NUM_THREADS": "1", "LOGLEVEL": "WARNING"}
         subprocess.run(cmd, env=env, check=True)
         r = json.loads(out.read_text())
@@ -70,7 +70,7 @@ def overhead_worker(a: argparse.Namespace) -> None:
                              nn.Linear(a.hidden, 10))
     plain, timed = DDP(model()), DDP(model())
     timer = StepTimer(torch.device("cpu"))
-    if not os.environ.get("BENCH_NO_HOOK"):
+    if not a.noise_floor:
         timer.watch(timed)
     opts = {id(plain): torch.optim.AdamW(plain.parameters()), id(timed): torch.optim.AdamW(timed.parameters())}
     x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
@@ -104,7 +104,7 @@ def overhead_worker(a: argparse.Namespace) -> None:
     steps(timed, 20, True)  # warm up both
     times: dict[str, list[tuple[float, float]]] = {"plain": [], "timed": []}
     for r in range(a.rounds):
-        order = [("plain", plain, False), ("timed", timed, not os.environ.get("BENCH_NOTHING"))]
+        order = [("plain", plain, False), ("timed", timed, not a.noise_floor)]
         for name, m, t in (order if r % 2 == 0 else order[::-1]):
             times[name] += steps(m, a.steps, t)
     if rank == 0:
@@ -243,6 +243,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--out")
+    p.add_argument("--noise-floor", action="store_true", help="overhead: no timer on either side (the harness's noise)")
     p.add_argument("--window", type=int, default=30)
     p.add_argument("--factor", type=float, default=2.0)
     p.add_argument("--seconds", type=float, default=600)
