@@ -74,6 +74,7 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
+from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 from torch.distributed.run import main
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
@@ -217,6 +218,18 @@ def unwatched_start(start_workers):
 
 LocalElasticAgent._start_workers = unwatched_start(LocalElasticAgent._start_workers)
 
+def closed_is_an_error(run):
+    # torch's agent swallows a rendezvous closed under it (RendezvousGracefulExitError) and returns None,
+    # on which torchrun's launch_agent then fails with an AttributeError: say what happened instead.
+    def checked(self, *args, **kwargs):
+        result = run(self, *args, **kwargs)
+        if result is None:
+            raise RendezvousClosedError("the rendezvous was closed while this agent was in it")
+        return result
+    return checked
+
+LocalElasticAgent.run = closed_is_an_error(LocalElasticAgent.run)
+
 def generation_of(rdzv_id):
     match = re.search(r"-g(\\d+)$", rdzv_id or "")
     return int(match.group(1)) if match else None
@@ -343,7 +356,10 @@ def launch(args):
                 finish(1)
         else:
             code, text, closed = failure
-            if generations is None or not (code < 128 and re.search(PEER_FAILURE, text)):
+            # A peer's failure, or a round closed under this agent (someone left a generation the operator
+            # has moved past): the next generation is coming.
+            moved_on = re.search(PEER_FAILURE, text) or text.startswith("{RENDEZVOUS_FAILED_PREFIX}: RendezvousClosedError")
+            if generations is None or not (code < 128 and moved_on):
                 report(text, closed=closed, generation=generation)
                 finish(code)
             # A peer's failure ended this generation: wait here for the operator's next one.

@@ -104,3 +104,16 @@ async def test_a_later_failure_of_a_carried_survivor_is_a_new_incident(harness, 
                             generation=2, incident=("Retryable", True, [0]))
     assert uids(harness, "again")["again-worker-0"] != survivor
     assert carried(status, 1)[1] == 2  # worker 1's replacement survived this time, and was carried
+
+
+@pytest.mark.parametrize("original, expected", [
+    ("rendezvous failed: RendezvousClosedError: the rendezvous was closed while this agent was in it", "Consequence"),
+    ("rank 1 (local rank 0) exited with code 1: RuntimeError: Connection closed by peer", "PeerFailure"),
+    ("rank 1 (local rank 0) exited with code 1: ValueError: bad batch", "Permanent"),
+])
+def test_a_launcher_that_gave_up_waiting_is_judged_by_the_failure_it_exited_with(original, expected):
+    from ddpjob_operator import decisions as d
+    from ddpjob_operator import model
+
+    message = f"rejoin failed: no rendezvous generation newer than 3 started within 120 s; {original} [generation 3]"
+    assert d.classify_exit(1, "Error", False, model.FailurePolicy(), message) == expected

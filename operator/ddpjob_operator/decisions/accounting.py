@@ -49,6 +49,7 @@ GENERATION_MARK = re.compile(GENERATION_MARK_PATTERN)
 
 def rendezvous_failed(message: str | None) -> bool:
     """The launcher's word that torchrun never formed the group (not the trainer's failure)."""
+    message = original_failure(message)
     return bool(message) and message.startswith(builders.RENDEZVOUS_FAILED_PREFIX)
 
 
@@ -57,9 +58,17 @@ def rendezvous_closed(message: str | None) -> bool:
     return bool(message) and message.rstrip().endswith(builders.RENDEZVOUS_CLOSED_MARK)
 
 
+def original_failure(message: str | None) -> str | None:
+    """A survivor that gave up waiting in place says so first: what it exited with comes after."""
+    if message and message.startswith(REJOIN_FAILED_PREFIX):
+        return message.partition("; ")[2] or message
+    return message
+
+
 def classify_exit(exit_code: int | None, reason: str | None, disruption: bool,
                   policy: model.FailurePolicy, message: str | None = None) -> FailureClass:
     """Which kind of failure one exit is, by the job's exit-code rules (explicit lists win)."""
+    message = original_failure(message)
     if disruption:
         return DISRUPTION
     if rendezvous_failed(message) and CLOSED_ERROR in (message or ""):
@@ -127,10 +136,16 @@ def _capacity_wait(plan: Plan) -> bool:
         (store is not None and store.unschedulable is not None)
 
 
+# Exits this close to an incident's first one happened in the same instant (container timestamps have
+# whole seconds): two workers killed at once. A survivor that died later, with no word of its own (a
+# SIGKILL), may well have trained in the new generation already: that is a new incident.
+SAME_INSTANT_SECONDS = 1.0
+
+
 def _left_behind(plan: Plan, w: WorkerObservation) -> bool:
     """A survivor carried into the generation in use whose exit belongs to the incident that carried it:
     its failure happened in an older generation (the launcher's generation mark), it gave up waiting
-    for the new one, or it ended (a SIGKILL leaves no message) within the settle time of that incident."""
+    for the new one, or it ended (a SIGKILL leaves no message) in the same instant as that incident."""
     if plan.served_generation(w) == w.generation and w.generation == plan.status.generation:
         return False  # created for this generation: its exits are this generation's
     mark = GENERATION_MARK.search(w.message or "")
@@ -141,7 +156,7 @@ def _left_behind(plan: Plan, w: WorkerObservation) -> bool:
     carried_by = next((i for i in reversed(plan.status.incidents) if i.generation == plan.status.generation - 1), None)
     began = parse_time(carried_by.time) if carried_by is not None else None
     return began is not None and w.finished_at is not None and \
-        w.finished_at <= began + timedelta(seconds=plan.options.incident_settle_seconds)
+        w.finished_at <= began + timedelta(seconds=SAME_INSTANT_SECONDS)
 
 
 def _replace_left_behind(plan: Plan, current: list[WorkerObservation]) -> list[WorkerObservation]:
