@@ -24,6 +24,7 @@ What the callback does (docs/hf-and-lightning.md):
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import random
@@ -45,6 +46,7 @@ from .checkpoint import atomic_write_json
 from .distributed import JobEnv, barrier, is_peer_failure
 from .job import exit_process
 from .progress import ProgressReporter
+from .timing import StepTimer
 
 __all__ = ["DDPJobCallback", "exit_process", "output_dir", "resume_from_checkpoint"]
 
@@ -113,6 +115,8 @@ class DDPJobCallback(TrainerCallback):
         self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=20)
         self._refs: dict[str, Any] = {}
         self._hooked = False
+        # Own time per step, apart from waiting for the other ranks (straggler detection, issue 22).
+        self.timer: StepTimer | None = None
 
     @property
     def exit_code(self) -> int:
@@ -133,6 +137,9 @@ class DDPJobCallback(TrainerCallback):
                 enabled=env is None or env.is_main, http_enabled=env is None or env.local_rank == 0,
                 token_file=os.environ.get("DDPJOB_PROGRESS_TOKEN_FILE") or None,
                 rank=env.rank if env else 0, ca_pem=os.environ.get("DDPJOB_PROGRESS_CA") or None)
+        if self.timer is None and model is not None:
+            self.timer = StepTimer(next(model.parameters()).device)
+            self.timer.watch(model)  # the wait for DDP's gradient all_reduce is not this rank's work
         if self.rescue_enabled and not self._hooked:
             self._wrap_epoch_loop()
         if state.global_step:
@@ -146,7 +153,11 @@ class DDPJobCallback(TrainerCallback):
         step = state.global_step
         if self.every_steps and step % self.every_steps == 0:
             control.should_save = True
-        if self.stop.step():  # every rank, once per step: the same answer at the same step
+        if self.timer is not None:
+            self.timer.boundary()
+        with self.timer.waiting() if self.timer is not None else contextlib.nullcontext():
+            stop = self.stop.step()  # every rank, once per step: the same answer at the same step
+        if stop:
             if not self.stopped:
                 log.warning("stop requested (signal %s) at step %d: saving a checkpoint", self.stop.signum, step)
             self.stopped = True
@@ -161,7 +172,8 @@ class DDPJobCallback(TrainerCallback):
                 rate = per_step * (step - self._times[0][1]) / (now - self._times[0][0])
             self.reporter.report(step=step, total_steps=state.max_steps or None, loss=self.loss,
                                  epoch=int(state.epoch or 0), samples_per_second=rate,
-                                 world_size=args.world_size, last_checkpoint_step=self.last_checkpoint_step)
+                                 world_size=args.world_size, last_checkpoint_step=self.last_checkpoint_step,
+                                 step_seconds=self.timer.take() if self.timer is not None else None)
         return control
 
     def on_save(self, args, state, control, **kwargs):

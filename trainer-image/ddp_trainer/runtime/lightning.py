@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import re
@@ -39,6 +40,7 @@ from .data import batch_size_of
 from .distributed import JobEnv, is_peer_failure
 from .job import exit_process
 from .progress import ProgressReporter
+from .timing import StepTimer
 from .sampler import ResumableDistributedSampler
 
 __all__ = ["DDPJobCallback", "checkpoint_dir", "exit_process", "resume_from_checkpoint", "trainer_kwargs"]
@@ -103,6 +105,7 @@ class DDPJobCallback(Callback):
         self.sampler: ResumableDistributedSampler | None = None
         self._sampler_state: dict | None = None
         self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=20)
+        self.timer: StepTimer | None = None  # own time per step (straggler detection)
         self._loss: torch.Tensor | None = None
 
     @property
@@ -143,6 +146,9 @@ class DDPJobCallback(Callback):
                 rank=env.rank if env else 0, ca_pem=os.environ.get("DDPJOB_PROGRESS_CA") or None)
         if trainer.global_step:
             self.last_checkpoint_step = trainer.global_step
+        if self.timer is None:  # own time per step, apart from waiting for the others (issue 22)
+            self.timer = StepTimer(pl_module.device)
+            self.timer.watch(pl_module)
         self._restore_sampler(trainer)
 
     def _restore_sampler(self, trainer) -> None:
@@ -167,9 +173,14 @@ class DDPJobCallback(Callback):
         step = trainer.global_step
         if self.sampler is not None:
             self.sampler.advance(batch_size_of(batch))  # what this rank trained on
+        if self.timer is not None:
+            self.timer.boundary()
         if self.every_steps and step % self.every_steps == 0:
-            self._save(trainer, step)
-        if self.stop.step():  # every rank, once per step: the same answer at the same step
+            with self.timer.waiting() if self.timer is not None else contextlib.nullcontext():  # not training work
+                self._save(trainer, step)
+        with self.timer.waiting() if self.timer is not None else contextlib.nullcontext():
+            stop = self.stop.step()  # every rank, once per step: the same answer at the same step
+        if stop:
             log.warning("stop requested (signal %s) at step %d: saving a checkpoint", self.stop.signum, step)
             self.stopped = True
             if self.last_checkpoint_step != step:
@@ -188,7 +199,8 @@ class DDPJobCallback(Callback):
             self.reporter.report(step=step, total_steps=trainer.max_steps if trainer.max_steps > 0 else None,
                                  loss=float(loss) if isinstance(loss, torch.Tensor) else None,
                                  epoch=trainer.current_epoch, samples_per_second=rate,
-                                 world_size=trainer.world_size, last_checkpoint_step=self.last_checkpoint_step)
+                                 world_size=trainer.world_size, last_checkpoint_step=self.last_checkpoint_step,
+                                 step_seconds=self.timer.take() if self.timer is not None else None)
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self.stopped:
