@@ -15,10 +15,10 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from . import model
-from .launcher import (ASSIGNMENT_FILE_ENV, FORK_TRAINER_ENV, LAUNCHER_PROGRAM, PROGRESS_CA_ENV,  # noqa: F401
-                       PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV, REJOIN_TIMEOUT_ENV, REJOIN_TIMEOUT_SECONDS,
-                       RENDEZVOUS_CLOSED_MARK, RENDEZVOUS_FAILED_PREFIX, SPARE_ENV, TERMINATION_LOG_ENV,
-                       TERMINATION_LOG_PATH, TERMINATION_MESSAGE_LIMIT)
+from .launcher import (ASSIGNMENT_FILE_ENV, FORK_TRAINER_ENV, LAUNCHER_PROGRAM,  # noqa: F401 (re-exported)
+                       PRELOAD_ENV, PROGRESS_CA_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV,
+                       REJOIN_TIMEOUT_ENV, REJOIN_TIMEOUT_SECONDS, RENDEZVOUS_CLOSED_MARK, RENDEZVOUS_FAILED_PREFIX,
+                       SPARE_ENV, TERMINATION_LOG_ENV, TERMINATION_LOG_PATH, TERMINATION_MESSAGE_LIMIT)
 
 # ---------------------------------------------------------------- labels (the one place for keys)
 
@@ -176,15 +176,18 @@ def torchrun_flags(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str,
     ]
 
 
+def entrypoint_args(spec: model.DDPJobSpec) -> list[str]:
+    """What follows torchrun's flags: `-m` for a module, the entrypoint, the user's args."""
+    return (["-m"] if not spec.entrypoint.endswith(".py") else []) + [spec.entrypoint, *spec.args]
+
+
 def worker_command(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str, local_addr: str,
                    python: str = "python") -> list[str]:
     """The worker's argv: the launcher, torchrun flags, then the user's entrypoint and args (never a shell)."""
     argv = [python, "-c", LAUNCHER_PROGRAM]
     flags = torchrun_flags(spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=local_addr)
     argv += [f"--{flag}={value}" for flag, value in flags]
-    if not spec.entrypoint.endswith(".py"):
-        argv.append("-m")
-    return argv + [spec.entrypoint, *spec.args]
+    return argv + entrypoint_args(spec)
 
 
 THREADS_ENV = "OMP_NUM_THREADS"

@@ -55,6 +55,10 @@ PROGRESS_CA_ENV = "DDPJOB_PROGRESS_CA"  # PEM: the CA the client verifies an htt
 CHECKPOINT_VOLUME_EXIT_CODE = 75
 CHECKPOINT_VOLUME_PREFIXES = ("checkpoint volume full:", "checkpoint volume unreadable:")
 
+# The local runner's zygote preloads the entrypoint's imports too; it gets the entrypoint here (the
+# worker's argv after torchrun's flags, as JSON).
+PRELOAD_ENV = "DDPJOB_ZYGOTE_PRELOAD"
+
 # On a node without GPUs the trainer starts as a fork of the agent, which has imported torch already,
 # instead of a new interpreter importing it again: seconds off every start and restart
 # (bench/recovery.py). Where a GPU is visible it starts as a new interpreter, as torchrun does: CUDA
@@ -97,10 +101,52 @@ def run_trainer(module, target, *args):
     finally:
         os._exit = real_exit
 
+def forks_trainers():
+    gpu = any(os.path.exists(path) for path in {GPU_DEVICE_FILES!r})
+    return os.environ.get("{FORK_TRAINER_ENV}", "0" if gpu else "1") != "0"
+
+def preload(entry_args):
+    # A trainer forked from here starts with what this process imported: import the entrypoint's own
+    # top-level imports (read, never run) once, so that every generation's trainer skips them (transformers
+    # alone is seconds). Best effort: what does not import here is imported by the trainer as before.
+    import ast, importlib, importlib.util
+    if not entry_args:
+        return
+    module = entry_args[0] == "-m"
+    entry = entry_args[1] if module and len(entry_args) > 1 else entry_args[0]
+    try:
+        if module:
+            spec = importlib.util.find_spec(entry)
+            if spec is not None and spec.submodule_search_locations:
+                spec = importlib.util.find_spec(entry + ".__main__")
+            path = spec.origin if spec is not None else None
+        else:
+            path = entry
+        with open(path) as source:
+            tree = ast.parse(source.read())
+    except Exception:
+        return
+    for node in tree.body:
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except BaseException:
+                pass
+
+def preload_from_env():
+    # The zygote: the entrypoint of the workers it will start, from the runner.
+    import json
+    if os.environ.get("{PRELOAD_ENV}"):
+        preload(json.loads(os.environ["{PRELOAD_ENV}"]))
+
+def entry_of(args):
+    return next((args[i:] for i, a in enumerate(args) if not a.startswith("--")), [])
+
 def forked_config(args, config_from_args=torchrun.config_from_args):
     config, cmd, cmd_args = config_from_args(args)
-    gpu = any(os.path.exists(path) for path in {GPU_DEVICE_FILES!r})
-    if os.environ.get("{FORK_TRAINER_ENV}", "0" if gpu else "1") == "0" or args.no_python or args.run_path:
+    if not forks_trainers() or args.no_python or args.run_path:
         return config, cmd, cmd_args
     config.start_method = "fork"
     return config, run_trainer, [bool(args.module), args.training_script, *args.training_script_args]
@@ -331,6 +377,8 @@ def drop_foreign_torchrun_settings(args):
 def launch(args):
     flags = next((args[:i] for i, a in enumerate(args) if not a.startswith("--")), args)  # torchrun's own
     drop_foreign_torchrun_settings(flags)
+    if forks_trainers():
+        preload(entry_of(args))
     if os.environ.get("{SPARE_ENV}") == "1":
         args = wait_as_spare(args)
     generation = generation_of(flag(args, "rdzv-id"))
@@ -427,6 +475,7 @@ def become_worker(request, sibling_fds):
     finish(1)
 
 def serve():
+    preload_from_env()
     pending, children = b"", {}  # pidfd -> pid of every worker still running
     while True:
         readable, _, _ = select.select([0, *children], [], [])

@@ -222,7 +222,9 @@ class LocalRunner:
         # Every worker starts as a fork of it: a new generation imports nothing (bench/recovery.py).
         # It imports torch, whose thread pool its forks keep: give it the trainers' thread count now.
         threads = builders.default_threads(job.spec)
-        zygote_env = {**self.base_env, **({builders.THREADS_ENV: str(threads)} if threads is not None else {})}
+        zygote_env = {**self.base_env, **({builders.THREADS_ENV: str(threads)} if threads is not None else {}),
+                      # ...and the entrypoint's own imports (transformers, lightning: seconds a trainer skips)
+                      builders.PRELOAD_ENV: json.dumps(builders.entrypoint_args(job.spec))}
         self.zygote = Zygote(python=sys.executable, env=zygote_env, marker=marker_for(self.run_id, "zygote"),
                              log_path=self.log_dir / "zygote.log")
         self.store_port = free_port()
