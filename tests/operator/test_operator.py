@@ -247,13 +247,17 @@ async def test_the_echo_of_its_own_status_write_triggers_nothing_and_a_burst_is_
 
 async def test_stuck_terminating_pod_is_force_deleted_and_replaced(harness, operator):
     await started(harness, "unreachable", minReplicas=1)
+    # Both run (Running comes with minReplicas=1 already): an unbound pod would be deleted at once.
+    await eventually(lambda: harness.status("unreachable").get("readyReplicas") == 2, what="both workers ready")
+    stuck = harness.pods("unreachable")["unreachable-worker-1"]["metadata"]["uid"]
     # The node died: the pod is marked for deletion (here with a 1 s grace period), and its kubelet
-    # never confirms. 2 s (FAST.stuck_terminating_seconds) after the grace period it is force-deleted.
+    # never confirms. 2 s (FAST.stuck_terminating_seconds) after the grace period it is force-deleted
+    # (its replacement may take the name at once: the uid tells them apart).
     code, _ = await harness.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/unreachable-worker-1",
                                     {"gracePeriodSeconds": 1}, "application/json")
     assert code == 200
-    await eventually(lambda: "unreachable-worker-1" not in harness.pods("unreachable"), timeout=8,
-                     what="the stuck worker 1 to be force-deleted")
+    await eventually(lambda: harness.pods("unreachable").get("unreachable-worker-1", {}).get("metadata", {})
+                     .get("uid") != stuck, timeout=8, what="the stuck worker 1 to be force-deleted")
     await harness.wait_workers("unreachable", 1, generation="1")  # the replacement; the survivor stays
     assert set(harness.pods("unreachable")) == {"unreachable-worker-0", "unreachable-worker-1"}
     assert harness.status("unreachable")["disruptions"] == 1 and harness.status("unreachable")["restarts"] == 0
