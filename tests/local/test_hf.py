@@ -75,9 +75,11 @@ def test_hf_example_survives_a_worker_kill_with_its_schedule_and_data_order(tmp_
     assert runner.status.restarts == 1, described
     # The survivor saved its replica: the job resumed at most the step in flight behind the kill, not
     # from the periodic checkpoint of step 10.
-    assert "rescue checkpoint: rank" in logs, described
     assert len(runner.resumes) == 1 and view.step_before_resume, described
     before, resumed = view.step_before_resume[0], runner.resumes[0].step
+    # A rescue checkpoint, unless the step in flight was a periodic checkpoint's own (the kill can land
+    # there: progress.json trails the trainer by up to 0.1 s): then there was nothing newer to rescue.
+    assert "rescue checkpoint: rank" in logs or resumed % INTERVAL == 0, described
     assert before is not None and resumed > INTERVAL and before - 1 <= resumed <= before + 1, described
     assert runner.resumes[0].world_size == 2, described
     # HF's own scheduler and data order went on as if nothing had happened: every step trained on the
