@@ -1,8 +1,10 @@
-"""The Hugging Face example (examples/hf) under the local runner: a worker SIGKILLed mid-training, and the
-job goes on from the survivor's rescue checkpoint with HF's own scheduler and data order.
+"""The Hugging Face (examples/hf) and Lightning (examples/lightning) examples under the local runner: a
+worker SIGKILLed mid-training, and the job goes on from the survivor's rescue checkpoint with the
+framework's own scheduler and data order.
 
-Real torchrun agents, real Gloo, the real HF Trainer (a tiny GPT-2 from a config: nothing downloaded).
-The killed run's per-step learning rate and sample indices are compared with an undisturbed run's.
+Real torchrun agents, real Gloo, the real HF Trainer (a tiny GPT-2 from a config: nothing downloaded) and
+the real Lightning Trainer (a tiny classifier built in code). The killed run's per-step learning rate and
+sample indices are compared with an undisturbed run's.
 """
 
 from __future__ import annotations
@@ -13,29 +15,29 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
+from ddpjob_operator import validation
+from ddpjob_operator.local.processes import marked_pids
+from ddpjob_operator.local.runner import KILL, FaultInjection, LocalRunner, RunOptions
 
-from ddpjob_operator import validation  # noqa: E402
-from ddpjob_operator.local.processes import marked_pids  # noqa: E402
-from ddpjob_operator.local.runner import KILL, FaultInjection, LocalRunner, RunOptions  # noqa: E402
-
-from .harness import TimelineView  # noqa: E402
+from .harness import TimelineView
 
 ROOT = Path(__file__).resolve().parents[2]
-MANIFEST = ROOT / "examples" / "hf" / "hf-tiny-lm.yaml"
 INTERVAL, MAX_STEPS, KILL_AT = 10, 40, 16
 STEP = re.compile(r"^step=(\d+) epoch=\d+ loss=(\S+) lr=(\S+) samples=(\[.*\])$", re.MULTILINE)
+# framework -> (its manifest, the modules it needs)
+EXAMPLES = {"hf": ("examples/hf/hf-tiny-lm.yaml", ("transformers", "accelerate")),
+            "lightning": ("examples/lightning/lightning-tiny.yaml", ("lightning",))}
 
 pytestmark = pytest.mark.slow
 
 
-def hf_job(name: str) -> dict:
-    doc = yaml.safe_load(MANIFEST.read_text())
+def example_job(framework: str, name: str) -> dict:
+    doc = yaml.safe_load((ROOT / EXAMPLES[framework][0]).read_text())
     doc["metadata"]["name"] = name
     spec = doc["spec"]
-    assert spec["entrypoint"] == "examples/hf/train.py"
-    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in spec["env"]  # nothing is downloaded
+    assert spec["entrypoint"] == f"examples/{framework}/train.py"
+    if framework == "hf":
+        assert {"name": "HF_HUB_OFFLINE", "value": "1"} in spec["env"]  # nothing is downloaded
     spec["entrypoint"] = str(ROOT / spec["entrypoint"])  # the same script, wherever pytest runs from
     spec["args"] = ["--max-steps", str(MAX_STEPS), "--batch-size", "8", "--warmup-steps", "5", "--step-sleep", "0.05"]
     spec["checkpoint"]["intervalSteps"] = INTERVAL
@@ -45,8 +47,8 @@ def hf_job(name: str) -> dict:
     return doc
 
 
-def run(tmp_path: Path, name: str, faults: tuple = ()) -> tuple[LocalRunner, TimelineView, str]:
-    job = validation.parse_job(hf_job(name))
+def run(tmp_path: Path, framework: str, name: str, faults: tuple = ()) -> tuple[LocalRunner, TimelineView, str]:
+    job = validation.parse_job(example_job(framework, name))
     view = TimelineView(timeout=300)
     runner = LocalRunner(job, RunOptions(state_dir=tmp_path / ".ddpjob", faults=faults), view)
     try:
@@ -63,13 +65,17 @@ def steps(logs: str) -> dict[int, tuple[str, str, str]]:
     return {int(m.group(1)): (m.group(2), m.group(3), m.group(4)) for m in STEP.finditer(logs)}
 
 
-def test_hf_example_survives_a_worker_kill_with_its_schedule_and_data_order(tmp_path: Path) -> None:
-    plain, _, plain_logs = run(tmp_path, "hf-plain")
+@pytest.mark.parametrize("framework", sorted(EXAMPLES))
+def test_the_example_survives_a_worker_kill_with_its_schedule_and_data_order(tmp_path: Path, framework: str) -> None:
+    for module in EXAMPLES[framework][1]:
+        pytest.importorskip(module)
+    plain, _, plain_logs = run(tmp_path, framework, f"{framework}-plain")
     assert plain.status.phase == "Succeeded", plain_logs[-3000:]
     reference = steps(plain_logs)
     assert sorted(reference) == list(range(1, MAX_STEPS + 1)), plain_logs[-3000:]
 
-    runner, view, logs = run(tmp_path, "hf-killed", (FaultInjection(index=1, at_step=KILL_AT, kind=KILL),))
+    runner, view, logs = run(tmp_path, framework, f"{framework}-killed",
+                             (FaultInjection(index=1, at_step=KILL_AT, kind=KILL),))
     described = f"status {runner.status}\nevents:\n{view.transcript()}\n---- logs (tail)\n{logs[-5000:]}"
     assert runner.status.phase == "Succeeded", described
     assert runner.status.restarts == 1, described
@@ -82,8 +88,8 @@ def test_hf_example_survives_a_worker_kill_with_its_schedule_and_data_order(tmp_
     assert "rescue checkpoint: rank" in logs or resumed % INTERVAL == 0, described
     assert before is not None and resumed > INTERVAL and before - 1 <= resumed <= before + 1, described
     assert runner.resumes[0].world_size == 2, described
-    # HF's own scheduler and data order went on as if nothing had happened: every step trained on the
-    # same samples with the same learning rate, to the same loss, as in the undisturbed run. (The step
+    # The framework's scheduler and data order went on as if nothing had happened: every step trained on
+    # the same samples with the same learning rate, to the same loss, as in the undisturbed run. (The step
     # the survivor completed last may have no line: its logging collective is where the peer's death
     # surfaced; its optimizer step is in the rescue checkpoint, and training went on after it.)
     got = steps(logs)
