@@ -12,7 +12,8 @@ import pytest
 
 pytest.importorskip("lightning")
 
-from trainer_harness import PY, base_env, kill_tree, read_json, start, tail, wait_for  # noqa: E402
+from trainer_harness import (PY, base_env, kill_tree, read_json, start, tail,  # noqa: E402
+                             trainer_pids, wait_for)
 
 from ddp_trainer.runtime import frameworks  # noqa: E402
 from ddp_trainer.runtime import lightning  # noqa: E402
@@ -65,17 +66,3 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_complete_checkpoint_and_exi
     assert lightning.resume_from_checkpoint(ck / "test" / "lightning") == str(saved)
     assert frameworks.read_marker(saved)["world_size"] == 2
     assert not (ck / "result.json").exists()  # stopped, not finished
-
-
-def trainer_pids(agent: int) -> list[int]:
-    """The agent's trainer processes: its children running the script."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except (OSError, ValueError):
-            continue
-        if ppid == agent and b"torch.distributed.run" not in cmdline:
-            found.append(int(stat.parent.name))
-    return found

@@ -97,6 +97,20 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def trainer_pids(agent: int) -> list[int]:
+    """The agent's trainer processes: its children running the script."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if ppid == agent and b"torch.distributed.run" not in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def kill_tree(proc: subprocess.Popen, sig: int) -> None:
     """Signal an agent's whole tree. torchrun starts every worker in its own session
     (start_new_session=True), so killing the agent's process group alone orphans the workers."""
