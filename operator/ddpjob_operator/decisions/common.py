@@ -126,6 +126,11 @@ class Plan:
         self.status.incidents = (self.status.incidents + [incident])[-INCIDENT_HISTORY:]
 
 
+def promoted_to(rank: model.RankStatus, job_name: str) -> bool:
+    """The rank's pod is a spare that took its place (decisions/spares.py: its name is not the rank's own)."""
+    return rank.uid is not None and rank.pod != builders.worker_name(job_name, rank.index)
+
+
 def set_phase(plan: Plan, phase: str, reason: str, message: str) -> None:
     plan.status.phase = phase  # type: ignore[assignment]
     plan.status.message = message
@@ -143,7 +148,7 @@ def update_counts(plan: Plan, spec: model.DDPJobSpec, current: list[WorkerObserv
     for i in sorted(set(range(spec.replicas)) | set(observed)):
         rank, w = plan.rank(i), observed.get(i)
         # A spare promoted in this pass is not among the workers yet: the status keeps naming it.
-        spare_pending = w is None and rank.uid is not None and rank.pod != builders.worker_name(plan.job.name, i)
+        spare_pending = w is None and promoted_to(rank, plan.job.name)
         rank.pod = w.name if w else (rank.pod if spare_pending else builders.worker_name(plan.job.name, i))
         rank.phase = MISSING if w is None else ("Terminating" if w.terminating_since else w.phase)
         rank.ready = bool(w and w.ready)

@@ -8,8 +8,7 @@ from datetime import datetime, timedelta
 
 from .. import builders, model
 from .accounting import backoff_seconds
-from .spares import promoted_to
-from .common import Plan, force_stuck, rfc3339, set_condition, set_phase, short_message, update_counts
+from .common import Plan, force_stuck, promoted_to, rfc3339, set_condition, set_phase, short_message, update_counts
 from .types import (CONDITION_UNSCHEDULABLE, DISRUPTION, REASON_OLD_GENERATION, REASON_RANGE_CHANGED, REASON_REPLACE,
                     REASON_SCALE_DOWN, REASON_SCALED, REASON_STORE_LOST, REASON_SUSPENDED, REASON_UNSCHEDULABLE,
                     CreateStore, CreateWorker, DeleteStore, DeleteWorker, WorkerObservation)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import builders, model
-from .common import Plan
+from .common import Plan, promoted_to
 from .types import (REASON_SPARE_EXITED, REASON_SPARE_SURPLUS, CreateSpare, DeleteWorker, Observed,
                     WorkerObservation)
 
@@ -30,11 +30,6 @@ def with_promoted(status: model.DDPJobStatus, observed: Observed) -> Observed:
         return observed
     workers = sorted((*observed.workers, *promoted), key=lambda w: (w.index, w.generation))
     return dataclasses.replace(observed, workers=tuple(workers), spares=tuple(idle))
-
-
-def promoted_to(rank: model.RankStatus, job_name: str) -> bool:
-    """The rank's pod is a spare that took its place (its name is not the rank's own)."""
-    return rank.uid is not None and rank.pod != builders.worker_name(job_name, rank.index)
 
 
 def forget_vanished(plan: Plan) -> None:
