@@ -226,17 +226,20 @@ class StrictLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
         seen: dict[Any, int] = {}
+        first_lines: dict[Any, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue  # `<<: *base` entries are meant to be overridden
             key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
+            # The key's offset, not its line: `{replicas: 1, replicas: 200}` is two keys on one line.
+            offset = key_node.start_mark.index
             try:
-                first = seen.setdefault(key, line)
+                first = seen.setdefault(key, offset)
             except TypeError:
                 continue  # an unhashable key: SafeLoader reports it
-            if first != line:
-                raise _YAMLLimit(f"duplicate key {key!r} (first at line {first})", key_node.start_mark)
+            if first != offset:
+                raise _YAMLLimit(f"duplicate key {key!r} (first at line {first_lines[key]})", key_node.start_mark)
+            first_lines.setdefault(key, key_node.start_mark.line + 1)
         return super().construct_mapping(node, deep)
 
 

@@ -290,6 +290,14 @@ def test_duplicate_keys_are_an_error_naming_the_key_and_line(tmp_path, capsys):
     assert f"duplicate key 'replicas' (first at line {line - 1})" in err and f"line {line}" in err
 
 
+def test_duplicate_keys_on_one_line_are_an_error(tmp_path, capsys):
+    # Flow style puts both keys on one line: the API server's strict decoding still refuses the second.
+    doc = "apiVersion: elastic.ddp.dev/v1alpha1\nkind: DDPJob\nmetadata: {name: dup, name: other}\n"
+    code, err = validate(tmp_path, doc + yaml.safe_dump({"spec": manifest()["spec"]}), capsys)
+    assert code == validation.EXIT_INVALID
+    assert "duplicate key 'name' (first at line 3)" in err
+
+
 @pytest.mark.parametrize("field, value", [("replicas", True), ("replicas", "2"), ("nprocPerNode", False),
                                           ("replicas", 2.5)])
 def test_types_are_strict_like_the_api_server(tmp_path, capsys, field, value):
