@@ -5,6 +5,7 @@ step times (`step_seconds`), against the emulator, with the test playing the tra
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from datetime import datetime, timedelta, timezone
 
@@ -15,6 +16,7 @@ from ddpjob_operator import progress as progress_module
 from ddpjob_operator.decisions import stragglers as st
 
 from .conftest import NAMESPACE, eventually
+from .test_avoided_nodes import anti_affinity
 from .test_progress import AUDIENCE, metric, operator, reporter  # noqa: F401 - fixtures
 from .test_scenarios import nodes, started  # noqa: F401 - fixtures
 
@@ -171,6 +173,43 @@ def test_replace_is_an_uncharged_disruption_that_deletes_only_the_straggler():
     assert d.status.phase == "Restarting" and events(d, "StragglerReplaced")
 
 
+REPLACE = SPEC.model_copy(update={"failure_policy": SPEC.failure_policy.model_copy(
+    update={"stragglers": "Replace", "avoid_node_seconds": 600})})
+
+
+def _failure(node: str, reason: str) -> model.NodeFailure:
+    return model.NodeFailure(node=node, time="2026-11-22T00:00:00Z", reason=reason, pod_uid=f"old-{node}")
+
+
+@pytest.mark.parametrize("what, spec, before, avoided", [
+    ("the straggler's node is avoided at once, not after a second failure", REPLACE, {}, ["node-2"]),
+    ("a crash on another node is another kind of failure: still avoided", REPLACE,
+     {"node_failures": [_failure("node-0", "Signal")]}, ["node-2"]),
+    ("a straggler replaced on another node as well: the slowness follows the rank, not the node", REPLACE,
+     {"node_failures": [_failure("node-7", "StragglerReplaced")]}, []),
+    ("already avoided: one mark", REPLACE,
+     {"avoided_nodes": [model.AvoidedNode(node="node-2", reason="r", since="2026-11-22T00:00:00Z",
+                                          until="2026-11-22T00:30:00Z")]}, ["node-2"]),
+    ("avoidNodeSeconds 0 turns it off",
+     REPLACE.model_copy(update={"failure_policy": REPLACE.failure_policy.model_copy(
+         update={"avoid_node_seconds": 0})}), {}, []),
+])
+def test_replace_moves_the_straggler_off_its_node(what, spec, before, avoided):
+    d = decisions.decide(running_job(spec, **before), observe(SLOW_2, 39))
+    assert [a.node for a in d.status.avoided_nodes] == avoided, what
+    marked = [a for a in d.status.avoided_nodes if a.since == "2026-11-22T00:00:39Z"]
+    assert [e.type for e in events(d, "NodeAvoided")] == ["Warning"] * len(marked), what
+    if marked:  # newly marked: expiring avoidNodeSeconds from now, and the operator wakes up for it
+        assert marked[0].until == "2026-11-22T00:10:39Z" and "StragglerReplaced" in marked[0].reason, what
+    # The next pass, the straggler's pod gone: its replacement keeps off the avoided node.
+    survivors = tuple(w for w in workers() if w.index != 2)
+    after = decisions.decide(dataclasses.replace(running_job(spec), status=d.status),
+                             decisions.Observed(workers=survivors, now=T0 + timedelta(seconds=40),
+                                                store=decisions.StoreObservation(phase="Running", ready=True)))
+    created = [a for a in after.actions if isinstance(a, decisions.CreateWorker)]
+    assert [(c.index, c.avoid_nodes) for c in created] == [(2, tuple(avoided))], what
+
+
 # ---------------------------------------------------------------- API tier: the real operator
 
 async def _train(harness, reporter, job: str, seconds: dict[int, float], until, timeout: float, what: str):
@@ -211,7 +250,8 @@ async def test_api_a_slowed_worker_is_named_with_its_node_and_the_job_keeps_runn
     assert all(not p["metadata"].get("deletionTimestamp") for p in harness.pods("slow").values())
 
 
-async def test_api_replace_moves_the_straggler_as_an_uncharged_disruption(harness, operator, reporter, nodes):
+async def test_api_replace_moves_the_straggler_off_its_node_as_an_uncharged_disruption(harness, operator, reporter,
+                                                                                       nodes):
     await started(harness, nodes, "swap", replicas=3,
                   failurePolicy={"stragglerWindowSeconds": 10, "stragglers": "Replace", "maxRestarts": 0})
     before = {n: p["metadata"]["uid"] for n, p in harness.pods("swap").items()}
@@ -231,3 +271,10 @@ async def test_api_replace_moves_the_straggler_as_an_uncharged_disruption(harnes
     assert after["swap-worker-1"] != before["swap-worker-1"]
     assert harness.pods("swap")["swap-worker-1"]["metadata"]["labels"][builders.LABEL_GENERATION] == "1"
     assert harness.status("swap")["phase"] == "Running"
+    # Off its node: the straggler's node is avoided at once, and only the replacement is kept off it.
+    assert [a["node"] for a in harness.status("swap")["avoidedNodes"]] == ["node-1"]
+    assert anti_affinity(harness.pods("swap")["swap-worker-1"]) == ["node-1"]
+    assert [anti_affinity(harness.pods("swap")[f"swap-worker-{i}"]) for i in (0, 2)] == [[], []]
+    await eventually(lambda: [e for e in harness.events("swap") if e["reason"] == "NodeAvoided"
+                              and e["type"] == "Warning" and "node node-1" in e["message"]],
+                     what="the NodeAvoided Event")

@@ -2,7 +2,8 @@
 `failurePolicy.avoidNodeSeconds` is recorded in `status.avoidedNodes` (at most 8, each expiring after that
 long), and the job's new workers get required node anti-affinity against it (`CreateWorker.avoid_nodes`,
 builders.worker_pod), so a replacement does not land on the machine that keeps failing and spend the
-restart budget there.
+restart budget there. A straggler replaced (decisions/stragglers.py) marks its node at once: the point of
+replacing it is to move it off that node.
 
 Infrastructure-looking (`infra_cause`): killed by a signal (not SIGTERM: a deletion; not the OOM killer: the
 job's own memory), a node-local NCCL error (system, internal, unhandled CUDA error), an Xid or ECC message,
@@ -12,7 +13,8 @@ out, remote process exited: the peer's node is to blame, not this one), an evict
 
 A failure that follows the job from node to node is the job's: a node is marked only while it has more such
 failures than any other node (so a trainer that crashes with a signal wherever it runs never gets every node of
-a small cluster avoided and its replacements unschedulable).
+a small cluster avoided and its replacements unschedulable); for a replaced straggler, more replaced stragglers
+than any other node (a slowness that moves with the rank is not the node's).
 
 Pure: the evidence lives in `status.nodeFailures` (the newest 16, each keyed by its pod's uid so a failed pod
 seen in many passes counts once), the clock comes in with the observation.
@@ -21,6 +23,7 @@ seen in many passes counts once), the clock comes in with the observation.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from datetime import timedelta
 
 from .. import model
@@ -67,8 +70,13 @@ def failure_key(w: WorkerObservation) -> str:
     return w.uid or f"{w.name}/{w.attempt}"[-64:]
 
 
-def record(plan: Plan, spec: model.DDPJobSpec, node: str, reason: str, pod_uid: str | None) -> None:
-    """One failure on `node`; marks the node avoided once it has enough within the window."""
+def record(plan: Plan, spec: model.DDPJobSpec, node: str, reason: str, pod_uid: str | None, *,
+           at_once: bool = False) -> None:
+    """One failure on `node`; marks the node avoided once it has enough within the window.
+
+    `at_once`: this one is enough (a straggler replaced there: its replacement must not land on the same slow
+    node). It still follows the job when failures of its kind (`reason`) are as many on another node: a
+    slowness that moves with the rank, not with the node, does not get node after node avoided."""
     status, seconds = plan.status, spec.failure_policy.avoid_node_seconds
     if seconds <= 0:
         return
@@ -78,22 +86,24 @@ def record(plan: Plan, spec: model.DDPJobSpec, node: str, reason: str, pod_uid: 
         node=node, time=rfc3339(plan.now), reason=reason, pod_uid=pod_uid)])[-MAX_NODE_FAILURES:]
     if any(a.node == node for a in status.avoided_nodes):
         return
-    here = [f for f in status.node_failures if f.node == node]
-    if len(here) < plan.options.node_failures_to_avoid:
+    evidence = [f for f in status.node_failures if not at_once or f.reason == reason]
+    here = [f for f in evidence if f.node == node]
+    if len(here) < (1 if at_once else plan.options.node_failures_to_avoid):
         return
-    elsewhere = max((sum(1 for f in status.node_failures if f.node == other)
-                     for other in {f.node for f in status.node_failures} - {node}), default=0)
+    elsewhere = max(Counter(f.node for f in evidence if f.node != node).values(), default=0)
     if len(here) <= elsewhere:
         return  # failing as often on another node: it follows the job, not this node
     until = plan.now + timedelta(seconds=seconds)
     why = ", ".join(f"{f.reason} at {f.time}" for f in here)
     status.avoided_nodes = sorted(status.avoided_nodes + [model.AvoidedNode(
-        node=node, reason=f"{len(here)} infrastructure-looking failures: {why}"[:1024], since=rfc3339(plan.now),
-        until=rfc3339(until))], key=lambda a: a.since)[-MAX_AVOIDED_NODES:]
+        node=node, reason=f"{len(here)} infrastructure-looking failure{'s' if len(here) > 1 else ''}: {why}"[:1024],
+        since=rfc3339(plan.now), until=rfc3339(until))], key=lambda a: a.since)[-MAX_AVOIDED_NODES:]
     plan.wake_at(until)
+    what = (f"this job's worker there was replaced ({why})" if at_once else
+            f"{len(here)} of this job's workers failed there with an infrastructure-looking cause within {seconds}s "
+            f"({why})")
     plan.event("Warning", REASON_NODE_AVOIDED,
-               f"node {node}: {len(here)} of this job's workers failed there with an infrastructure-looking cause "
-               f"within {seconds}s ({why}); new workers avoid it until {rfc3339(until)}. Consider taking it out "
+               f"node {node}: {what}; new workers avoid it until {rfc3339(until)}. Consider taking it out "
                f"of service: kubectl cordon {node} (or kubectl taint nodes {node} ddpjob.dev/suspect=true:NoSchedule)")
 
 

@@ -1,5 +1,6 @@
 """Straggler detection: each worker's own time per step -> the slowest worker, a `Straggler` condition and
-Event, and (failurePolicy.stragglers Replace) its pod moved off its node as an uncharged disruption.
+Event, and (failurePolicy.stragglers Replace) its pod moved off its node as an uncharged disruption (the node
+avoided at once, so the replacement lands elsewhere).
 
 DDP runs at the speed of its slowest rank, so every rank's *step* time is the same; what differs is how much
 of it was the rank's own work and how much it waited for the others in collectives. Trainers report the
@@ -163,7 +164,8 @@ def detect_stragglers(plan: Plan, spec: model.DDPJobSpec) -> bool:
 def _replace(plan: Plan, spec: model.DDPJobSpec, straggler, message: str) -> None:
     """Move the straggler off its node like an eviction: a disruption, never charged; with restartScope Pod
     the survivors keep their pods and join the next generation in place, the replacement resumes from the
-    rescue checkpoint (SIGTERM: the straggler checkpoints first)."""
+    rescue checkpoint (SIGTERM: the straggler checkpoints first). Its node is avoided at once
+    (status.avoidedNodes, decisions/nodes.py), so the replacement gets required anti-affinity against it."""
     status = plan.status
     survivors = [w for w in plan.current() if w.live and w.index != straggler.index and w.index < spec.replicas]
     plan.record_incident(model.Incident(
@@ -182,8 +184,9 @@ def _replace(plan: Plan, spec: model.DDPJobSpec, straggler, message: str) -> Non
         for w in survivors:
             plan.carry(w, status.generation)
         carried = survivors
-    if straggler.node:
-        nodes.record(plan, spec, straggler.node, REASON_STRAGGLER_REPLACED, nodes.failure_key(straggler))
+    if straggler.node:  # avoided at once: its replacement must not land on the same slow node
+        nodes.record(plan, spec, straggler.node, REASON_STRAGGLER_REPLACED, nodes.failure_key(straggler),
+                     at_once=True)
     plan.event("Warning", REASON_STRAGGLER_REPLACED,
                f"{message}; replacing it in rendezvous generation {status.generation} (failurePolicy.stragglers "
                f"Replace; a disruption, not charged)")
