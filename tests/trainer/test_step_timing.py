@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddp_trainer.config import ConfigError, parse_config
-from ddp_trainer.fault import slow_due
+from ddp_trainer.fault import due, slow_due
 from ddp_trainer.runtime.timing import StepTimer
 from trainer_harness import StoreServer, base_env, kill_tree, read_json, start, tail, torchrun_cmd
 
@@ -53,6 +53,30 @@ def test_slow_fault_flags_are_validated_and_follow_the_node():
     # On the named node every rank is slow; elsewhere none is (the fault follows the node, not the rank).
     assert slow_due(node, 0, {"NODE_NAME": "node-b"}) and slow_due(node, 3, {"NODE_NAME": "node-b"})
     assert not slow_due(node, 0, {"NODE_NAME": "node-a"}) and not slow_due(node, 0, {})
+
+
+NODE_CRASH = ["--fault-at-step", "5", "--fault-exit-code", "137", "--fault-node", "node-b"]
+
+
+@pytest.mark.parametrize("what, argv, rank, step, environ, fires", [
+    ("on the named node", NODE_CRASH, 0, 5, {"NODE_NAME": "node-b"}, True),
+    ("whatever the rank there (--fault-rank is ignored)", NODE_CRASH + ["--fault-rank", "0"], 3, 5,
+     {"NODE_NAME": "node-b"}, True),
+    ("past the step too (a generation that resumed past it)", NODE_CRASH, 1, 9, {"NODE_NAME": "node-b"}, True),
+    ("on another node never", NODE_CRASH, 0, 5, {"NODE_NAME": "node-a"}, False),
+    ("without NODE_NAME never", NODE_CRASH, 0, 5, {}, False),
+    ("not before the step", NODE_CRASH, 0, 4, {"NODE_NAME": "node-b"}, False),
+    ("only in --fault-generation (0)", NODE_CRASH, 0, 5, {"NODE_NAME": "node-b", "DDPJOB_GENERATION": "1"}, False),
+    ("in every generation with --fault-every-generation", NODE_CRASH + ["--fault-every-generation"], 0, 5,
+     {"NODE_NAME": "node-b", "DDPJOB_GENERATION": "3"}, True),
+    ("without --fault-node: the rank, wherever it runs", ["--fault-at-step", "5", "--fault-rank", "1"], 1, 5,
+     {"NODE_NAME": "node-a"}, True),
+    ("without --fault-node: no other rank", ["--fault-at-step", "5", "--fault-rank", "1"], 0, 5,
+     {"NODE_NAME": "node-b"}, False),
+])
+def test_a_node_crash_fault_fires_only_where_node_name_matches(what, argv, rank, step, environ, fires):
+    fault = parse_config(argv).fault
+    assert due(fault, rank, step, environ) is fires, what
 
 
 @pytest.mark.slow
