@@ -1,22 +1,27 @@
-"""The Python API (ddpjob_operator.client) against the emulated API server, with the real operator where
-the job must move: every verb, and every error path (a bad manifest, a missing job, a timeout, a job that
-failed while awaited, logs of a pod that does not run yet). The client is synchronous: each call runs in a
-thread, as in a user's program, while the emulator and the test's kubelet run in the test's loop."""
+"""The Python API (ddpjob_operator.client; `import ddpjob` gives the same objects) against the emulated API
+server, with the real operator where the job must move: every verb, and every error path (a bad manifest, a
+missing job, a timeout, a job that failed while awaited, logs of a pod that does not run yet). The client is
+synchronous: each call runs in a thread, as in a user's program, while the emulator and the test's kubelet run
+in the test's loop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import io
+import re
+import subprocess
+import sys
 import threading
-from typing import Any, AsyncIterator
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterator
 
 import kmock
 import pytest
 import pytest_asyncio
 import yaml
 
-from ddpjob_operator import builders, cli, client, function_job, model
+from ddpjob_operator import builders, cli, client, function_job, model, validation
 from ddpjob_operator.kube import Connection
 
 from .conftest import NAMESPACE, eventually
@@ -103,21 +108,17 @@ async def test_a_second_job_of_the_same_name_is_refused(api):
         await call(api.create, manifest())
 
 
-@pytest.mark.parametrize("verb", ["get", "delete", "suspend", "resume", "wait", "logs"])
+@pytest.mark.parametrize("verb", ["get", "delete", "suspend", "resume", "scale", "wait", "watch", "progress",
+                                  "logs", "worker_pod"])
 async def test_a_missing_job_is_named(api, verb):
     args: tuple[Any, ...] = {"scale": ("nope", 2)}.get(verb, ("nope",))
     fn = getattr(api, verb)
     with pytest.raises(client.JobNotFound) as raised:
         result = await call(fn, *args)
-        if verb == "logs":
+        if isinstance(result, Iterator):  # watch, progress, logs: nothing is asked before the first item
             await call(list, result)
     assert f"ddpjob nope not found in namespace {NAMESPACE} (404)" in str(raised.value)
     assert "Fix:" in str(raised.value)
-
-
-async def test_scale_of_a_missing_job_is_named(api):
-    with pytest.raises(client.JobNotFound, match="ddpjob nope not found"):
-        await call(api.scale, "nope", 2)
 
 
 async def test_no_cluster_is_a_message_not_a_traceback():
@@ -302,3 +303,54 @@ async def test_submit_ships_the_function_in_a_config_map_the_job_owns(api, clust
     await call(api.delete, "fn", wait=True, timeout=30)
     await eventually(lambda: emulator.get(CONFIG_MAPS, NAMESPACE, "fn-function") is None,
                      what="the ConfigMap collected with its job")
+
+
+# ---------------------------------------------------------------- `import ddpjob`
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "python-api.md"
+# Every name the client module defines for its users (classes, functions): `ddpjob` must carry each one.
+CLIENT_API = sorted(n for n, v in vars(client).items()
+                    if not n.startswith("_") and getattr(v, "__module__", None) == client.__name__)
+
+
+@pytest.mark.parametrize("name", CLIENT_API)
+def test_import_ddpjob_gives_the_clients_own_objects(name):
+    import ddpjob
+
+    assert name in ddpjob.__all__ and getattr(ddpjob, name) is getattr(client, name)
+
+
+@pytest.mark.parametrize("name, same", [("DDPJob", model.DDPJob), ("DDPJobSpec", model.DDPJobSpec),
+                                        ("DDPJobStatus", model.DDPJobStatus), ("model", model),
+                                        ("function_job", function_job), ("FieldError", validation.FieldError)])
+def test_import_ddpjob_gives_the_model_and_function_jobs(name, same):
+    import ddpjob
+
+    assert name in ddpjob.__all__ and getattr(ddpjob, name) is same
+
+
+def test_every_verb_the_guide_names_is_on_import_ddpjob():
+    import ddpjob
+
+    named = set(re.findall(r"`((?:jobs|ddpjob)\.[\w.]+)\(", DOCS.read_text()))
+    assert {"jobs.create", "jobs.watch", "jobs.progress", "jobs.logs", "jobs.delete", "ddpjob.submit"} <= named
+    for dotted in sorted(named):
+        head, *path = dotted.split(".")
+        obj: Any = ddpjob.Client if head == "jobs" else ddpjob
+        for part in path:
+            assert hasattr(obj, part), f"docs/python-api.md names {dotted}, which `import ddpjob` lacks"
+            obj = getattr(obj, part)
+        assert callable(obj), dotted
+    assert set(ddpjob.__all__) <= set(dir(ddpjob))
+
+
+def test_import_ddpjob_needs_no_torch_and_leaves_the_ddpjob_command_alone(tmp_path):
+    code = ("import sys, ddpjob; from importlib.metadata import entry_points; "
+            "print('torch' in sys.modules, ddpjob.__file__, "
+            "[e.value for e in entry_points(group='console_scripts', name='ddpjob')], sep='\\n')")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True,
+                            timeout=60)
+    torch_loaded, path, commands = result.stdout.splitlines()
+    assert torch_loaded == "False"
+    assert Path(path) == Path(__file__).resolve().parents[2] / "operator" / "ddpjob" / "__init__.py"
+    assert commands == "['ddpjob_operator.cli:main']"  # the command is still the CLI, not this package
