@@ -47,6 +47,8 @@ TRAINER_IMAGE := $(TRAINER_REPOSITORY):$(TRAINER_VERSION)
 BYO_IMAGE ?= $(REGISTRY)/byo-text:$(TRAINER_VERSION)
 # examples/hf: the Hugging Face Trainer with the DDPJob callback (docs/hf-and-lightning.md).
 HF_IMAGE ?= $(REGISTRY)/hf-tiny-lm:$(TRAINER_VERSION)
+# examples/lightning: PyTorch Lightning with the DDPJob callback (docs/hf-and-lightning.md).
+LIGHTNING_IMAGE ?= $(REGISTRY)/lightning-tiny:$(TRAINER_VERSION)
 KIND_CLUSTER ?= ddpjob
 KIND_KUBECONFIG ?= $(HOME)/.kube/kind-$(KIND_CLUSTER).yaml
 KIND_GPU ?= $(shell command -v nvidia-ctk >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
@@ -64,6 +66,7 @@ images:
 	docker build -f trainer-image/Dockerfile --build-arg VERSION=$(TRAINER_VERSION) -t $(TRAINER_IMAGE) trainer-image
 	docker build -f examples/byo/Dockerfile --build-arg TRAINER_IMAGE=$(TRAINER_IMAGE) -t $(BYO_IMAGE) .
 	docker build -f examples/hf/Dockerfile --build-arg TRAINER_IMAGE=$(TRAINER_IMAGE) -t $(HF_IMAGE) .
+	docker build -f examples/lightning/Dockerfile --build-arg TRAINER_IMAGE=$(TRAINER_IMAGE) -t $(LIGHTNING_IMAGE) .
 
 kind-up:
 	@mkdir -p $(dir $(KIND_KUBECONFIG))
@@ -73,7 +76,8 @@ kind-up:
 	@echo "export KUBECONFIG=$(KIND_KUBECONFIG)"
 
 kind-load:
-	kind load docker-image --name $(KIND_CLUSTER) $(OPERATOR_IMAGE) $(TRAINER_IMAGE) $(BYO_IMAGE) $(HF_IMAGE)
+	kind load docker-image --name $(KIND_CLUSTER) $(OPERATOR_IMAGE) $(TRAINER_IMAGE) $(BYO_IMAGE) $(HF_IMAGE) \
+		$(LIGHTNING_IMAGE)
 
 # helm upgrade never touches crds/, so the CRD is applied first: upgrades get schema changes too.
 helm-install:

@@ -5,7 +5,7 @@ a synthetic dataset, a warmup-cosine schedule, and one line for DDPJob (`DDPJobC
     ddpjob run examples/hf/hf-tiny-lm.yaml --local --kill-worker 1 --kill-at-step 25
 
 Rank 0 prints one line per optimizer step (`step= epoch= loss= lr= samples=`): the learning rate and
-the dataset indices it trained on, which tests/local/test_hf.py compares with an undisturbed run.
+the dataset indices it trained on, which tests/local/test_frameworks.py compares with an undisturbed run.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ schedule stepped every optimizer step, and the DDPJob callback.
     ddpjob run examples/lightning/lightning-tiny.yaml --local --kill-worker 1 --kill-at-step 25
 
 Rank 0 prints one line per step (`step= epoch= loss= lr= samples=`): the learning rate and the
-dataset indices it trained on, which tests/local/test_lightning.py compares with an undisturbed run.
+dataset indices it trained on, which tests/local/test_frameworks.py compares with an undisturbed run.
 """
 
 from __future__ import annotations
