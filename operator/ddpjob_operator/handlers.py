@@ -227,7 +227,9 @@ class Controller:
         if self.settings.progress_tls_cert_file:  # HTTPS; a certificate that cannot be loaded is logged
             certificate = progress.ServerCertificate(self.settings.progress_tls_cert_file,
                                                      self.settings.progress_tls_key_file)
-        await self.progress_server.start(self.settings.progress_port, self.settings.bind_address, certificate)
+        # A negative port (settings' "auto"): one the kernel picks; the bound port is logged.
+        await self.progress_server.start(max(self.settings.progress_port, 0), self.settings.bind_address, certificate)
+        logger.info("progress endpoint on %s:%d", self.settings.bind_address, self.progress_server.port)
 
     async def _route_progress(self) -> None:
         """Keep this replica's pod labeled PROGRESS_LEADER_LABEL exactly while it leads (woken by the

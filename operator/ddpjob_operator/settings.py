@@ -53,7 +53,8 @@ class Settings:
     lease_renew_deadline_seconds: float = 10.0
     lease_retry_period_seconds: float = 2.0
     identity: str = ""  # holderIdentity: POD_NAME (the chart's downward API), else <hostname>-<pid>
-    # The progress endpoint (progress.py): trainers POST their progress there. 0: off.
+    # The progress endpoint (progress.py): trainers POST their progress there. 0: off; AUTO_PORT ("auto"): any
+    # free one, logged.
     progress_port: int = 0
     # What worker pods get as DDPJOB_PROGRESS_URL's base (the chart: its Service); empty: workers get none.
     progress_url: str = ""
@@ -203,7 +204,7 @@ PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "LEASE_DURATION_SECONDS": ("lease_duration_seconds", _whole_seconds),
     "LEASE_RENEW_DEADLINE_SECONDS": ("lease_renew_deadline_seconds", _seconds),
     "LEASE_RETRY_PERIOD_SECONDS": ("lease_retry_period_seconds", _seconds),
-    "PROGRESS_PORT": ("progress_port", _port),
+    "PROGRESS_PORT": ("progress_port", _port_or_auto),
     "PROGRESS_URL": ("progress_url", _url),
     "PROGRESS_AUDIENCE": ("progress_audience", _audience),
     "PROGRESS_WRITE_SECONDS": ("progress_write_seconds", _seconds),

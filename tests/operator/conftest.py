@@ -146,9 +146,12 @@ class Harness:
             "containerStatuses": [{"name": builders.TRAINER_CONTAINER, "state": {"terminated": {
                 "exitCode": 137, "reason": "Error", "finishedAt": "2026-11-22T00:00:00Z"}}}]})
 
-    async def settle(self, job: str, check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
-        """Like eventually(), confirming graceful deletions in between (the kubelet at work)."""
-        return await eventually(check, timeout, what, between=lambda: self.finish_terminating(job))
+    async def settle(self, job: str, check: Callable[[], Any], timeout: float = 10.0, what: str = "",
+                     confirm: Callable[[str], Awaitable[Any]] | None = None) -> Any:
+        """Like eventually(), the kubelets confirming the job's graceful deletions in between: `confirm(job)`,
+        by default finish_terminating (every kubelet answers; test_scenarios' Nodes.confirm plays
+        kubelets that report exit 143 first, and lost nodes that never answer)."""
+        return await eventually(check, timeout, what, between=lambda: (confirm or self.finish_terminating)(job))
 
     async def finish_terminating(self, job: str) -> list[str]:
         """The kubelet confirms every graceful deletion (the containers have exited)."""
@@ -200,6 +203,8 @@ class OperatorProcess:
         self.thread = threading.Thread(target=main, name="operator", daemon=True)
         self.thread.start()
         await eventually(ready.is_set, 10, "the operator to start")
+        if self.settings.progress_port:  # AUTO_PORT in tests: its port is known once it listens
+            await eventually(lambda: self.controller.progress_server.port, 10, "the progress endpoint to listen")
 
     def _adopt(self, controller: Any) -> None:  # called in the operator's loop
         self.controller, self.loop = controller, asyncio.get_running_loop()

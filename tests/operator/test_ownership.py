@@ -3,43 +3,23 @@ are ever counted, reported or charged, as Kubernetes' Job controller decides; la
 
 from __future__ import annotations
 
-import socket
 from dataclasses import replace
 from datetime import datetime, timezone
 
 import aiohttp
 import pytest
-import pytest_asyncio
 
 from ddpjob_operator import builders, model, progress, store
+from ddpjob_operator.settings import AUTO_PORT
 
-from .conftest import FAST, NAMESPACE, OperatorProcess, assert_within_permissions, eventually
+from .conftest import FAST, NAMESPACE, eventually, operator_fixture, started
 from .emulator import PODS
-from .test_operator import started
 
 pytestmark = pytest.mark.timeout(90)
 AUDIENCE = progress.DEFAULT_AUDIENCE
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest_asyncio.fixture()
-async def operator(cluster):
-    emulator, url = cluster
-    settings = replace(FAST, progress_port=free_port(), progress_url="http://ddpjob-progress.ddpjob-system.svc:8090",
-                       progress_write_seconds=0.2, bind_address="127.0.0.1")
-    process = OperatorProcess(url, settings)
-    await process.start()
-    await eventually(lambda: process.controller and process.controller.progress_server.port, what="progress port")
-    try:
-        yield process
-    finally:
-        await process.stop()
-    assert_within_permissions(emulator)
+operator = operator_fixture(replace(FAST, progress_port=AUTO_PORT, progress_write_seconds=0.2, bind_address="127.0.0.1",
+                                    progress_url="http://ddpjob-progress.ddpjob-system.svc:8090"))
 
 
 def impostor(job: dict, name: str, role: str = builders.ROLE_WORKER, owner: dict | None = None) -> dict:

@@ -4,24 +4,18 @@ removes it. Two real operators (kopf, leader election) against the emulator."""
 
 from __future__ import annotations
 
-import socket
 from dataclasses import replace
 
 import pytest
 
 from ddpjob_operator import handlers
+from ddpjob_operator.settings import AUTO_PORT
 
 from .conftest import FAST, OperatorProcess, assert_within_permissions, eventually
 from .emulator import PODS
 
 pytestmark = pytest.mark.timeout(90)
 SYSTEM = "ddpjob-system"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def labeled(emulator) -> set[str]:
@@ -37,9 +31,9 @@ async def test_only_the_leaders_pod_carries_the_progress_label(cluster):
             "spec": {"containers": [{"name": "operator", "image": "operator:1"}]}})
     base = replace(FAST, lease_name="ddpjob-operator", lease_namespace=SYSTEM, lease_duration_seconds=3,
                    lease_renew_deadline_seconds=2.0, lease_retry_period_seconds=0.5, progress_leader_label=True,
-                   bind_address="127.0.0.1")
-    first = OperatorProcess(url, replace(base, identity="operator-a", progress_port=free_port()))
-    second = OperatorProcess(url, replace(base, identity="operator-b", progress_port=free_port()))
+                   progress_port=AUTO_PORT, bind_address="127.0.0.1")
+    first = OperatorProcess(url, replace(base, identity="operator-a"))
+    second = OperatorProcess(url, replace(base, identity="operator-b"))
     await first.start()
     await eventually(lambda: first.controller and first.controller.leading(), 15, "operator-a to lead")
     await second.start()

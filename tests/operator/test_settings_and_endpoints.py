@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,9 +32,10 @@ def test_values_are_parsed():
                            "DDPJOB_OPERATOR_METRICS_PORT": "0", "DDPJOB_OPERATOR_STUCK_TERMINATING_SECONDS": "90",
                            "DDPJOB_OPERATOR_CANNOT_START_SECONDS": "120",
                            "DDPJOB_OPERATOR_INCIDENT_SETTLE_SECONDS": "4",
-                           "DDPJOB_OPERATOR_MAX_CONCURRENT_RECONCILES": "8"})
+                           "DDPJOB_OPERATOR_MAX_CONCURRENT_RECONCILES": "8", "DDPJOB_OPERATOR_PROGRESS_PORT": "auto"})
     assert s.watch_namespaces == ("team-a", "team-b") and not s.clusterwide
     assert s.log_level == "DEBUG" and s.metrics_port == 0 and s.stuck_terminating_seconds == 90
+    assert s.progress_port == settings.AUTO_PORT
     assert s.cannot_start_seconds == 120 and s.incident_settle_seconds == 4 and s.max_concurrent_reconciles == 8
 
 
@@ -83,13 +85,30 @@ def test_operator_package_never_imports_torch():
     assert result.stdout.strip() == "False"
 
 
-async def test_metrics_and_liveness_endpoints(harness, cluster, unused_tcp_port_factory):
+def reserved_port() -> int:
+    """A port for a server that cannot bind port 0 and report it (kopf's liveness endpoint reads port 0 as
+    80). Not one that was free a moment ago (anyone may take it meanwhile): one left in TIME_WAIT, which the
+    kernel hands out to no port-0 bind and no client, and which a server binding it with SO_REUSEADDR
+    (asyncio's default) still gets."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = server.accept()
+            accepted.close()  # closed first on the server's side: the port's connection waits there
+    return port
+
+
+async def test_metrics_and_liveness_endpoints(harness, cluster):
     _, url = cluster
-    metrics_port, health_port = unused_tcp_port_factory(), unused_tcp_port_factory()
-    process = OperatorProcess(url, settings.Settings(**{**FAST.__dict__, "metrics_port": metrics_port,
+    health_port = reserved_port()
+    process = OperatorProcess(url, settings.Settings(**{**FAST.__dict__, "metrics_port": settings.AUTO_PORT,
                                                         "health_port": health_port, "bind_address": "127.0.0.1"}))
     await process.start()
     try:
+        metrics_port = process.controller.metrics._server.server_port  # the one the kernel gave it ("auto")
         await harness.apply("observed", minReplicas=1, failurePolicy={"backoff": {"initialSeconds": 0}})
         await harness.wait_workers("observed", 2)
         await harness.run_all("observed")
