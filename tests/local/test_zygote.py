@@ -4,7 +4,6 @@ torchrun agent and trainer each, behaving like a worker started as a new interpr
 from __future__ import annotations
 
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from ddpjob_operator import builders
 from ddpjob_operator.local.processes import LocalProcess, Zygote, kill_marked, marked_pids, marker_for
 
+from ..support import wait_for
 from .harness import SPAWNS_DETACHED_CHILD, alive, exit_code, wait_for_file
 
 pytestmark = pytest.mark.slow  # one zygote importing torch, a torchrun agent per test
@@ -86,11 +86,14 @@ def test_forked_workers_run_with_their_own_environment_log_and_exit_code(tmp_pat
 def test_pythonunbuffered_holds_for_a_forked_worker_as_for_a_new_interpreter(tmp_path, zygote):
     go = tmp_path / "go"
     process = worker(tmp_path, zygote, "job-worker-6", PRINTS_THEN_WAITS, str(go), PYTHONUNBUFFERED="1")
+    def printed() -> bool:
+        if "printed without a flush" in process.log_path.read_text():
+            return True
+        assert process.poll(NOW) is None, "the worker ended and the line never reached the log"
+        return False
     try:
-        deadline = time.monotonic() + 120
-        while "printed without a flush" not in process.log_path.read_text():
-            assert time.monotonic() < deadline and process.poll(NOW) is None, "the line never reached the log"
-            time.sleep(0.05)
+        wait_for(printed, "the unflushed line in the worker's log", 120, interval=0.05,
+                 explain=lambda: process.log_path.read_text()[-2000:])
     finally:
         go.write_text("go")
     assert exit_code(process, NOW) == 0

@@ -27,6 +27,7 @@ from kmock._internal import rendering
 from ddpjob_operator import builders, kube, leader, settings
 from ddpjob_operator.leader import Action, LeaseRecord, Timing, Verb, decide, fenced
 
+from ..support import wait_for
 from .conftest import NAMESPACE, Harness, assert_within_permissions, eventually, started
 from .emulator import LEASES, PODS, Cluster
 
@@ -249,14 +250,13 @@ class Replica:
     @property
     def metrics_port(self) -> int:
         """The port the kernel gave its metrics endpoint ("auto"), from its log line."""
-        deadline = time.monotonic() + 30
-        while not self._metrics_port:
+        def logged() -> int:
             found = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", self.log_path.read_text(errors="replace"))
-            if found:
-                self._metrics_port = int(found.group(1))
-            else:
-                assert time.monotonic() < deadline and self.process.poll() is None, self.output()
-                time.sleep(0.05)
+            assert found or self.process.poll() is None, f"{self.name} ended: {self.output()}"
+            return int(found.group(1)) if found else 0
+        if not self._metrics_port:
+            self._metrics_port = wait_for(logged, f"{self.name}'s metrics port in its log", 30, 0.05,
+                                          explain=self.output)
         return self._metrics_port
 
     def metrics(self) -> dict[str, float]:
@@ -320,20 +320,25 @@ class Pair:
 
 
 @pytest_asyncio.fixture()
-async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
+async def cluster() -> AsyncIterator[tuple[RecordingCluster, str]]:
+    """conftest's `cluster`, keeping every request with its answer (the Lease writes' 409s among them)."""
     async with RecordingCluster() as emulator, kmock.Server(emulator) as server:
         emulator.register_resources()
-        url = str(server.url).rstrip("/")
-        async with aiohttp.ClientSession(headers={"User-Agent": "kubectl-test"}) as session:
-            pair = Pair(emulator, Harness(emulator, url, session), url, tmp_path)
-            try:
-                yield pair
-            finally:
-                for replica in pair.replicas:
-                    await asyncio.to_thread(replica.close)
-                for replica in pair.replicas:
-                    print(f"---- {replica.name}\n{replica.output()}")
-        assert_within_permissions(emulator)
+        yield emulator, str(server.url).rstrip("/")
+
+
+@pytest_asyncio.fixture()
+async def pair(cluster: tuple[RecordingCluster, str], harness: Harness, tmp_path: Path) -> AsyncIterator[Pair]:
+    emulator, url = cluster
+    pair = Pair(emulator, harness, url, tmp_path)
+    try:
+        yield pair
+    finally:
+        for replica in pair.replicas:
+            await asyncio.to_thread(replica.close)
+        for replica in pair.replicas:
+            print(f"---- {replica.name}\n{replica.output()}")
+    assert_within_permissions(emulator)
 
 
 def writes(requests: list[Request]) -> list[Request]:
@@ -449,8 +454,10 @@ async def test_paused_leader_is_fenced_and_never_acts_after_the_standby_took_ove
     # renew on what it last wrote), and op-a says it stopped acting.
     lease_calls = [r for r in pair.requests(a, resumed) if "/leases/" in r.path]
     assert lease_calls[0].method == "GET", lease_calls
-    assert all(r.status == 409 for r in lease_calls if r.method != "GET"), lease_calls
     assert "op-a does not hold Lease" in a.output(), a.output()
+    # op-a never took the Lease back: one handover in all (op-a to op-b), op-b holds it.
+    lease = pair.emulator.get(LEASES, OPERATOR_NAMESPACE, LEASE_NAME)["spec"]
+    assert (lease["holderIdentity"], lease["leaseTransitions"]) == ("op-b", 1), lease
     assert a.metrics()["ddpjob_leader"] == 0 and b.metrics()["ddpjob_leader"] == 1
     status = pair.harness.status("train")
     assert status["restarts"] == 2, status  # one per failure: nothing charged twice
@@ -472,15 +479,26 @@ LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{OPERATOR_NAMESPACE}/leas
 
 
 async def _write_lease(harness: Harness, holder: str, duration: int) -> None:
-    """Another replica's write: on the version it read, as the elector does (a 409 when it lost a race)."""
-    _, lease = await harness.request("GET", LEASE_PATH)
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    lease["spec"].update(holderIdentity=holder, leaseDurationSeconds=duration, renewTime=now, acquireTime=now)
-    code, body = await harness.request("PUT", LEASE_PATH, lease, "application/json")
-    assert code == 200, body
+    """Another replica's write: on the version it read, as the elector does; read and written again when
+    it lost a race (409) with op-a's renewal."""
+    async def written() -> bool:
+        _, lease = await harness.request("GET", LEASE_PATH)
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        lease["spec"].update(holderIdentity=holder, leaseDurationSeconds=duration, renewTime=now, acquireTime=now)
+        code, body = await harness.request("PUT", LEASE_PATH, lease, "application/json")
+        assert code in (200, 409), body
+        return code == 200
+    await eventually(written, 10, f"the Lease written for {holder!r}")
 
 
-@pytest.mark.settings(**IN_PROCESS_LEASE)
+def lease_writes(cluster: RecordingCluster, identity: str, since: float) -> list[int]:
+    """The answers to a replica's Lease writes (renewals, takeovers) since `since`, in order."""
+    return [r.status for r in cluster.log if r.agent == f"{kube.USER_AGENT}/{identity}" and r.at >= since
+            and r.method in ("PUT", "POST") and "/leases" in r.path]
+
+
+# A renew deadline far beyond the test's waits: op-a stops leading on a refused renewal (409), never on its clock.
+@pytest.mark.settings(**{**IN_PROCESS_LEASE, "lease_duration_seconds": 60, "lease_renew_deadline_seconds": 30.0})
 async def test_a_replica_that_leads_again_forgets_what_it_wrote_before(harness, operator):
     """op-a leads and writes the job's status; op-b takes the Lease (op-a's next renewal is a 409) and
     charges two restarts; op-b hands the Lease back. op-a leads again and must account from the server's
@@ -488,8 +506,11 @@ async def test_a_replica_that_leads_again_forgets_what_it_wrote_before(harness, 
     controller = operator.controller
     await eventually(controller.leading, 10, "op-a to lead")
     job = await started_job(harness, "relead")
+    before_takeover = time.monotonic()
     await _write_lease(harness, "op-b", 3600)
     await eventually(lambda: not controller.leading(), 10, "op-a to lose the Lease (its renewal refused)")
+    renewals = lease_writes(harness.cluster, "op-a", before_takeover)
+    assert renewals and renewals[-1] == 409 and 409 not in renewals[:-1], renewals
     code, body = await harness.request("PATCH", harness.job_path("relead", "status"), {"status": {"restarts": 2}})
     assert code == 200, body
     await _write_lease(harness, "", 1)  # op-b stops gracefully: released

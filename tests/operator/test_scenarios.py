@@ -18,12 +18,13 @@ import asyncio
 import collections
 import dataclasses
 import time
-from typing import Any, Callable
+from typing import Any
 
+import kmock
 import pytest
 import pytest_asyncio
 
-from ddpjob_operator import builders
+from ddpjob_operator import builders, model
 
 from . import conftest
 from .conftest import FAST, NAMESPACE, Harness, OperatorProcess, eventually, operator_fixture, passes
@@ -111,16 +112,13 @@ class Nodes:
                 done.append(name)
         return done
 
-    async def settle(self, job: str, check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
-        """eventually(), the kubelets confirming graceful deletions in between."""
-        return await eventually(check, timeout, what, between=lambda: self.confirm(job))
-
     async def generation_running(self, job: str, generation: int, replicas: int, timeout: float = 10.0) -> None:
         """Wait for the workers of `generation` (confirming the old ones' deletions), start them, and wait
         for the job to be Running."""
-        await self.settle(job, lambda: self.workers_of(job, generation) == replicas and not [
+        await self.h.settle(job, lambda: self.workers_of(job, generation) == replicas and not [
             p for p in self.h.pods(job).values() if self.served(job, p) != generation]
-            and self.h.pods(job, builders.ROLE_STORE), timeout, f"{replicas} workers of generation {generation}")
+            and self.h.pods(job, builders.ROLE_STORE), timeout, f"{replicas} workers of generation {generation}",
+            confirm=self.confirm)
         await self.start_all(job)
         await self.h.wait_phase(job, "Running", timeout)
 
@@ -187,6 +185,14 @@ def grace_marks(harness: Harness, name: str) -> list[int | None]:
         if meta.get("deletionTimestamp") and (not marks or marks[-1] != meta.get("deletionGracePeriodSeconds")):
             marks.append(meta.get("deletionGracePeriodSeconds"))
     return marks
+
+
+async def reconciled_past(operator: OperatorProcess, since: float, seconds: float, what: str) -> None:
+    """Until `seconds` have passed since `since` (time.monotonic(), taken once what the operator's timer counts
+    from was on record) and the operator finished reconcile passes after that: the horizon of a check that
+    the timer did not fire, instead of a sleep."""
+    await eventually(lambda: time.monotonic() >= since + seconds, seconds + 10, what)
+    await passes(operator)
 
 
 def uids(harness: Harness, job: str) -> dict[str, str]:
@@ -274,7 +280,8 @@ async def test_killed_store_is_an_uncharged_disruption_and_a_new_generation(harn
     # The replacements start only once the operator has replaced the store: workers started against the
     # dead one would rightly need a generation more (a kubelet can start them that early; then the
     # operator moves on to generation 2, still charging nothing).
-    await nodes.settle("store", lambda: creations(harness, "store")["store-rdzv"] == 2, what="a fresh store")
+    await harness.settle("store", lambda: creations(harness, "store")["store-rdzv"] == 2, what="a fresh store",
+                         confirm=nodes.confirm)
     await nodes.generation_running("store", 1, 2)
     last = harness.status("store")["incidents"][-1]
     # Store first: both workers were live when it went. Agents first: only agent 0 had exited.
@@ -310,6 +317,8 @@ async def test_retryable_code_every_generation_exhausts_the_budget(harness, oper
     assert creations(harness, "budget") == {"budget-worker-0": 1, "budget-worker-1": 3, "budget-rdzv": 1}
 
 
+# test_operator's test_permanent_failure_fails_the_job: one rank fails while the other runs (cleanPodPolicy, the
+# message in the rank's status and the Event); this one: every rank fails (one uncharged incident of all ranks).
 async def test_user_error_on_all_ranks_fails_at_once_uncharged(harness, operator, nodes):
     await started(harness, nodes, "user", failurePolicy={"maxRestarts": 3, **NO_BACKOFF})
     for i in range(2):
@@ -337,6 +346,13 @@ async def _kubectl_delete(harness: Harness, nodes: Nodes, pod: str) -> None:
     await nodes.c.kubelet_finish(NS, pod, 143, SIGTERMED)  # SIGTERM: the agent stops and exits 143
 
 
+async def _force_delete(harness: Harness, nodes: Nodes, pod: str) -> None:
+    """`kubectl delete --grace-period=0 --force`: gone at once, no final status from its kubelet."""
+    code, body = await harness.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod}", {"gracePeriodSeconds": 0},
+                                       "application/json")
+    assert code == 200 and body["metadata"]["deletionGracePeriodSeconds"] == 0, body
+
+
 async def _preempt(harness: Harness, nodes: Nodes, pod: str) -> None:
     await harness.cluster.preempt(NS, pod)
 
@@ -349,8 +365,9 @@ async def _kubelet_terminate(harness: Harness, nodes: Nodes, pod: str) -> None:
     await harness.cluster.kubelet_terminate(NS, pod)
 
 
-@pytest.mark.parametrize("disrupt", [_evict, _kubectl_delete, _preempt, _taint_manager, _kubelet_terminate],
-                         ids=["eviction-api", "kubectl-delete", "preemption", "taint-manager", "kubelet"])
+@pytest.mark.parametrize("disrupt", [_evict, _kubectl_delete, _force_delete, _preempt, _taint_manager,
+                                     _kubelet_terminate],
+                         ids=["eviction-api", "kubectl-delete", "force-delete", "preemption", "taint-manager", "kubelet"])
 async def test_disruption_is_uncharged_and_the_job_comes_back(harness, operator, nodes, disrupt):
     """maxRestarts 0: a single charge would fail the job."""
     await started(harness, nodes, "dis", failurePolicy={"maxRestarts": 0, **NO_BACKOFF})
@@ -379,8 +396,9 @@ async def test_node_down_then_up_is_one_uncharged_disruption(harness, operator, 
     assert harness.status("lost")["phase"] == "Running" and harness.status("lost")["generation"] == 0
     await harness.cluster.taint_manager_evict(NS, "lost-worker-1")
     await eventually(lambda: harness.status("lost").get("generation") == 1, what="generation 1")
-    await nodes.settle("lost", lambda: harness.pods("lost").get("lost-worker-1", {}).get("metadata", {})
-                       .get("uid") not in (None, before["lost-worker-1"]), 5, "worker 1 force-deleted and replaced")
+    await harness.settle("lost", lambda: harness.pods("lost").get("lost-worker-1", {}).get("metadata", {})
+                         .get("uid") not in (None, before["lost-worker-1"]), 5, "worker 1 force-deleted and replaced",
+                         confirm=nodes.confirm)
     # The taint manager's graceful deletion (60 s), cut short by the operator: no kubelet answers for node-1.
     assert grace_marks(harness, "lost-worker-1") == [60, 0]
     await nodes.generation_running("lost", 1, 2)
@@ -403,8 +421,9 @@ async def test_node_lost_silently_survivor_times_out_first_one_uncharged_disrupt
     await started(harness, nodes, "silent", failurePolicy={"maxRestarts": 0, **NO_BACKOFF})
     await harness.cluster.node_down("node-1")
     await nodes.exit("silent-worker-0", 1, PEER_SILENT)
-    # While the incident waits, the status is left as it was (nothing to see before the exit's settle time).
-    await asyncio.sleep(SETTINGS.incident_settle_seconds + 0.5)  # past the ordinary settle time: still waiting
+    exited = time.monotonic()  # its finishedAt (whole seconds) is no later
+    # While the incident waits, the status is left as it was: past the ordinary settle time, still waiting.
+    await reconciled_past(operator, exited, SETTINGS.incident_settle_seconds, "the ordinary settle time")
     status = harness.status("silent")
     assert (status["phase"], status["restarts"], status["generation"]) == ("Running", 0, 0), status.get("message")
     await harness.cluster.taint_manager_evict(NS, "silent-worker-1")
@@ -503,6 +522,11 @@ async def test_scale_down_stops_every_worker_gracefully_for_a_new_generation(har
     assert {i: deletions(harness, f"shrink-worker-{i}") for i in range(3)} == {0: [60], 1: [60], 2: [60]}
     assert set(harness.pods("shrink")) == {"shrink-worker-0"}
     assert harness.pods("shrink")["shrink-worker-0"]["metadata"]["labels"][builders.LABEL_NNODES] == "1-1"
+    # Outside [minReplicas, maxReplicas] the scale subresource refuses: nothing changes.
+    for bad in (0, 5):
+        code, body = await harness.scale("shrink", bad)
+        assert code == 422 and "replicas" in body["message"], body
+    assert harness.job("shrink")["spec"]["replicas"] == 1
 
 
 async def test_scaling_a_static_job_starts_a_new_generation(harness, operator, nodes):
@@ -519,18 +543,22 @@ async def test_scaling_a_static_job_starts_a_new_generation(harness, operator, n
 
 
 async def test_suspend_then_resume(harness, operator, nodes):
-    await started(harness, nodes, "nap")
+    await started(harness, nodes, "nap", checkpoint={"claimTemplate": {"size": "1Gi"}})
     await harness.patch_spec("nap", {"runPolicy": {"suspend": True}})
     await harness.wait_phase("nap", "Suspended")
-    await nodes.settle("nap", lambda: not harness.pods("nap") and not harness.pods("nap", builders.ROLE_STORE),
-                       what="every pod stopped")
+    await harness.settle("nap", lambda: not harness.pods("nap") and not harness.pods("nap", builders.ROLE_STORE),
+                         what="every pod stopped", confirm=nodes.confirm)
     assert_outcome(harness, "nap", phase="Suspended", reason="Suspended", restarts=0, disruptions=0, generation=1,
                    incident=None)
     assert deletions(harness, "nap-worker-0") == [60] and deletions(harness, "nap-worker-1") == [60]
+    # The checkpoint claim stays: the resumed job goes on from its checkpoints.
+    claims = harness.cluster.live(kmock.resource("", "v1", "persistentvolumeclaims"), NS)
+    assert [c["metadata"]["name"] for c in claims] == ["nap-checkpoints"]
     await harness.patch_spec("nap", {"runPolicy": {"suspend": False}})
     await nodes.generation_running("nap", 1, 2)
     assert_outcome(harness, "nap", phase="Running", reason="Running", restarts=0, disruptions=0, generation=1,
                    incident=None)
+    assert harness.condition("nap", "Suspended")["status"] == "False"
 
 
 # ---------------------------------------------------------------- 7. workers that can never start
@@ -541,17 +569,20 @@ async def test_unschedulable_worker_is_shown_and_nothing_is_charged(harness, ope
     await eventually(lambda: harness.pods("queued", builders.ROLE_STORE), what="the store pod")
     await nodes.start("queued-rdzv", "queued-worker-0")
     await harness.cluster.unschedulable(NS, "queued-worker-1", UNSCHEDULABLE)
+    unschedulable = time.monotonic()  # its PodScheduled condition's time (whole seconds) is no later
     await eventually(lambda: harness.condition("queued", "PodsUnschedulable"), what="PodsUnschedulable")
     status = assert_outcome(harness, "queued", phase="Pending", reason="Unschedulable", restarts=0, disruptions=0,
                             generation=0, incident=None)
     assert UNSCHEDULABLE in status["message"] and UNSCHEDULABLE in harness.condition("queued", "PodsUnschedulable")[
         "message"]
-    await asyncio.sleep(1.2)  # longer than cannotStartSeconds: queueing is not a failure
+    # Longer than cannotStartSeconds: queueing is not a failure.
+    await reconciled_past(operator, unschedulable, SETTINGS.cannot_start_seconds, "cannotStartSeconds")
     assert harness.status("queued")["phase"] == "Pending"
     # Worker 0's agent gives up waiting for its peer (join timeout): queueing, not charged.
     await nodes.exit("queued-worker-0", 1, JOIN_TIMEOUT)
     await eventually(lambda: harness.status("queued").get("generation") == 1, what="generation 1")
-    await nodes.settle("queued", lambda: nodes.workers_of("queued", 1) == 2, what="generation 1 workers")
+    await harness.settle("queued", lambda: nodes.workers_of("queued", 1) == 2, what="generation 1 workers",
+                         confirm=nodes.confirm)
     await nodes.start("queued-worker-0")
     await harness.cluster.unschedulable(NS, "queued-worker-1", UNSCHEDULABLE)
     await eventually(lambda: UNSCHEDULABLE in (harness.status("queued").get("message") or "")
@@ -672,47 +703,53 @@ async def test_training_finishes_while_a_replacement_is_pending(harness, operato
 
 # ---------------------------------------------------------------- 9. the operator and the API server
 
-def dies_after_the_charge(operator: OperatorProcess, *, deletes: bool = False) -> None:
+def dies_after_the_charge(operator: OperatorProcess, *, deletes: bool = False) -> list[str]:
     """From the moment the operator's status write that charges a restart is stored, the operator's process
-    is dead: no further API call of it arrives (with `deletes`, only the deletes of that pass still do)."""
-    api, dead = operator.controller.api, {"now": False}
+    is dead: no further API call of it arrives (with `deletes`, only the deletes of that pass still do).
+    Returns the calls it went on to make (none of which was sent), as they come."""
+    api, dead, unsent = operator.controller.api, {"now": False}, []
     patch_status, delete, create = api.patch_status, api.delete, api.create
 
-    async def hang() -> None:
+    async def hang(call: str) -> None:
+        unsent.append(call)
         await asyncio.sleep(3600)  # a dead process sends nothing
 
     async def patching(namespace: str, name: str, patch: dict[str, Any]) -> bool:
         if dead["now"]:
-            await hang()
+            await hang("patch_status")
         done = await patch_status(namespace, name, patch)
         dead["now"] = dead["now"] or "restarts" in patch
         return done
 
     async def deleting(*args: Any, **kwargs: Any) -> bool:
         if dead["now"] and not deletes:
-            await hang()
+            await hang("delete")
         return await delete(*args, **kwargs)
 
     async def creating(*args: Any, **kwargs: Any) -> Any:
         if dead["now"]:
-            await hang()
+            await hang("create")
         return await create(*args, **kwargs)
 
     api.patch_status, api.delete, api.create = patching, deleting, creating
+    return unsent
 
 
+# test_operator's test_operator_restart_mid_job_duplicates_nothing_and_loses_nothing: a clean stop, the failure
+# while none runs; these: the operator dies mid-pass once its charge is on record (no second charge).
 @pytest.mark.parametrize("point", ["after the charge is on record", "after the failed pod is removed"])
 async def test_operator_killed_mid_reconcile_duplicates_and_charges_nothing(harness, operator, nodes, point):
     """The operator dies right after it observed a failure: its accounting is written, the pod calls that
     follow never happen (or only the delete). A new operator finishes the job's recovery."""
     await started(harness, nodes, "crash", minReplicas=1, failurePolicy={"maxRestarts": 3, **NO_BACKOFF})
-    dies_after_the_charge(operator, deletes=point == "after the failed pod is removed")
+    unsent = dies_after_the_charge(operator, deletes=point == "after the failed pod is removed")
     failed_uid = harness.pods("crash")["crash-worker-1"]["metadata"]["uid"]
     await nodes.exit("crash-worker-1", 137)
     await eventually(lambda: harness.status("crash").get("restarts") == 1, what="the charge")
     if point == "after the failed pod is removed":
         await eventually(lambda: "crash-worker-1" not in harness.pods("crash"), what="the failed pod removed")
-    await asyncio.sleep(0.3)
+    # It went on as if alive (its next call is one a dead process never sends), then it is gone.
+    await eventually(lambda: unsent, what="the dead operator's next call")
     await operator.stop()
     pods = uids(harness, "crash")
     assert pods.get("crash-worker-1") == (failed_uid if point == "after the charge is on record" else None)
@@ -730,10 +767,10 @@ async def test_operator_killed_mid_reconcile_duplicates_and_charges_nothing(harn
 async def test_operator_killed_after_charging_a_gang_restart(harness, operator, nodes):
     """restartScope All: the new generation is on record, no old pod was touched, the operator dies."""
     await started(harness, nodes, "gang", failurePolicy={"maxRestarts": 3, "restartScope": "All", **NO_BACKOFF})
-    dies_after_the_charge(operator)
+    unsent = dies_after_the_charge(operator)
     await nodes.exit("gang-worker-1", 137)
     await eventually(lambda: harness.status("gang").get("restarts") == 1, what="the charge")
-    await asyncio.sleep(0.3)
+    await eventually(lambda: unsent, what="the dead operator's next call")
     await operator.stop()
     assert harness.status("gang")["generation"] == 1
     assert not [n for n, p in harness.pods("gang").items() if p["metadata"].get("deletionTimestamp")]
@@ -747,13 +784,20 @@ async def test_operator_killed_after_charging_a_gang_restart(harness, operator, 
 
 
 async def test_api_server_unavailable_while_a_job_starts(harness, operator, nodes):
-    harness.cluster.unavailable_until = time.monotonic() + 2
+    """The API server answers the operator 503 (watches stay open) until the test has seen two of its passes
+    fail: nothing is created meanwhile, and once it answers again the job starts, each pod created once."""
+    # From when the operator watches (kopf's own first lists done): the job's event arrives, its passes fail.
+    await eventually(lambda: {(model.GROUP, model.PLURAL, "watch"), ("", "pods", "watch")} <= harness.cluster.calls,
+                     what="the operator watching DDPJobs and pods")
+    errors = operator.controller.metrics.reconcile_errors
+    before = errors._value.get()
+    harness.cluster.unavailable_until = float("inf")
     await harness.apply("outage")
-    await asyncio.sleep(1)
+    await eventually(lambda: errors._value.get() >= before + 2, what="two failed passes (retried)")
     assert not harness.pods("outage") and not harness.status("outage")
-    await harness.wait_workers("outage", 2, timeout=6)
+    harness.cluster.unavailable_until = 0.0  # the outage ends when the test saw the retries, not at a time
+    await harness.wait_workers("outage", 2)
     await eventually(lambda: harness.pods("outage", builders.ROLE_STORE), what="the store pod")
-    assert time.monotonic() >= harness.cluster.unavailable_until
     await nodes.start_all("outage")
     await harness.wait_phase("outage", "Running")
     await passes(operator)
