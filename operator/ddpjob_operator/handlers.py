@@ -438,7 +438,12 @@ class Controller:
         elif decisions.accounting(view.status) != decisions.accounting(decision.status):
             # Charged restarts, generations and rank counters go on record before the pods they
             # account for change, so a crash in between never charges one failure twice.
-            if not await self._write_status(view, decision.status, patch):
+            try:
+                written = await self._write_status(view, decision.status, patch)
+            except BaseException:
+                actions.close()  # never started: the pass is retried once the status write goes through
+                raise
+            if not written:
                 actions.close()
                 return  # the job is gone; its children go with it
             await actions
