@@ -810,9 +810,10 @@ class FailurePolicy(APIModel):
         "recent timing is judged)."))
     avoid_node_seconds: int = Field(default=3600, ge=0, le=604800, description=(
         "A node where two of this job's workers failed with an infrastructure-looking cause (a signal, an "
-        "NCCL/Gloo, Xid or ECC error, a replaced straggler) within this many seconds is listed in "
-        "status.avoidedNodes for this long, and the job's new workers get required node anti-affinity "
-        "against it. 0 turns it off. A user error (exit 1-127) never marks a node."))
+        "NCCL, Xid or ECC error) within this many seconds, or where a straggler was replaced "
+        "(failurePolicy.stragglers Replace: one is enough), is listed in status.avoidedNodes for this long, "
+        "and the job's new workers get required node anti-affinity against it. 0 turns it off. A user "
+        "error (exit 1-127) never marks a node."))
 
     cel_rules = (
         cel("self.retryableExitCodes.all(c, !(c in self.permanentExitCodes))",
@@ -1183,7 +1184,8 @@ class DDPJobStatus(StatusModel):
         "Recent infrastructure-looking failures of this job's workers by node (the newest 16, within "
         "failurePolicy.avoidNodeSeconds): the evidence behind avoidedNodes."))
     avoided_nodes: list[AvoidedNode] = Field(default_factory=list, max_length=8, description=(
-        "Nodes where this job's workers failed twice with an infrastructure-looking cause: new workers get "
+        "Nodes where this job's workers failed twice with an infrastructure-looking cause, or a straggler "
+        "was replaced: new workers get "
         "required node anti-affinity against them until each expires (at most 8)."))
 
 
