@@ -22,9 +22,12 @@ Answers: 204 accepted; 400 malformed or too deeply nested JSON; 401 no or invali
 a token of a pod that is not a worker of this job (counted); 404 unknown path; 408 body too slow; 413
 body over 4 KiB; 422 invalid fields; 429 over the per-pod rate or a review budget; 503 this replica is
 a standby, or the review failed (the client retries at once: another connection reaches another
-replica). Reports the operator could not take (429 for a budget, 503 for a failed review, 500) are
-recorded for the job: the stall clock holds for them. Headers must arrive within HEADER_SECONDS and at
-most MAX_CONNECTIONS are open. Nothing a client sends can raise out of the handler.
+replica). Reports the operator could not take are recorded for the job (the stall clock holds for
+them), but only those a worker of the job could have sent: a spent re-review budget (429) for a token
+once valid for a pod that is still the job's worker, a failed review (503), 500. Unknown tokens held back
+by a budget are not: anyone can send those, and they would keep a hung job from ever stalling. Headers
+must arrive within HEADER_SECONDS and at most MAX_CONNECTIONS are open. Nothing a client sends can raise
+out of the handler.
 
 Status writes are bounded: the tracker publishes a job's progress at most every
 DDPJOB_OPERATOR_PROGRESS_WRITE_SECONDS (default 5), and publishing only triggers the job's ordinary
@@ -223,7 +226,8 @@ class TokenReviewer:
         self.review, self.audience, self.clock = review, audience, clock
         self._valid: collections.OrderedDict[str, tuple[float, Identity]] = collections.OrderedDict()
         self._refused: collections.OrderedDict[str, tuple[float, str]] = collections.OrderedDict()
-        self._known: collections.OrderedDict[str, None] = collections.OrderedDict()  # hashes once valid
+        # Hashes once valid -> the pod they named: a refused re-review says whose report it was.
+        self._known: collections.OrderedDict[str, Identity] = collections.OrderedDict()
         # A restart sees every pod at once: a burst of 4 s of reviews.
         self._unknown_budget = TokenBucket(reviews_per_second, 4 * reviews_per_second, clock)
         self._known_budget = TokenBucket(rereviews_per_second, 4 * rereviews_per_second, clock)
@@ -246,7 +250,7 @@ class TokenReviewer:
         else:
             if key in self._known:
                 if not self._known_budget.allow("reviews"):
-                    raise RateLimited("too many token reviews; try again later")
+                    raise RateLimited("too many token reviews; try again later", self._known[key])
             elif not self._sources.allow(source):
                 raise RateLimited("too many unknown tokens from this address; try again later")
             elif not self._unknown_budget.allow("reviews"):
@@ -264,7 +268,7 @@ class TokenReviewer:
                 self._in_flight.pop(key, None)
             if identity is not None:
                 _put(self._valid, key, (self.clock() + TOKEN_CACHE_SECONDS, identity))
-                _put(self._known, key, None)
+                _put(self._known, key, identity)
                 self._refused.pop(key, None)
             else:
                 _put(self._refused, key, (self.clock() + NEGATIVE_CACHE_SECONDS, why))
@@ -297,7 +301,12 @@ def _put(cache: collections.OrderedDict[str, Any], key: str, value: Any) -> None
 
 
 class RateLimited(Exception):
-    pass
+    """A review budget is spent. `identity`: the pod the token was once valid for; None for a token never
+    seen valid (anyone's)."""
+
+    def __init__(self, message: str, identity: Identity | None = None):
+        super().__init__(message)
+        self.identity = identity
 
 
 # ---------------------------------------------------------------- what the operator keeps
@@ -513,8 +522,9 @@ class ProgressServer:
     `find_worker(namespace, job, identity)` -> Worker | None is the operator's pod index lookup;
     `leading()` says whether this replica acts; `accepted(namespace, job, uid)` is called after each
     accepted report (the controller schedules the job's reconcile when a publish is due);
-    `refused(namespace, job)` after each report the operator could not take (429 for a spent review
-    budget, 503 for a failed review, 500): the stall clock holds for it.
+    `refused(namespace, job)` after each report of the job the operator could not take (429 for a spent
+    re-review budget of a token once valid for one of its workers, 503 for a failed review, 500): the stall
+    clock holds for it.
 
     Slow or idle clients are bounded: headers (and keep-alive idleness) within `header_seconds`, the
     body within `body_seconds`, at most `max_connections` open at once."""
@@ -636,7 +646,10 @@ class ProgressServer:
         except Unauthenticated as exc:
             return self._answer(401, "unauthenticated", str(exc))
         except RateLimited as exc:
-            self._refused(request)
+            # Only a worker of this job holds its stall: made-up tokens cost reviews, never a hung job's restart.
+            who = exc.identity
+            if who is not None and who.namespace == namespace and self.find_worker(namespace, name, who) is not None:
+                self._refused(request)
             return self._answer(429, "rate_limited", str(exc))
         except Exception as exc:  # noqa: BLE001 - the API server could not review it: try later
             logger.warning("TokenReview failed: %s", exc)

@@ -47,7 +47,7 @@ def answer(pod: str, uid: str = "", audiences=(AUDIENCE,)) -> dict:
 class Endpoint:
     """The real ProgressServer on loopback, with a scripted TokenReview and a two-worker job."""
 
-    def __init__(self, review, **server_args):
+    def __init__(self, review, budgets: dict | None = None, **server_args):
         self.calls: list[str] = []
         self.counts: dict[str, int] = {}
         self.refusals: list[tuple[str, str]] = []
@@ -56,7 +56,7 @@ class Endpoint:
         async def counted(token, audiences):
             self.calls.append(token)
             return await review(token, audiences)
-        self.reviewer = progress.TokenReviewer(counted, AUDIENCE)
+        self.reviewer = progress.TokenReviewer(counted, AUDIENCE, **(budgets or {}))
         workers = {"w-0": 0, "w-1": 1}
         self.server = progress.ProgressServer(
             self.tracker, self.reviewer,
@@ -167,13 +167,14 @@ async def test_review_rate_limit_failed_review_and_negative_cache():
         assert codes[:10] == [401] * 10 and codes.count(429) >= 30
         reviewed = len(endpoint.calls)
         assert reviewed <= 2 + progress.SOURCE_REVIEW_BURST + 5
-        assert endpoint.refusals and set(endpoint.refusals) == {("ns", "job")}  # the stall clock holds
-        # A failed review is 503 (retry later), and is a refusal too.
+        # Made-up tokens held back are anyone's: they never hold the job's stall clock.
+        assert endpoint.refusals == []
+        # A failed review is 503 (retry later), and is a refusal: the stall clock holds.
         failing[0] = True
         endpoint.reviewer._valid.clear()  # its cached review expired: a re-review, which fails
         before = len(endpoint.refusals)
         status, text = await endpoint.post("w-1")
-        assert status == 503 and "retry" in text and len(endpoint.refusals) == before + 1
+        assert status == 503 and "retry" in text and endpoint.refusals == [("ns", "job")] * (before + 1)
         assert endpoint.counts["unavailable"] == 1
 
 
@@ -304,6 +305,29 @@ async def test_no_stall_is_charged_while_the_operator_cannot_take_the_reports(ha
                          "the Stalled condition")
         status = harness.status("blind")
         assert status["restarts"] == 1 and [i["reason"] for i in status["incidents"]] == ["Stalled"]
+
+
+async def test_a_flood_of_made_up_tokens_cannot_keep_a_hung_job_from_stalling(harness, operator):
+    """A job's workers report once and then hang, while made-up tokens keep arriving at its URL (one per
+    poll, at most 1,500, loopback): most are refused for the per-source budget (429), yet none holds the
+    stall clock, so the job is Stalled a deadline after its last step and charged once."""
+    await started(harness, "hung", runPolicy={"progressDeadlineSeconds": 10},
+                  failurePolicy={"maxRestarts": 2, "backoff": {"initialSeconds": 0, "maxSeconds": 1}})
+    url = report_url(operator, "hung")
+    codes: list[int] = []
+    async with aiohttp.ClientSession() as session:
+        for index in (0, 1):
+            token = harness.cluster.issue_token(NAMESPACE, f"hung-worker-{index}", (AUDIENCE,))
+            assert await post(session, url, token, {"step": 5, "rank": index}) == 204
+
+        async def made_up() -> None:
+            if len(codes) < 1500:
+                codes.append(await post(session, url, f"sa-token-{uuid.uuid4().hex}", {"step": 10**6}))
+        await eventually(lambda: (c := harness.condition("hung", "Stalled")) and c["status"] == "True", 40,
+                         "the Stalled condition", between=made_up)
+    assert set(codes) <= {401, 429} and codes.count(429) > len(codes) // 2, codes
+    status = harness.status("hung")
+    assert status["restarts"] == 1 and [i["reason"] for i in status["incidents"]] == ["Stalled"]
 
 
 async def test_a_token_of_a_replaced_pod_of_the_same_name_is_refused(harness, operator):
