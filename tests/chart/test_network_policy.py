@@ -1,5 +1,6 @@
-"""Issue 23 (items 12, 13): the chart's optional NetworkPolicy for the progress and metrics ports, and the
-progress Service routing reports to the acting replica only. Rendered by Helm's own engine."""
+"""Issue 23 (items 12, 13): the chart's optional NetworkPolicy for the progress and metrics ports (workers
+and warm spares may reach the progress port), and the progress Service routing reports to the acting
+replica only. Rendered by Helm's own engine."""
 
 from __future__ import annotations
 
@@ -36,12 +37,15 @@ def test_off_by_default():
     assert install_dry_run().of_kind("NetworkPolicy") == []
 
 
-def test_progress_only_from_ddpjob_workers_and_metrics_only_from_monitoring():
+def test_progress_only_from_ddpjob_workers_and_spares_and_metrics_only_from_monitoring():
     rules = _rules(_policy(ENABLED))
     assert sorted(rules) == ["metrics", "progress"]  # nothing else may connect (the health port: the kubelet)
     [workers] = rules["progress"]
-    assert workers["podSelector"] == {"matchLabels": {builders.LABEL_MANAGED_BY: builders.MANAGED_BY,
-                                                      builders.LABEL_ROLE: builders.ROLE_WORKER}}
+    # Warm spares poll the assignment route and report once they take a rank's place: admitted too.
+    assert workers["podSelector"] == {
+        "matchLabels": {builders.LABEL_MANAGED_BY: builders.MANAGED_BY},
+        "matchExpressions": [{"key": builders.LABEL_ROLE, "operator": "In",
+                              "values": [builders.ROLE_WORKER, builders.ROLE_SPARE]}]}
     assert workers["namespaceSelector"] == {}  # cluster-wide: jobs in any namespace
     [monitoring] = rules["metrics"]
     assert monitoring == {"namespaceSelector": {"matchExpressions": [
