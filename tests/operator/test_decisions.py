@@ -7,6 +7,7 @@ import pytest
 
 from ddpjob_operator import decisions as d
 from ddpjob_operator import model
+from ddpjob_operator.decisions.common import describe_failure
 from ddpjob_operator.validation import InvalidJob, parse_spec
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
@@ -218,6 +219,30 @@ def test_the_termination_message_reaches_condition_event_and_rank(policy, phase,
     told = {e.reason: e.message for e in of(out, d.Event)}
     told.update({c.reason: c.message for c in out.status.conditions})
     assert f"failed with exit code 3, reason Error ({MESSAGE})" in told[reason]
+
+PROGRESS_WARNING = "WARNING ddp_trainer.progress: progress report failed: HTTP 503 from the standby"
+
+
+@pytest.mark.parametrize("code, reason, message, disruption, says", [
+    # Killed with no word of the launcher's: the kubelet's log tail is not what explains it (issue 23: 12).
+    (137, "Error", PROGRESS_WARNING, False, "killed by signal 9 (SIGKILL)"),
+    (143, "Error", None, False, "killed by signal 15 (SIGTERM)"),
+    (137, "OOMKilled", PROGRESS_WARNING, False, "out of memory: killed by signal 9 (SIGKILL)"),
+    (1, "OOMKilled", "step 40 loss 0.3", False, "out of memory"),
+    # The launcher's own message (its generation mark) is the story, whatever the exit code.
+    (137, "OOMKilled", "rank 0 (local rank 0) exited with code 137: killed by SIGKILL [generation 2]", False,
+     "rank 0 (local rank 0) exited with code 137: killed by SIGKILL [generation 2]"),
+    (143, "Error", "torchrun stopped by SIGTERM; exit code 143 [generation 0]", False,
+     "torchrun stopped by SIGTERM; exit code 143 [generation 0]"),
+    # An ordinary exit's log tail is its traceback: kept.
+    (1, "Error", "ValueError: bad learning rate", False, "ValueError: bad learning rate"),
+    # A disruption's message is the control plane's (an eviction's): kept.
+    (137, "Evicted", "The node was low on resource: memory.", True, "The node was low on resource: memory."),
+])
+def test_a_failure_is_told_by_what_explains_the_exit(code, reason, message, disruption, says):
+    told = describe_failure(failed(1, code, reason, message=message, disruption=disruption))
+    assert told == f"worker 1 (pod j-worker-1) failed with exit code {code}, reason {reason} ({says})"
+
 
 def test_retryable_failure_pod_scope_waits_for_backoff_then_replaces_only_that_rank():
     s = spec(minReplicas=1)

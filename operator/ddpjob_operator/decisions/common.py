@@ -3,10 +3,13 @@ the phase/terminal/cleanup steps every concern ends with."""
 
 from __future__ import annotations
 
+import re
+import signal
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
 from .. import builders, model
+from ..launcher import GENERATION_MARK_PATTERN, RENDEZVOUS_CLOSED_MARK
 from .types import (INCIDENT_HISTORY, MISSING, NODE_LOST_REASONS, Action, DeleteJob, DeleteStore, DeleteWorker, Event, JobView,
                     Observed, Options, REASON_CLEANUP, REASON_STUCK_TERMINATING, WorkerObservation)
 
@@ -58,6 +61,30 @@ def short_message(text: str | None) -> str | None:
     return f"{line[:half]} ... {line[-half:]}"
 
 
+_LAUNCHER_MARK = re.compile(GENERATION_MARK_PATTERN + "|" + re.escape(RENDEZVOUS_CLOSED_MARK))
+
+
+def launcher_message(message: str | None) -> bool:
+    """The launcher's own termination message (every one ends with its marks), not the log tail the kubelet
+    puts there when it wrote none (FallbackToLogsOnError)."""
+    return bool(message) and _LAUNCHER_MARK.search(message) is not None
+
+
+def killed(w: WorkerObservation) -> str | None:
+    """What explains an exit that the launcher could not tell (it was killed itself): the kernel's OOM kill,
+    a signal (exit code 128+N); None for any other exit."""
+    how = None
+    if w.exit_code is not None and 128 < w.exit_code < 128 + signal.NSIG:
+        number = w.exit_code - 128
+        try:
+            how = f"killed by signal {number} ({signal.Signals(number).name})"
+        except ValueError:
+            how = f"killed by signal {number}"
+    if w.reason == "OOMKilled":  # the kubelet's word for the kernel's OOM kill
+        return "out of memory" + (f": {how}" if how else "")
+    return how
+
+
 def describe_failure(w: WorkerObservation) -> str:
     if w.exit_code is None and not w.exited:
         # Deleted or lost before it exited (its exit code, if any, was never seen).
@@ -65,7 +92,14 @@ def describe_failure(w: WorkerObservation) -> str:
         return f"worker {w.index} (pod {w.name}) {how}"
     code = "unknown exit code" if w.exit_code is None else f"exit code {w.exit_code}"
     described = f"worker {w.index} (pod {w.name}) failed with {code}, reason {w.reason or 'unknown'}"
-    message = short_message(w.message)
+    message = w.message
+    explained = None if w.disruption or launcher_message(message) else killed(w)
+    if explained:
+        # A kill leaves no word of the launcher's: what the kubelet has instead is the log's tail, whose last
+        # line (a progress client's warning, say) has nothing to do with the exit. (A disruption's message
+        # is the control plane's own, which does.)
+        message = explained
+    message = short_message(message)
     return f"{described} ({message})" if message else described
 
 
