@@ -243,7 +243,20 @@ def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: 
         env["MASTER_PORT"] = str(STATIC_MASTER_PORT)
     for flag, value in torchrun_flags(spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=local_addr):
         env["PET_" + flag.upper().replace("-", "_")] = value
+    # Every DDPJOB_ variable the launcher and trainer read is the operator's, "" (off) where this worker has
+    # none: an envFrom without a prefix (a ConfigMap's keys, which validation never sees) could set it
+    # otherwise, and an explicit entry wins over envFrom. worker_pod and spare_pod fill in theirs; the local
+    # runner overrides these. Not DDPJOB_FORK_TRAINER (the user's to set) nor DDPJOB_ZYGOTE_PRELOAD (read by
+    # the local runner's zygote only, whose environment it builds itself).
+    for name in UNSET_WHEN_OFF:
+        env.setdefault(name, "")
+    env[TERMINATION_LOG_ENV] = TERMINATION_LOG_PATH  # the kubelet's path; "" would lose the message
     return env
+
+
+# What worker_env sets to "" where a worker has none: the launcher and trainer take "" as unset.
+UNSET_WHEN_OFF = ("DDPJOB_CHECKPOINT_DIR", "DDPJOB_CHECKPOINT_INTERVAL_STEPS", "DDPJOB_CHECKPOINT_KEEP",
+                  SPARE_ENV, ASSIGNMENT_FILE_ENV, PROGRESS_URL_ENV, PROGRESS_TOKEN_ENV, PROGRESS_CA_ENV)
 
 
 # ---------------------------------------------------------------- progress reporting (issue 12)
@@ -446,7 +459,8 @@ def spare_pod(job: JobRef, spec: model.DDPJobSpec, *, serial: int, generation: i
     for var in container["env"]:
         if var["name"] == "DDPJOB_REPLICA_INDEX":
             var["value"] = "-1"  # until assigned
-    container["env"].append({"name": SPARE_ENV, "value": "1"})
+        elif var["name"] == SPARE_ENV:
+            var["value"] = "1"  # in place: a second entry of the name would draw the API server's warning
     anti = {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
         "matchLabels": {LABEL_JOB_NAME: job.name, LABEL_ROLE: ROLE_WORKER}}}}
     affinity = pod_spec.setdefault("affinity", {})

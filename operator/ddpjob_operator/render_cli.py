@@ -4,8 +4,9 @@ A preview for review and debugging: PodGroup, Services, checkpoint claim, rendez
 worker pods of generation 0, exactly as the operator's builders produce them, the progress token volume
 and DDPJOB_PROGRESS_* variables included (the chart turns the progress endpoint on by default). What only
 exists at run time is a placeholder: the job's uid is a stable stand-in (override it with --uid), the
-progress URL's base is `<progress-url>` unless --progress-url gives the operator's, and `$(DDPJOB_POD_IP)`
-is expanded by Kubernetes in the pod.
+progress URL's base is `<progress-url>` unless --progress-url gives the operator's, DDPJOB_PROGRESS_CA is
+"" (plain HTTP) unless --progress-ca gives the CA file of an HTTPS endpoint (the chart's `progress.tls`:
+its Secret's `ca.crt`), and `$(DDPJOB_POD_IP)` is expanded by Kubernetes in the pod.
 """
 
 from __future__ import annotations
@@ -29,7 +30,17 @@ def cmd_render(args: argparse.Namespace) -> int:
         for error in exc.errors:
             print(f"{args.file}: {error}", file=sys.stderr)
         return validation.EXIT_INVALID
-    progress = None if args.no_progress else builders.ProgressEndpoint(args.progress_url, args.progress_audience)
+    ca = ""
+    if args.progress_ca:
+        try:  # as the operator reads its DDPJOB_OPERATOR_PROGRESS_CA_FILE (handlers._read_ca)
+            with open(args.progress_ca, encoding="ascii") as f:
+                ca = f.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"--progress-ca {args.progress_ca}: cannot read the CA: {exc}. Fix: give the PEM file of the "
+                  "endpoint's CA (the chart's progress.tls Secret, key ca.crt)", file=sys.stderr)
+            return validation.EXIT_INVALID
+    progress = None if args.no_progress else builders.ProgressEndpoint(args.progress_url, args.progress_audience,
+                                                                        ca)
     manifests, failed = [], False
     for job in jobs:
         pod_spec = job.spec.template.pod_spec
@@ -62,6 +73,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"the placeholder {PROGRESS_URL_PLACEHOLDER})")
     p.add_argument("--progress-audience", default=Settings().progress_audience,
                    help="audience of the workers' progress token (default: %(default)s)")
-    p.add_argument("--no-progress", action="store_true",
-                   help="render as an operator without the progress endpoint (no token volume, no DDPJOB_PROGRESS_*)")
+    off = p.add_mutually_exclusive_group()
+    off.add_argument("--no-progress", action="store_true",
+                     help="render as an operator without the progress endpoint (no token volume, DDPJOB_PROGRESS_* "
+                          "empty)")
+    off.add_argument("--progress-ca", metavar="FILE",
+                     help="the PEM of the CA the HTTPS progress endpoint's certificate chains to (the operator's "
+                          "DDPJOB_OPERATOR_PROGRESS_CA_FILE: ca.crt of the chart's progress.tls Secret); workers get "
+                          "it as DDPJOB_PROGRESS_CA")
     p.set_defaults(func=cmd_render)

@@ -4,6 +4,7 @@ by the CRD, naming the field, and never renders a pod the API server or the kube
 from __future__ import annotations
 
 import copy
+import re
 import resource
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from ddpjob_operator.settings import Settings
 from .apiserver_rules import object_errors
 from .schema_checks import api_server_errors, independent_cel
 
+ROOT = Path(__file__).resolve().parents[2]
 BASE = {"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": "victim"},
         "spec": {"replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer",
                  "checkpoint": {"claimTemplate": {"size": "1Gi"}}}}
@@ -145,6 +147,59 @@ def test_the_operators_env_wins_over_a_user_entry_of_the_same_name():
         "spec"]["containers"][0]["env"]
     last = {e["name"]: e.get("value") for e in env}  # dict keeps the last value of each name
     assert last["PYTHONUNBUFFERED"] == "1" and last["DDPJOB_GENERATION"] == "3"
+
+
+def _launcher_and_trainer_names() -> set[str]:
+    """Every DDPJOB_ variable the worker's launcher and the trainer runtime read (from their sources, so a
+    new one is covered), but the user's (DDPJOB_FORK_TRAINER) and the local zygote's."""
+    sources = [ROOT / "operator" / "ddpjob_operator" / "launcher.py", *(ROOT / "trainer-image" / "ddp_trainer").rglob(
+        "*.py")]
+    names = {n for path in sources for n in re.findall(r"\bDDPJOB_[A-Z0-9_]+\b", path.read_text())
+             if not n.endswith("_")}
+    return names - set(model.USER_SETTABLE_ENV_NAMES) - {builders.PRELOAD_ENV}
+
+
+def _kubelet_env(container: dict, config_maps: dict[str, dict[str, str]]) -> dict[str, str | None]:
+    """The environment the kubelet gives the container: envFrom first, then env, the last of a name winning
+    (a valueFrom shown as None)."""
+    env: dict[str, str | None] = {}
+    for source in container.get("envFrom") or ():
+        for key, value in config_maps[source["configMapRef"]["name"]].items():
+            env[source.get("prefix", "") + key] = value
+    for var in container["env"]:
+        env[var["name"]] = var.get("value") if "valueFrom" not in var else None
+    return env
+
+
+def test_an_env_from_without_prefix_cannot_set_the_operators_variables(tmp_path, capsys):
+    """validate cannot see a ConfigMap's keys: every variable the launcher or trainer reads is the pod's own
+    explicit entry (off as ""), which Kubernetes puts over envFrom, in workers and spares alike."""
+    names = _launcher_and_trainer_names()
+    assert {builders.SPARE_ENV, builders.REJOIN_ENV, builders.ASSIGNMENT_FILE_ENV, builders.PROGRESS_URL_ENV,
+            builders.TERMINATION_LOG_ENV, "DDPJOB_CHECKPOINT_DIR"} <= names
+    hostile = {name: "/tmp/hostile" for name in names} | {builders.SPARE_ENV: "1", builders.REJOIN_ENV: "1"}
+    doc = manifest({"checkpoint": None, "failurePolicy": {"restartScope": "All"},
+                    "template": {"trainer": {"envFrom": [{"configMapRef": {"name": "settings"}}]}}})
+    assert validate(tmp_path, doc, capsys)[0] == 0
+    spec = validation.parse_job(doc).spec
+    job = builders.JobRef("victim", "default", "u")
+    for progress in (None, builders.ProgressEndpoint("http://p:8090", "a")):
+        pod = builders.worker_pod(job, spec, index=0, generation=0, progress=progress)
+        [container] = pod["spec"]["containers"]
+        explicit = {e["name"] for e in container["env"]}
+        assert names <= explicit, sorted(names - explicit)
+        seen = _kubelet_env(container, {"settings": hostile})
+        assert not [n for n in names if seen[n] == hostile[n]], seen
+        assert seen[builders.SPARE_ENV] == "" and seen[builders.REJOIN_ENV] == "0"
+        assert seen[builders.TERMINATION_LOG_ENV] == builders.TERMINATION_LOG_PATH
+    spare_spec = validation.parse_job(manifest({"failurePolicy": {"restartScope": "Pod", "spares": 1},
+                                                "template": doc["spec"]["template"]})).spec
+    spare = builders.spare_pod(job, spare_spec, serial=0, generation=0, progress=builders.ProgressEndpoint(
+        "http://p:8090", "a"))
+    [container] = spare["spec"]["containers"]
+    assert [e["name"] for e in container["env"]].count(builders.SPARE_ENV) == 1
+    seen = _kubelet_env(container, {"settings": dict.fromkeys(names, "hostile")})
+    assert seen[builders.SPARE_ENV] == "1" and "hostile" not in seen.values()
 
 
 # ---------------------------------------------------------------- 8: resource names
@@ -340,6 +395,28 @@ def test_render_shows_the_progress_token_volume_and_env_as_the_operator_creates_
     # Without --progress-url the base is a visible placeholder, never a made-up address.
     assert cli.main(["render", str(path)]) == 0
     assert "<progress-url>/v1/namespaces/default/ddpjobs/victim/progress" in capsys.readouterr().out
+
+
+def test_render_shows_the_progress_ca_of_an_https_endpoint(tmp_path, capsys):
+    """With --progress-ca, render gives workers DDPJOB_PROGRESS_CA as the operator does from its CA file."""
+    from ddpjob_operator import handlers  # the operator's own reader of DDPJOB_OPERATOR_PROGRESS_CA_FILE
+
+    path, ca = tmp_path / "job.yaml", tmp_path / "ca.crt"
+    path.write_text(yaml.safe_dump(manifest()))
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n\n")
+    url, audience = "https://ddpjob-operator-progress.ddpjob-system.svc:8090", Settings().progress_audience
+    assert cli.main(["render", str(path), "-n", "team-a", "--progress-url", url, "--progress-ca", str(ca)]) == 0
+    workers = [m for m in yaml.safe_load_all(capsys.readouterr().out)
+               if m["kind"] == "Pod" and "worker" in m["metadata"]["name"]]
+    spec, ref = validation.parse_job(manifest()).spec, builders.JobRef.preview("victim", "team-a")
+    operator = builders.ProgressEndpoint(url, audience, handlers._read_ca(str(ca)))
+    assert workers == [builders.worker_pod(ref, spec, index=i, generation=0, progress=operator) for i in range(2)]
+    env = {e["name"]: e.get("value") for e in workers[0]["spec"]["containers"][0]["env"]}
+    assert env[builders.PROGRESS_CA_ENV] == ca.read_text().strip()
+    # A CA that cannot be read is said, naming the option, never rendered as "no CA".
+    assert cli.main(["render", str(path), "--progress-url", url, "--progress-ca", str(tmp_path / "none")]) == \
+        validation.EXIT_INVALID
+    assert "--progress-ca" in capsys.readouterr().err
 
 
 def test_the_model_knows_the_operators_volume_and_paths():

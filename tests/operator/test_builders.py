@@ -93,14 +93,8 @@ def test_worker_env_matches_the_launch_contract():
     env = env_for(spec(minReplicas=1, checkpoint={"claimName": "ck", "intervalSteps": 7, "keep": 4}))
     contract = (ROOT / "docs" / "launch-contract.md").read_text()
     documented = set(re.findall(r"`(DDPJOB_[A-Z_]+)`", contract))
-    # The pod IP comes from the downward API, the termination log path from the local runner, the
-    # progress endpoint, token file and CA only with an operator progress endpoint (worker_pod, below), and
-    # the spare's two only in a spare (spare_pod).
-    assert {k for k in env if k.startswith("DDPJOB_")} | {builders.POD_IP_ENV, builders.TERMINATION_LOG_ENV,
-                                                          builders.PROGRESS_URL_ENV, builders.PROGRESS_TOKEN_ENV,
-                                                          builders.PROGRESS_CA_ENV, builders.SPARE_ENV,
-                                                          builders.ASSIGNMENT_FILE_ENV} \
-        == documented
+    # The pod IP comes from the downward API (worker_pod); every other variable is set, "" where off.
+    assert {k for k in env if k.startswith("DDPJOB_")} | {builders.POD_IP_ENV} == documented
     assert env["DDPJOB_REPLICA_INDEX"] == "1" and env["DDPJOB_GENERATION"] == "3"
     assert env["DDPJOB_CHECKPOINT_DIR"] == "/checkpoints"
     assert env["DDPJOB_CHECKPOINT_INTERVAL_STEPS"] == "7" and env["DDPJOB_CHECKPOINT_KEEP"] == "4"
@@ -124,8 +118,16 @@ def test_static_jobs_get_master_addr_and_port(replicas, expected):
     assert builders.STATIC_MASTER_PORT != model.Rendezvous().port  # never the store's port
 
 
-def test_worker_env_without_checkpoint_has_no_checkpoint_dir():
-    assert "DDPJOB_CHECKPOINT_DIR" not in env_for(spec())
+def test_worker_env_sets_what_a_worker_has_not_to_empty():
+    """Explicit "" (which the launcher and trainer take as unset) rather than absent: an envFrom without a
+    prefix cannot then turn on checkpoints, the spare's wait, or a progress endpoint of its own."""
+    env = env_for(spec())
+    off = ["DDPJOB_CHECKPOINT_DIR", "DDPJOB_CHECKPOINT_INTERVAL_STEPS", "DDPJOB_CHECKPOINT_KEEP", builders.SPARE_ENV,
+           builders.ASSIGNMENT_FILE_ENV, builders.PROGRESS_URL_ENV, builders.PROGRESS_TOKEN_ENV,
+           builders.PROGRESS_CA_ENV]
+    assert {name: env.get(name) for name in off} == dict.fromkeys(off, "")
+    assert env[builders.TERMINATION_LOG_ENV] == builders.TERMINATION_LOG_PATH  # where the kubelet reads it
+    assert builders.FORK_TRAINER_ENV not in env  # the user's to set (spec.env)
 
 
 def test_worker_pod_shape():
@@ -622,7 +624,8 @@ def test_gang_resources_multiply_quantities(quantity, factor, expected):
 
 def test_worker_pod_progress_endpoint_and_projected_token():
     """Issue 12: with an operator progress endpoint, workers get its URL and a projected token whose
-    audience only the operator accepts; without one, neither (the client is then a no-op over HTTP)."""
+    audience only the operator accepts; without one, neither (the URL is "", so the client is a no-op over
+    HTTP whatever an envFrom says)."""
     endpoint = builders.ProgressEndpoint("http://ddpjob-progress.ddpjob-system.svc:8090", "progress.elastic.ddp.dev")
     pod = builders.worker_pod(JOB, spec(), index=0, generation=0, progress=endpoint)
     container = pod["spec"]["containers"][0]
@@ -639,5 +642,6 @@ def test_worker_pod_progress_endpoint_and_projected_token():
     # No RBAC for the pod: the token is the pod's own service account's, bound to the pod.
     assert "serviceAccountName" not in pod["spec"]
     plain = builders.worker_pod(JOB, spec(), index=0, generation=0)
-    assert builders.PROGRESS_URL_ENV not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}
+    plain_env = {e["name"]: e.get("value") for e in plain["spec"]["containers"][0]["env"]}
+    assert plain_env[builders.PROGRESS_URL_ENV] == plain_env[builders.PROGRESS_TOKEN_ENV] == ""
     assert builders.PROGRESS_TOKEN_VOLUME not in {v["name"] for v in plain["spec"]["volumes"]}
