@@ -9,7 +9,10 @@
    and prunes nothing.
 
 Process-free on the CheckpointManager and `Job` (no process group), plus one real torchrun run
-through the worker launcher for the exit code and the termination message.
+through the worker launcher for the exit code and the termination message. The same promises for the
+HF and Lightning integrations' checkpoints (`runtime.frameworks`, with the CheckpointManager's retry,
+fence and full-volume code) are at the end; their runs with each framework's own saves are in
+test_hf_callback.py and test_lightning_callback.py.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import torch
 
 from ddp_trainer import runtime
 from ddp_trainer.runtime import CheckpointManager, Job, JobEnv, ProgressReporter, StopRequest
-from trainer_harness import PY, base_env, run, tail
+from ddp_trainer.runtime import checkpoint as checkpoint_module
+from ddp_trainer.runtime import frameworks
+from trainer_harness import PY, base_env, recorded, run, tail, trap_exit
 
 _real_read_bytes = Path.read_bytes
 _real_fsync = os.fsync
@@ -344,3 +349,143 @@ def test_6_the_trainer_exits_75_and_the_termination_message_says_volume_full(tmp
     assert message.read_text().startswith(
         f"rank 0 (local rank 0) exited with code 75: checkpoint volume full: {steps}: "), message.read_text()
     assert _files(steps) == ["step-00000005.committed", "step-00000005.pt"]  # no temp file, step 5 kept
+
+
+# ---- the same promises for the HF and Lightning integrations (runtime.frameworks) ----------------------
+
+FRAMEWORKS = ["hf", "lightning"]
+
+
+def _framework(name: str, monkeypatch):
+    """The integration's module (skipped without its framework); read retries without pauses."""
+    module = pytest.importorskip(f"ddp_trainer.runtime.{name}")
+    monkeypatch.setattr(checkpoint_module, "READ_RETRY_BACKOFF_SECONDS", 0.0)
+    return module
+
+
+def _framework_checkpoint(directory: Path, name: str, step: int, size: int = 100) -> Path:
+    """What the framework leaves before the commit: HF a directory `checkpoint-<N>/`, Lightning one file."""
+    if name == "hf":
+        path = directory / f"checkpoint-{step}"
+        path.mkdir(parents=True)
+        (path / "model.safetensors").write_bytes(b"x" * size)
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"step-{step:08d}.ckpt"
+        path.write_bytes(b"x" * size)
+    return path
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_4_frameworks_a_read_error_on_a_marker_is_retried_then_exits_75_never_an_older_checkpoint(
+        tmp_path, monkeypatch, name):
+    """`read_marker` took an I/O error for "no marker": the newest checkpoint was skipped for an older one."""
+    module = _framework(name, monkeypatch)
+    ck = tmp_path / "ck"
+    paths = {step: _framework_checkpoint(ck, name, step) for step in (10, 20, 30)}
+    for step, path in paths.items():
+        frameworks.commit(path, step=step, world_size=2)
+    marker = frameworks.marker_path(paths[30]).name  # (HF: every checkpoint's marker has this name)
+    reads = _fail_reads(monkeypatch, marker)
+    with pytest.raises(runtime.CheckpointVolumeUnreadable) as failed:
+        frameworks.newest_complete(ck, module.CHECKPOINT)  # the old code: step 20
+    assert str(failed.value).startswith(f"checkpoint volume unreadable: {ck}: "), str(failed.value)
+    assert len(reads) == 1 + checkpoint_module.READ_RETRIES
+    error_file = trap_exit(monkeypatch, tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        module.resume_from_checkpoint(str(ck))  # what the script calls: exit 75, as the bundled trainer
+    assert exited.value.code == 75
+    assert recorded(error_file).startswith(f"checkpoint volume unreadable: {ck}: "), recorded(error_file)
+    monkeypatch.undo()
+    _framework(name, monkeypatch)
+    _fail_reads(monkeypatch, marker, times=2)  # a transient error: retried, the newest is found
+    assert frameworks.newest_complete(ck, module.CHECKPOINT)[0] == 30
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_4_frameworks_prune_only_after_a_complete_commit_and_never_on_a_read_error(tmp_path, monkeypatch, name):
+    module = _framework(name, monkeypatch)
+    paths = {step: _framework_checkpoint(tmp_path, name, step) for step in (10, 20, 30, 40, 50)}
+    for step in (10, 30, 40, 50):  # 20: partial (its writer died); 50: newer than 40, another writer's
+        frameworks.commit(paths[step], step=step, world_size=1)
+    before = _files(tmp_path)
+    _fail_reads(monkeypatch, frameworks.marker_path(paths[10]).name)
+    assert frameworks.prune(paths[40], module.CHECKPOINT, 2) == []  # one marker cannot be read: nothing goes
+    monkeypatch.undo()
+    _framework(name, monkeypatch)
+    data = paths[40] / "model.safetensors" if name == "hf" else paths[40]
+    data.write_bytes(b"x" * 50)  # 40 does not read back as committed
+    assert frameworks.prune(paths[40], module.CHECKPOINT, 2) == []
+    assert _files(tmp_path) == before
+    data.write_bytes(b"x" * 100)
+    assert sorted(frameworks.prune(paths[40], module.CHECKPOINT, 2)) == [paths[10], paths[20]]
+    assert [step for step, path in paths.items() if path.exists()] == [30, 40, 50]
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_5_frameworks_commits_are_fenced_by_generation(tmp_path, monkeypatch, name):
+    module = _framework(name, monkeypatch)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "uid-g1")
+    frameworks.start_generation(tmp_path)
+    first = _framework_checkpoint(tmp_path, name, 10)
+    assert frameworks.commit(first, step=10, world_size=2) is not None
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "uid-g2")
+    assert module.resume_from_checkpoint(str(tmp_path)) == str(first)  # generation 2's rank 0: fence, then look
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "uid-g1")  # a trainer of generation 1, left behind, further along
+    late = _framework_checkpoint(tmp_path, name, 20)
+    assert frameworks.commit(late, step=20, world_size=2) is None  # the old code committed it
+    assert late.exists()  # its files stay: the step may be the newer generation's too
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "uid-g2")
+    assert frameworks.newest_complete(tmp_path, module.CHECKPOINT)[0] == 10
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "new-uid-g0")  # the job recreated under the same name
+    frameworks.start_generation(tmp_path)
+    assert frameworks.commit(_framework_checkpoint(tmp_path, name, 30), step=30, world_size=2) is not None
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_5_frameworks_a_commit_is_withdrawn_when_a_newer_generation_starts_while_it_writes(tmp_path, monkeypatch,
+                                                                                           name):
+    _framework(name, monkeypatch)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "uid-g1")
+    frameworks.start_generation(tmp_path)
+    real_dumps = json.dumps
+
+    def dumps(obj, *args, **kwargs):  # step 20's marker is being written: generation 2 starts meanwhile
+        if isinstance(obj, dict) and obj.get("step") == 20 and "files" in obj:
+            with monkeypatch.context() as m:
+                m.setenv("TORCHELASTIC_RUN_ID", "uid-g2")
+                frameworks.start_generation(tmp_path)
+        return real_dumps(obj, *args, **kwargs)
+
+    monkeypatch.setattr(json, "dumps", dumps)
+    path = _framework_checkpoint(tmp_path, name, 20)
+    assert frameworks.commit(path, step=20, world_size=2) is None
+    assert not frameworks.marker_path(path).exists() and path.exists()
+
+
+def test_6_frameworks_a_full_volume_is_recognised_behind_a_frameworks_own_error(tmp_path, monkeypatch):
+    """HF and Lightning write their checkpoints with their own code, which may wrap the OSError, or (torch.save's
+    C++ stream) lose its errno: the exception's chain, then the volume itself, tell a full volume."""
+    error_file = trap_exit(monkeypatch, tmp_path)
+    wrapped = RuntimeError("saving the checkpoint failed")
+    wrapped.__cause__ = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+    bare = RuntimeError("basic_ios::clear: iostream error")  # torch.save's C++ writer, whatever went wrong
+
+    def save(error: Exception):
+        def write() -> None:
+            raise error
+        return write
+
+    with pytest.raises(SystemExit) as exited:
+        frameworks.guard_volume(save(wrapped), tmp_path, "checkpoint-4")
+    assert exited.value.code == 75
+    assert recorded(error_file).startswith(
+        f"checkpoint volume full: {tmp_path}: {os.strerror(errno.EDQUOT)} while writing checkpoint-4: ")
+    with pytest.raises(RuntimeError, match="iostream error"):
+        frameworks.guard_volume(save(bare), tmp_path, "optimizer.pt")  # space left: not the volume's failure
+    real = os.statvfs(tmp_path)
+    monkeypatch.setattr(os, "statvfs", lambda path: os.statvfs_result((*real[:4], 0, *real[5:])))  # f_bavail 0
+    with pytest.raises(SystemExit) as exited:
+        frameworks.guard_volume(save(bare), tmp_path, "optimizer.pt")
+    assert exited.value.code == 75
+    assert recorded(error_file).startswith(f"checkpoint volume full: {tmp_path}: "), recorded(error_file)

@@ -1,8 +1,14 @@
-"""runtime.hf: the Hugging Face callback's stop on SIGTERM under real torchrun (two trainers, Gloo), and
-which checkpoint a resume takes (a partial one, as a worker killed mid-save leaves it, never)."""
+"""runtime.hf: the Hugging Face callback's stop on SIGTERM under real torchrun (two trainers, Gloo), which
+checkpoint a resume takes (a partial one, as a worker killed mid-save leaves it, never), and issue 23's
+checkpoint promises with HF's own saves: HF's rotation never deletes the last complete checkpoint before the
+new one is committed (4), a replaced generation commits nothing (5), a full volume exits 75 (6). The in-process
+runs train the example's tiny GPT-2, built from a config, for a few steps."""
 
 from __future__ import annotations
 
+import builtins
+import errno
+import importlib.util
 import os
 import re
 import signal
@@ -13,14 +19,39 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from trainer_harness import (PY, base_env, kill_tree, read_json, start, tail,  # noqa: E402
-                             trainer_pids, wait_for)
+from trainer_harness import (PY, base_env, kill_tree, read_json, recorded, start, tail,  # noqa: E402
+                             trainer_pids, trap_exit, wait_for)
+from transformers import GPT2Config, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from ddp_trainer.runtime import frameworks  # noqa: E402
 from ddp_trainer.runtime import hf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "hf" / "train.py"
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("hf_example", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EXAMPLE = _example()  # its TinyLM (GPT-2 from a config) and synthetic Sequences
+
+
+def _train(out: Path, max_steps: int, *, resume: str | None = None, callbacks: tuple = (), **args) -> None:
+    """A single-process HF run of the example's model: DDPJob's callback saves every 2 steps into `out`."""
+    config = GPT2Config(vocab_size=EXAMPLE.VOCAB, n_positions=EXAMPLE.LENGTH, n_embd=8, n_layer=1, n_head=1)
+    args = TrainingArguments(output_dir=str(out), max_steps=max_steps, per_device_train_batch_size=2,
+                             save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True, seed=0, **args)
+    trainer = Trainer(model=EXAMPLE.TinyLM(config), args=args, train_dataset=EXAMPLE.Sequences(32, seed=1),
+                      callbacks=[*callbacks, hf.DDPJobCallback(every_steps=2)])
+    trainer.train(resume_from_checkpoint=resume)
+
+
+def _complete(out: Path) -> list[str]:
+    return sorted(p.name for p in out.glob("checkpoint-*") if frameworks.read_marker(p) is not None)
 
 
 def test_resume_takes_the_newest_complete_checkpoint_and_says_so(tmp_path: Path, capsys) -> None:
@@ -61,3 +92,62 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_complete_checkpoint_and_exi
     assert hf.resume_from_checkpoint(str(ck / "test" / "hf")) == str(ck / "test" / "hf" / f"checkpoint-{step}")
     assert frameworks.read_marker(ck / "test" / "hf" / f"checkpoint-{step}")["world_size"] == 2
     assert not (ck / "result.json").exists()  # stopped, not finished
+
+
+# ---- issue 23, items 4-6, with HF's own saves -----------------------------------------------------------
+
+def test_4_hfs_rotation_never_deletes_the_last_complete_checkpoint_before_the_new_one_is_committed(tmp_path):
+    """HF's `save_total_limit` rotation runs inside HF's save, before `on_save` commits the new checkpoint, and
+    counts partial checkpoints: with checkpoint-7 left partial (a rescue killed mid-write), saving 6 deleted
+    2 and 4, so a crash before the commit of 6 left nothing to resume from. Now the callback prunes, after it."""
+    out = tmp_path / "hf"
+    _train(out, 4, save_total_limit=2)
+    assert _complete(out) == ["checkpoint-2", "checkpoint-4"]
+    partial = out / "checkpoint-7"
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"x")
+    seen = []
+
+    class BeforeTheCommit(TrainerCallback):  # on_save runs before DDPJob's: HF wrote checkpoint-6, no marker yet
+        def on_save(self, args, state, control, **kwargs):
+            seen.append(_complete(out))
+
+    _train(out, 6, resume=hf.resume_from_checkpoint(str(out)), callbacks=(BeforeTheCommit(),), save_total_limit=2)
+    assert seen == [["checkpoint-2", "checkpoint-4"]]  # the old code: [] (HF's rotation had removed both)
+    assert _complete(out) == ["checkpoint-4", "checkpoint-6"]  # then pruned to `save_total_limit`, after the commit
+    assert partial.is_dir()  # newer than the verified one: not this trainer's to judge
+
+
+def test_5_a_replaced_generation_commits_and_prunes_nothing(tmp_path, monkeypatch):
+    out = tmp_path / "hf"
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)  # (HF would take the process for torchrun's)
+    monkeypatch.setenv("DDPJOB_GENERATION", "1")
+    _train(out, 4, save_total_limit=2)
+    monkeypatch.setenv("DDPJOB_GENERATION", "2")
+    assert hf.resume_from_checkpoint(str(out)) == str(out / "checkpoint-4")  # generation 2's rank 0 starts
+    monkeypatch.setenv("DDPJOB_GENERATION", "1")
+    _train(out, 8, resume=str(out / "checkpoint-4"), save_total_limit=2)  # left behind, and further along
+    monkeypatch.setenv("DDPJOB_GENERATION", "2")
+    assert hf.resume_from_checkpoint(str(out)) == str(out / "checkpoint-4")  # the old code: checkpoint-8
+    assert _complete(out) == ["checkpoint-2", "checkpoint-4"]  # and its rotation had removed both
+
+
+def test_6_a_full_volume_while_hf_saves_exits_75_naming_the_directory(tmp_path, monkeypatch):
+    out = tmp_path / "hf"
+    error_file = trap_exit(monkeypatch, tmp_path)
+    real_open = builtins.open
+
+    def full_at_step_4(file, mode="r", *args, **kwargs):  # HF writes checkpoint-4's trainer_state.json
+        if "w" in mode and str(file).endswith(os.path.join("checkpoint-4", "trainer_state.json")):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", full_at_step_4)
+    with pytest.raises(SystemExit) as exited:
+        _train(out, 6)  # the old code: the OSError left trainer.train(), exit 1 (the script's bug)
+    assert exited.value.code == 75
+    assert recorded(error_file).startswith(
+        f"checkpoint volume full: {out}: No space left on device while writing checkpoint-4: "), recorded(error_file)
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert _complete(out) == ["checkpoint-2"]
+    assert hf.resume_from_checkpoint(str(out)) == str(out / "checkpoint-2")

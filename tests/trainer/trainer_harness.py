@@ -134,3 +134,23 @@ def steps_dir(checkpoint_dir: Path, job: str = "test") -> Path:
 def committed_steps(checkpoint_dir: Path) -> list[int]:
     d = steps_dir(checkpoint_dir)
     return sorted((int(p.stem.split("-")[1]) for p in d.glob("step-*.committed")), reverse=True) if d.is_dir() else []
+
+
+def trap_exit(monkeypatch, tmp_path: Path) -> Path:
+    """For code that ends the trainer with the runtime's `exit_process(code)` (no interpreter teardown: it
+    would end pytest), run in-process: it raises SystemExit(code) instead. Returns torchrun's error file
+    ($TORCHELASTIC_ERROR_FILE), where `CheckpointVolumeError.record()` puts the message; `recorded()` reads it."""
+    from ddp_trainer.runtime import job
+
+    def exit_process(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(job, "exit_process", exit_process)
+    error_file = tmp_path / "torchelastic-error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    return error_file
+
+
+def recorded(error_file: Path) -> str:
+    """The message a trainer handed torchrun (what the pod's termination message quotes)."""
+    return read_json(error_file)["message"]["message"]

@@ -28,6 +28,10 @@ rescue, checks the fence and the committed markers before it writes and again af
 in place: a trainer of an older generation (a partitioned worker of a replaced generation) commits
 nothing, or withdraws its commit if the newer generation appeared while it wrote.
 
+The HF and Lightning integrations (`runtime.frameworks`) use the same code for their own checkpoints:
+the fence (`raise_fence`, `newer_generation`), the read retries (`retry_reads`) and the full volume
+(`volume_full`).
+
 Rescue checkpoints (`save_rescue`): when a peer dies, every surviving rank still holds the whole
 replica at a step boundary, and any of them may write it, not only rank 0. The step's claim file is
 created exclusively (one writer per step, whoever is first), and a step that already has a
@@ -48,7 +52,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -142,6 +146,102 @@ class CheckpointVolumeUnreadable(CheckpointVolumeError):
 def _volume_full(e: OSError, directory: Path, what: str) -> CheckpointVolumeFull:
     return CheckpointVolumeFull(directory, f"{e.strerror or e} while writing {what}: free space on the volume "
                                            f"or give its claim more capacity; the job is retried", code=e.errno)
+
+
+def volume_full(error: BaseException, directory: str | os.PathLike, what: str) -> CheckpointVolumeFull | None:
+    """`error`, raised while something (ours or a framework's writer) wrote `what` into `directory`, as
+    `CheckpointVolumeFull` when the volume was full, else None. Full: an ENOSPC or EDQUOT `OSError` in the
+    exception's chain (causes and contexts), or, for a writer that does not keep the errno (torch.save's
+    C++ stream raises a bare RuntimeError), a volume with no space left for unprivileged writers now."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, CheckpointVolumeFull):
+            return e
+        if isinstance(e, OSError) and e.errno in _FULL:
+            return _volume_full(e, Path(directory), what)
+        e = e.__cause__ or e.__context__
+    try:
+        space = os.statvfs(directory)
+    except OSError:
+        return None
+    if space.f_bavail == 0:
+        return _volume_full(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), Path(directory), what)
+    return None
+
+
+def retry_reads(read: Callable[[], T], what: str, directory: str | os.PathLike, *, retries: int | None = None,
+                backoff_s: float | None = None) -> T:
+    """`read()`, again after an OSError (a transient I/O error is not corruption), `retries` times (default
+    READ_RETRIES) with a doubling pause from `backoff_s` (default READ_RETRY_BACKOFF_SECONDS); then
+    CheckpointVolumeUnreadable naming `directory`. A FileNotFoundError that means "not there" (not an I/O
+    error) is `read`'s to catch."""
+    retries = READ_RETRIES if retries is None else retries
+    backoff_s = READ_RETRY_BACKOFF_SECONDS if backoff_s is None else backoff_s
+    for attempt in range(retries + 1):
+        try:
+            return read()
+        except CheckpointVolumeError:
+            raise
+        except OSError as e:
+            if attempt == retries:
+                raise CheckpointVolumeUnreadable(
+                    directory, f"{what} failed {attempt + 1} times, last with {type(e).__name__}: {e}; no "
+                               f"checkpoint was skipped or removed, the job is retried") from e
+            pause = backoff_s * 2 ** attempt
+            log.warning("%s failed (%s: %s): trying again in %.1f s", what, type(e).__name__, e, pause)
+            time.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+# ---- generation fences (see "Fencing" above), of a CheckpointManager's directory or a framework's -------
+
+def _run_tag(run: str) -> str:
+    return hashlib.sha256(run.encode()).hexdigest()[:12]
+
+
+def fence_path(root: str | os.PathLike, run: str, generation: int) -> Path:
+    return Path(root) / f"generation-{generation:08d}-{_run_tag(run)}.fence"
+
+
+def newer_generation(root: str | os.PathLike, run: str, generation: int, markers: Iterable[Path] = ()) -> int | None:
+    """The newest generation of `run` (job uid) newer than `generation` that started on `root` (its fence
+    file) or committed one of `markers` (commit markers: JSON with "run" and "generation"); None while
+    `generation` is the newest."""
+    tag, newest = _run_tag(run), None
+    with contextlib.suppress(FileNotFoundError):
+        for p in Path(root).iterdir():
+            if (m := _FENCE.match(p.name)) and m.group(2) == tag and int(m.group(1)) > generation:
+                newest = max(newest or 0, int(m.group(1)))
+    for path in markers:
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+            marker = json.loads(path.read_text())
+            found = int(marker.get("generation", 0))
+            if marker.get("run", "") == run and found > generation:
+                newest = max(newest or 0, found)
+    return newest
+
+
+def raise_fence(root: str | os.PathLike, run: str, generation: int, markers: Iterable[Path] = ()) -> int | None:
+    """The writer of a generation, when it starts, before it looks for a checkpoint: from now on an older
+    generation commits nothing in `root`. Returns the newer generation that already started there (then
+    nothing is written: this trainer is the one left behind), else None."""
+    newer = newer_generation(root, run, generation, markers)
+    if newer is None and not fence_path(root, run, generation).exists():
+        atomic_write_json(fence_path(root, run, generation), {"generation": generation, "run": run,
+                                                              "time": time.time()})
+    return newer
+
+
+def prune_fences(root: str | os.PathLike, run: str) -> None:
+    """Keep `run`'s newest fence in `root`; remove superseded ones and those of another run of the job name."""
+    tag = _run_tag(run)
+    fences = [(p, int(m.group(1)), m.group(2)) for p in Path(root).iterdir() if (m := _FENCE.match(p.name))]
+    ours = max((g for _, g, t in fences if t == tag), default=None)
+    for p, generation, t in fences:
+        if t != tag or generation != ours:
+            p.unlink(missing_ok=True)
 
 
 def rendezvous_generation(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
@@ -275,7 +375,6 @@ class CheckpointManager:
         env = os.environ if run_id is None else {**os.environ, "TORCHELASTIC_RUN_ID": run_id}
         self.run, derived = rendezvous_generation(env)
         self.generation = derived if generation is None else generation  # in every marker: the fence
-        self._run_tag = hashlib.sha256(self.run.encode()).hexdigest()[:12]
         self.fenced_by: int | None = None  # a newer generation found when this one tried to commit
         self.last_committed_step: int | None = None
         self.corrupt: set[int] = set()  # steps found corrupt: never loaded, never counted as kept
@@ -298,30 +397,20 @@ class CheckpointManager:
         return self.dir / f"step-{step:08d}.rescue"
 
     def fence(self, generation: int) -> Path:
-        return self.root / f"generation-{generation:08d}-{self._run_tag}.fence"
+        return fence_path(self.root, self.run, generation)
 
     # ---- fencing ------------------------------------------------------------------------------
 
+    def _markers(self) -> Iterable[Path]:
+        return (self.marker(step) for step in self.committed_steps())
+
     def _raise_fence(self) -> None:
-        if self.newer_generation() is None and not self.fence(self.generation).exists():
-            atomic_write_json(self.fence(self.generation), {"generation": self.generation, "run": self.run,
-                                                            "time": time.time()})
+        raise_fence(self.root, self.run, self.generation, self._markers())
 
     def newer_generation(self) -> int | None:
         """The newest generation of this run (job uid) newer than ours that started on this directory
         or committed a checkpoint in it; None while ours is the newest."""
-        newest: int | None = None
-        with contextlib.suppress(FileNotFoundError):
-            for p in self.root.iterdir():
-                if (m := _FENCE.match(p.name)) and m.group(2) == self._run_tag and int(m.group(1)) > self.generation:
-                    newest = max(newest or 0, int(m.group(1)))
-        for step in self.committed_steps():
-            with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-                marker = json.loads(self.marker(step).read_text())
-                generation = int(marker.get("generation", 0))
-                if marker.get("run", "") == self.run and generation > self.generation:
-                    newest = max(newest or 0, generation)
-        return newest
+        return newer_generation(self.root, self.run, self.generation, self._markers())
 
     def _withdraw_if_fenced(self, step: int) -> bool:
         """After our marker is in place: a newer generation that appeared meanwhile wins; ours goes."""
@@ -473,17 +562,10 @@ class CheckpointManager:
                 m = _DATA.match(p.name) or _CLAIM.match(p.name)
                 if m and int(m.group(1)) not in keep:
                     p.unlink(missing_ok=True)
-            self._prune_fences()
+            prune_fences(self.root, self.run)
             self.clean_stale_temp_files()
         except OSError as e:
             log.warning("pruning old checkpoints in %s failed (a later save retries): %s", self.dir, e)
-
-    def _prune_fences(self) -> None:
-        fences = [(p, int(m.group(1)), m.group(2)) for p in self.root.iterdir() if (m := _FENCE.match(p.name))]
-        ours = max((g for _, g, tag in fences if tag == self._run_tag), default=None)
-        for p, generation, tag in fences:
-            if tag != self._run_tag or generation != ours:  # another run of this job name, or superseded
-                p.unlink(missing_ok=True)
 
     def clean_stale_temp_files(self) -> list[Path]:
         """Remove temp files (of any writer, also of an earlier pod) untouched for stale_temp_seconds.
@@ -515,20 +597,7 @@ class CheckpointManager:
     def _retrying(self, read: Callable[[], T], what: str) -> T:
         """`read()`, again after an OSError (a transient I/O error is not corruption), `read_retries`
         times with a doubling pause; then CheckpointVolumeUnreadable."""
-        for attempt in range(self.read_retries + 1):
-            try:
-                return read()
-            except CheckpointVolumeError:
-                raise
-            except OSError as e:
-                if attempt == self.read_retries:
-                    raise CheckpointVolumeUnreadable(
-                        self.dir, f"{what} failed {attempt + 1} times, last with {type(e).__name__}: {e}; no "
-                                  f"checkpoint was skipped or removed, the job is retried") from e
-                pause = self.retry_backoff_s * 2 ** attempt
-                log.warning("%s failed (%s: %s): trying again in %.1f s", what, type(e).__name__, e, pause)
-                time.sleep(pause)
-        raise AssertionError("unreachable")
+        return retry_reads(read, what, self.dir, retries=self.read_retries, backoff_s=self.retry_backoff_s)
 
     def _read_verified(self, step: int) -> dict[str, Any]:
         """One try: OSError for an I/O error, CorruptCheckpoint when the files are not a good checkpoint."""

@@ -6,10 +6,19 @@ A framework writes its checkpoint its own way (HF: a directory `checkpoint-<step
 Lightning: one `.ckpt` file). Neither is atomic: a worker killed mid-save leaves a partial one that the
 framework itself would resume from. So once the framework's files are written, the writer fsyncs them
 and writes a marker atomically (`ddpjob.committed.json` inside a checkpoint directory, so the framework's
-own rotation removes it with the directory; `<file>.ddpjob.json` beside a file), listing each file and
-its size: a
-checkpoint is complete when its marker exists and every listed file still has that size. Resume picks
-the newest complete one, never a partial one.
+removal of the directory takes it along; `<file>.ddpjob.json` beside a file), listing each file and
+its size, the rendezvous generation and the run (job uid): a checkpoint is complete when its marker
+exists and every listed file still has that size. Resume picks the newest complete one, never a partial
+one. The rest is the bundled `CheckpointManager`'s, with its code (`runtime.checkpoint`):
+- an I/O error while reading a marker is not an incomplete checkpoint: it is retried, then raised as
+  `CheckpointVolumeUnreadable` (`guard_volume`: exit 75), never skipped for an older one;
+- every commit is fenced by generation: the writer raises the directory's fence when it starts
+  (`start_generation`, before it looks for a checkpoint), and a trainer of an older generation commits
+  nothing, or withdraws its marker if the newer one started while it wrote;
+- `prune` (instead of a framework's own rotation) runs only after a commit that reads back complete,
+  and never removes the newest `keep` complete checkpoints up to it, nor anything newer;
+- a full volume during a save (ENOSPC, EDQUOT) is `CheckpointVolumeFull` (`guard_volume`): exit 75,
+  `checkpoint volume full: <dir>`.
 """
 
 from __future__ import annotations
@@ -19,20 +28,25 @@ import json
 import logging
 import os
 import re
+import shutil
+import stat
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from .checkpoint import atomic_write_json
+from .checkpoint import (CheckpointVolumeError, atomic_write_json, newer_generation, prune_fences, raise_fence,
+                         rendezvous_generation, retry_reads, volume_full)
 from .distributed import StopRequest
 
 log = logging.getLogger(__name__)
 MARKER_SUFFIX = ".ddpjob.json"
 MARKER_NAME = "ddpjob.committed.json"
+T = TypeVar("T")
 
 
 def job_dir(subdir: str, default: str | os.PathLike | None = None) -> Path | None:
@@ -64,12 +78,48 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _markers(directory: Path) -> Iterator[Path]:
+    """Where the commit markers of `directory`'s checkpoints are (a fence also counts a newer generation's)."""
+    with contextlib.suppress(FileNotFoundError):
+        for p in directory.iterdir():
+            if p.name.endswith(MARKER_SUFFIX):
+                yield p
+            elif not p.name.startswith("."):
+                yield p / MARKER_NAME  # a directory's (read errors, a plain file: ignored by the fence)
+
+
+def start_generation(directory: str | os.PathLike) -> int | None:
+    """The writer (rank 0), when it starts and before it looks for a checkpoint to resume from: raise
+    `directory`'s fence to this trainer's rendezvous generation (torchrun's run id `<job uid>-g<N>`), so
+    that from now on a trainer of an older generation commits nothing there. Returns the newer generation
+    already there, if any (this trainer is the one left behind: it will commit nothing)."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    run, generation = rendezvous_generation()
+    newer = raise_fence(root, run, generation, _markers(root))
+    if newer is not None:
+        log.warning("generation %d has started on %s, this trainer is of generation %d (replaced; it commits "
+                    "nothing)", newer, root, generation)
+    return newer
+
+
+def _fenced(checkpoint: Path, newer: int, generation: int, what: str) -> None:
+    log.warning("checkpoint %s %s: generation %d has started on %s, this trainer is of generation %d (replaced; "
+                "it commits nothing)", checkpoint.name, what, newer, checkpoint.parent, generation)
+
+
 def commit(checkpoint: str | os.PathLike, *, step: int, world_size: int, skip: re.Pattern[str] | None = None,
-           **extra: Any) -> Path:
+           **extra: Any) -> Path | None:
     """Make a written checkpoint (file or directory) durable and complete: fsync its files, then its
     marker. Files whose names match `skip` (written by other ranks, maybe still being written) are
-    not checked at resume."""
+    not checked at resume. Fenced by generation: None, and nothing committed, when a newer generation
+    started on the directory before the marker was written (its files are left: the step may be the
+    newer generation's too) or while it was (the marker is withdrawn)."""
     root = Path(checkpoint)
+    run, generation = rendezvous_generation()
+    if (newer := newer_generation(root.parent, run, generation, _markers(root.parent))) is not None:
+        _fenced(root, newer, generation, "not committed")
+        return None
     sizes = {}
     for f in _files(root):
         _fsync(f)
@@ -79,37 +129,129 @@ def commit(checkpoint: str | os.PathLike, *, step: int, world_size: int, skip: r
         _fsync(root)
     _fsync(root.parent)
     marker = marker_path(root)
-    atomic_write_json(marker, {"step": step, "world_size": world_size, "files": sizes, "time": time.time(), **extra})
+    atomic_write_json(marker, {"step": step, "world_size": world_size, "files": sizes, "time": time.time(),
+                               "generation": generation, "run": run, **extra})
+    if (newer := newer_generation(root.parent, run, generation, _markers(root.parent))) is not None:
+        marker.unlink(missing_ok=True)
+        _fenced(root, newer, generation, "withdrawn")
+        return None
+    return marker
+
+
+def _read_marker_once(root: Path) -> dict[str, Any] | None:
+    try:
+        is_dir = stat.S_ISDIR(root.stat().st_mode)
+        raw = (root / MARKER_NAME if is_dir else root.with_name(root.name + MARKER_SUFFIX)).read_text()
+    except FileNotFoundError:
+        return None  # no checkpoint, or its writer died before the marker
+    try:
+        marker = json.loads(raw)
+        files = marker["files"].items()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    for name, size in files:
+        try:
+            if (root / name if is_dir else root).stat().st_size != size:
+                return None
+        except FileNotFoundError:
+            return None
     return marker
 
 
 def read_marker(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
-    """The marker of a complete checkpoint, None when it is missing, torn or its files differ."""
+    """The marker of a complete checkpoint, None when it is missing, torn or its files differ. An I/O
+    error is not an incomplete checkpoint: it is retried (as the bundled trainer's reads), then raised
+    as `CheckpointVolumeUnreadable` naming the directory."""
     root = Path(checkpoint)
-    try:
-        marker = json.loads(marker_path(root).read_text())
-        for name, size in marker["files"].items():
-            path = root / name if root.is_dir() else root
-            if path.stat().st_size != size:
-                return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return marker
+    return retry_reads(lambda: _read_marker_once(root), f"reading the commit marker of {root}", root.parent)
+
+
+def _checkpoints(directory: Path, pattern: re.Pattern[str]) -> list[tuple[int, Path]]:
+    """(step, path) of `directory`'s checkpoints (name matching `pattern`, group 1: the step), newest first."""
+    return sorted(((int(m.group(1)), p) for p in directory.iterdir() if (m := pattern.match(p.name))), reverse=True)
 
 
 def newest_complete(directory: str | os.PathLike | None, pattern: re.Pattern[str]) -> tuple[int, Path, dict] | None:
     """(step, path, marker) of the newest complete checkpoint in `directory` whose name matches `pattern`
-    (group 1: the step); partial ones (no marker, a truncated file) are skipped with a warning."""
+    (group 1: the step); partial ones (no marker, a truncated file) are skipped with a warning. An I/O
+    error raises `CheckpointVolumeUnreadable` (after retries): never an older checkpoint, or none, instead."""
     if directory is None or not Path(directory).is_dir():
         return None
-    found = sorted(((int(m.group(1)), p) for p in Path(directory).iterdir() if (m := pattern.match(p.name))),
-                   reverse=True)
-    for step, path in found:
+    for step, path in _checkpoints(Path(directory), pattern):
         marker = read_marker(path)
         if marker is not None:
             return step, path, marker
         log.warning("skipping incomplete checkpoint %s (no commit marker, or its files changed)", path)
     return None
+
+
+def _remove(checkpoint: Path) -> None:
+    """Marker first: a crash in between leaves an incomplete checkpoint, never a marker without its files."""
+    marker_path(checkpoint).unlink(missing_ok=True)
+    if checkpoint.is_dir():
+        shutil.rmtree(checkpoint)
+    else:
+        checkpoint.unlink(missing_ok=True)
+
+
+def prune(verified: str | os.PathLike, pattern: re.Pattern[str], keep: int, *,
+          protect: tuple[str | os.PathLike, ...] = ()) -> list[Path]:
+    """After `verified` (a checkpoint in a directory of checkpoints named by `pattern`) was committed by this
+    trainer: if it reads back complete, keep the newest `keep` (>= 1) complete checkpoints up to it and every
+    checkpoint newer than it (never ours to judge), and remove the older complete ones and the incomplete
+    ones older than it; `protect` (e.g. HF's best model) stays. Nothing is removed before the whole set was
+    read, and a read error (`CheckpointVolumeUnreadable`) or any other OSError removes nothing: best effort,
+    the next save tries again. Returns what was removed."""
+    verified = Path(verified)
+    directory = verified.parent
+    try:
+        m = pattern.match(verified.name)
+        if m is None or read_marker(verified) is None:
+            log.warning("checkpoint %s does not read back complete: nothing pruned", verified)
+            return []
+        newest, kept, doomed = int(m.group(1)), {Path(p).resolve() for p in protect}, []
+        complete = 0
+        for step, path in _checkpoints(directory, pattern):
+            if step > newest or path.resolve() in kept:
+                continue
+            if read_marker(path) is not None and complete < max(1, keep):
+                complete += 1
+                continue
+            if step < newest:
+                doomed.append(path)
+        for path in doomed:
+            _remove(path)
+        prune_fences(directory, rendezvous_generation()[0])
+        return doomed
+    except OSError as e:
+        log.warning("pruning old checkpoints in %s failed (a later save retries): %s", directory, e)
+        return []
+
+
+def guard_volume(write: Callable[[], T], directory: str | os.PathLike | None, what: str, *,
+                 before_exit: Callable[[], None] | None = None) -> T:
+    """`write()` (a save, a commit, a resume's lookup), where a checkpoint volume that fails ends the process
+    as the bundled trainer's `__main__` does: the message to torchrun's error file (`record()`), exit 75,
+    which the operator retries as the volume's failure instead of failing the job as the script's bug.
+    The volume failed: a `CheckpointVolumeError` (full, or unreadable after the retries), or another
+    exception while the volume was full (`checkpoint.volume_full`: writing `what` into `directory`).
+    `before_exit` (closing the progress reporter) runs first. Any other exception propagates."""
+    try:
+        return write()
+    except Exception as e:
+        failure = e if isinstance(e, CheckpointVolumeError) else \
+            volume_full(e, directory, what) if directory is not None else None
+        if failure is None:
+            raise
+        if failure is not e and failure.__cause__ is None:
+            failure.__cause__ = e
+        if before_exit is not None:
+            with contextlib.suppress(Exception):
+                before_exit()
+        log.error("exiting with code %d: %s", failure.exit_code, failure)
+        from .job import exit_process  # (runtime.job imports this module)
+        exit_process(failure.record())
+        raise  # (exit_process does not return)
 
 
 def announce(message: str) -> None:

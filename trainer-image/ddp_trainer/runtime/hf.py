@@ -9,8 +9,12 @@
 What the callback does (docs/hf-and-lightning.md):
 - progress: step, total steps, loss, epoch, samples/s and the last checkpoint step to the job's status
   (`report()`, microseconds per step, nothing blocks);
-- checkpoints every `DDPJOB_CHECKPOINT_INTERVAL_STEPS` (HF's own `checkpoint-<step>/`, HF's own
-  rotation keeping `DDPJOB_CHECKPOINT_KEEP`), each made complete by a commit marker once written;
+- checkpoints every `DDPJOB_CHECKPOINT_INTERVAL_STEPS` (HF's own `checkpoint-<step>/`), each made
+  complete by a commit marker once written, fenced by rendezvous generation; the callback, not HF's
+  rotation (which deletes before the new checkpoint is committed), keeps `DDPJOB_CHECKPOINT_KEEP` (or
+  `save_total_limit`) complete ones, pruning only after a commit;
+- a full checkpoint volume while saving, or one that keeps failing reads while resuming: exit 75 with
+  `checkpoint volume full: <dir>` / `checkpoint volume unreadable: <dir>`, as the bundled trainer;
 - SIGTERM (scale-down, eviction, suspend): every rank agrees at the same step (`PacedStop`), HF saves
   a checkpoint and stops, and the trainer exits 143 once rank 0's checkpoint is committed;
 - a peer's death: the survivors' next collective fails inside the Trainer's epoch loop; the callback
@@ -72,14 +76,23 @@ def _env() -> JobEnv | None:
 def resume_from_checkpoint(args: Any = None) -> str | None:
     """The newest complete `checkpoint-<step>` in `args.output_dir` (TrainingArguments, or a path; default
     `output_dir()`), or None: pass it to `trainer.train(resume_from_checkpoint=...)`. Every rank gets
-    rank 0's choice. A partial checkpoint (a worker killed while HF wrote it) is skipped."""
+    rank 0's choice. A partial checkpoint (a worker killed while HF wrote it) is skipped. Rank 0 first
+    raises the directory's generation fence (`frameworks.start_generation`). An I/O error that outlasts
+    the retries ends the process with 75 (`checkpoint volume unreadable: <dir>`)."""
     directory = getattr(args, "output_dir", args) if args is not None else output_dir()
     if args is not None and hasattr(args, "device"):
         args.device  # noqa: B018 - HF sets up the process group here, so the choice can be shared
     env = _env()
     rank, world = (env.rank, env.world_size) if env else (0, 1)
     shared = dist.is_initialized() and dist.get_world_size() > 1  # else every rank reads the same directory
-    found = frameworks.newest_complete(directory, CHECKPOINT) if rank == 0 or not shared else None
+    found = None
+    if rank == 0 or not shared:
+        def look() -> tuple[int, Path, dict] | None:
+            if rank == 0 and directory is not None:
+                frameworks.start_generation(directory)
+            return frameworks.newest_complete(directory, CHECKPOINT)
+
+        found = frameworks.guard_volume(look, directory, "a generation fence")
     chosen = [None if found is None else (str(found[1]), found[0], found[2].get("world_size"))]
     if shared:
         dist.broadcast_object_list(chosen, src=0)
@@ -94,8 +107,10 @@ def resume_from_checkpoint(args: Any = None) -> str | None:
 class DDPJobCallback(TrainerCallback):
     """`Trainer(callbacks=[DDPJobCallback()])` or `trainer.add_callback(DDPJobCallback())`.
 
-    `every_steps` / `keep`: checkpoint interval and how many HF keeps (default: the manifest's
-    `checkpoint.intervalSteps` / `keep` via DDPJOB_CHECKPOINT_*; 0: only HF's own `save_steps`).
+    `every_steps` / `keep`: checkpoint interval and how many complete checkpoints are kept (default: the
+    manifest's `checkpoint.intervalSteps` / `keep` via DDPJOB_CHECKPOINT_*; 0: only HF's own `save_steps`;
+    `TrainingArguments.save_total_limit`, when set, is the `keep`: HF's own rotation is switched off, as it
+    deletes before the new checkpoint is committed, and the callback prunes after the commit instead).
     `exit_on_stop`: after a SIGTERM stop, end the process with 143 once the checkpoint is committed
     (code after `trainer.train()` does not run: the pod is going away). `rescue`: on a peer's death,
     save the survivor's replica from inside `trainer.train()` (see the module docstring)."""
@@ -128,8 +143,13 @@ class DDPJobCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         self._refs = {"args": args, "state": state, "model": model, "optimizer": optimizer,
                       "lr_scheduler": lr_scheduler}
-        if self.keep and args.save_total_limit is None:
-            args.save_total_limit = self.keep  # HF's rotation keeps the manifest's `keep`
+        if args.save_total_limit is not None:
+            # HF's rotation runs inside its save, before on_save commits the new checkpoint, and counts
+            # partial ones (by mtime): it can delete the last complete checkpoint. `prune` replaces it.
+            self.keep = args.save_total_limit if args.save_total_limit > 0 else None
+            args.save_total_limit = None
+        if args.should_save:
+            self._guard(lambda: frameworks.start_generation(args.output_dir), args.output_dir, "a generation fence")
         if self.reporter is None:
             env = self.env
             self.reporter = ProgressReporter(
@@ -140,8 +160,8 @@ class DDPJobCallback(TrainerCallback):
         if self.timer is None and model is not None:
             self.timer = StepTimer(next(model.parameters()).device)
             self.timer.watch(model)  # the wait for DDP's gradient all_reduce is not this rank's work
-        if self.rescue_enabled and not self._hooked:
-            self._wrap_epoch_loop()
+        if not self._hooked:
+            self._wrap_trainer(args)
         if state.global_step:
             self.last_checkpoint_step = state.global_step  # resumed from it
 
@@ -177,11 +197,25 @@ class DDPJobCallback(TrainerCallback):
         return control
 
     def on_save(self, args, state, control, **kwargs):
+        if not args.should_save:
+            self.last_checkpoint_step = state.global_step
+            return
+        # The process that wrote the model, optimizer, scheduler and trainer state: commit, then prune.
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if not path.is_dir():
+            return
+        marker = self._guard(lambda: frameworks.commit(path, step=state.global_step, world_size=args.world_size,
+                                                       skip=OTHER_RANKS_FILES), args.output_dir, path.name)
+        if marker is None:
+            return  # fenced: a newer generation started on the directory
         self.last_checkpoint_step = state.global_step
-        if args.should_save:  # the process that wrote the model, optimizer, scheduler and trainer state
-            path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if path.is_dir():
-                frameworks.commit(path, step=state.global_step, world_size=args.world_size, skip=OTHER_RANKS_FILES)
+        if self.keep:
+            frameworks.prune(path, CHECKPOINT, self.keep,
+                             protect=(state.best_model_checkpoint,) if state.best_model_checkpoint else ())
+
+    def _guard(self, write, directory: str | os.PathLike, what: str) -> Any:
+        """`write()`; a full (or failing) checkpoint volume ends the process with 75, as the bundled trainer."""
+        return frameworks.guard_volume(write, directory, what, before_exit=self._close)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.stopped:
@@ -192,9 +226,10 @@ class DDPJobCallback(TrainerCallback):
                 exit_process(self.exit_code)
             return
         if args.should_save and os.environ.get("DDPJOB_CHECKPOINT_DIR"):
-            atomic_write_json(Path(os.environ["DDPJOB_CHECKPOINT_DIR"]) / "result.json",
-                              {"status": "completed", "world_size": args.world_size, "step": state.global_step,
-                               "loss": self.loss})
+            mount = Path(os.environ["DDPJOB_CHECKPOINT_DIR"])
+            self._guard(lambda: atomic_write_json(mount / "result.json", {
+                "status": "completed", "world_size": args.world_size, "step": state.global_step, "loss": self.loss}),
+                mount, "result.json")
         self._close()
 
     def _close(self) -> None:
@@ -202,21 +237,37 @@ class DDPJobCallback(TrainerCallback):
             self.reporter.close()
         self.stop.close(drain=False)
 
-    # ---- rescue -------------------------------------------------------------------------------
+    # ---- the Trainer's own methods: its save (a full volume), its epoch loop (rescue) ------------
 
-    def _wrap_epoch_loop(self) -> None:
-        """Catch a peer's failure where it surfaces, inside `trainer.train()`, while the replica is intact.
-
-        HF passes callbacks no Trainer, so it is found as the caller of this event (a Trainer method), and
-        its epoch loop (`_run_epoch`, HF's per-epoch method, looked up on the instance each epoch) is
-        wrapped on that instance. The exception propagates unchanged. An exception hook would not do:
-        torchrun's worker wrapper catches the exception and exits, so `sys.excepthook` never runs."""
+    def _wrap_trainer(self, args) -> None:
+        """HF passes callbacks no Trainer, so it is found as the caller of `on_train_begin` (a Trainer method),
+        and two of its methods are wrapped on that instance: `_save_checkpoint`, where HF writes a checkpoint
+        (a full volume there exits 75, `checkpoint volume full: <dir>`, not 1 as the script's bug), and,
+        with `rescue`, the epoch loop (below)."""
         from transformers import Trainer
 
         frame = sys._getframe(1)
         while frame is not None and not isinstance(frame.f_locals.get("self"), Trainer):
             frame = frame.f_back
         trainer = frame.f_locals["self"] if frame is not None else None
+        self._hooked = True
+        save = getattr(trainer, "_save_checkpoint", None)
+        if save is not None:
+            def save_checkpoint(*a: Any, **k: Any) -> Any:
+                return self._guard(lambda: save(*a, **k), args.output_dir,
+                                   f"checkpoint-{trainer.state.global_step}")
+
+            trainer._save_checkpoint = save_checkpoint
+        else:
+            log.warning("DDPJobCallback: a full checkpoint volume exits 1, not 75, with this transformers version")
+        if self.rescue_enabled:
+            self._wrap_epoch_loop(trainer)
+
+    def _wrap_epoch_loop(self, trainer) -> None:
+        """Catch a peer's failure where it surfaces, inside `trainer.train()`, while the replica is intact:
+        the Trainer's epoch loop (`_run_epoch`, HF's per-epoch method, looked up on the instance each epoch)
+        is wrapped on that instance. The exception propagates unchanged. An exception hook would not do:
+        torchrun's worker wrapper catches the exception and exits, so `sys.excepthook` never runs."""
         original = getattr(trainer, "_run_epoch", None)
         if original is None:
             log.warning("DDPJobCallback: no rescue checkpoint on a peer's failure with this transformers version: "
@@ -233,7 +284,6 @@ class DDPJobCallback(TrainerCallback):
                 raise
 
         trainer._run_epoch = run_epoch
-        self._hooked = True
 
     def rescue(self, error: BaseException) -> bool:
         """After `trainer.train()` raised: if a peer died (`is_peer_failure`), save this rank's replica as
@@ -247,16 +297,19 @@ class DDPJobCallback(TrainerCallback):
         step = state.global_step
         root = Path(args.output_dir)
         final = root / f"checkpoint-{step}"
-        if step == 0 or frameworks.read_marker(final) is not None:
+        if step == 0:
             return False
         tmp = root / f".tmp-checkpoint-{step}-{uuid.uuid4().hex}"
         try:
+            if frameworks.read_marker(final) is not None:
+                return False
             self._write_replica(tmp, args, state)
             if final.exists():  # a partial one (its writer died): replace it
                 shutil.rmtree(final, ignore_errors=True)
             os.rename(tmp, final)
             rank = self.env.rank if self.env else 0
-            frameworks.commit(final, step=step, world_size=args.world_size, rescued_by_rank=rank)
+            if frameworks.commit(final, step=step, world_size=args.world_size, rescued_by_rank=rank) is None:
+                return False  # a newer generation started on the directory
         except OSError as e:  # another survivor placed it first, or the volume failed: the original error matters
             shutil.rmtree(tmp, ignore_errors=True)
             log.warning("rescue checkpoint of step %d not written: %s", step, e)

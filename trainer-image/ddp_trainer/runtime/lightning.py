@@ -10,13 +10,16 @@
   generation's, which changes when the job is resized), the accelerator. Lightning then detects
   torchrun (TorchElasticEnvironment) and takes ranks and the rendezvous from its environment.
 - the callback: progress to the job's status; a checkpoint (Lightning's own `.ckpt`, every
-  `DDPJOB_CHECKPOINT_INTERVAL_STEPS`, the newest `DDPJOB_CHECKPOINT_KEEP` kept) made complete by a
-  commit marker; on SIGTERM every rank agrees at the same step, saves, and exits 143; on a peer's
-  death, a survivor saves its replica (Lightning's full checkpoint: model, optimizers, schedulers,
-  loops) without a collective, so the next generation resumes at most the step in flight behind;
+  `DDPJOB_CHECKPOINT_INTERVAL_STEPS`, the newest `DDPJOB_CHECKPOINT_KEEP` complete ones kept, pruned only
+  after a commit) made complete by a commit marker, fenced by rendezvous generation; a full volume while
+  saving exits 75 (`checkpoint volume full: <dir>`), as the bundled trainer; on SIGTERM every rank agrees
+  at the same step, saves, and exits 143; on a peer's death, a survivor saves its replica (Lightning's
+  full checkpoint: model, optimizers, schedulers, loops) without a collective, so the next generation
+  resumes at most the step in flight behind;
   a `ResumableDistributedSampler` in the train loader is advanced every step and its position saved
   in the checkpoint (the callback's state), so the data order continues exactly at any world size.
-- `resume_from_checkpoint()`: the newest complete checkpoint, for `trainer.fit(ckpt_path=...)`.
+- `resume_from_checkpoint()`: the newest complete checkpoint, for `trainer.fit(ckpt_path=...)`; an I/O
+  error that outlasts the retries exits 75 (`checkpoint volume unreadable: <dir>`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch
 from lightning.pytorch import Callback
 
 from . import frameworks
+from .checkpoint import atomic_write_json
 from .data import batch_size_of
 from .distributed import JobEnv, is_peer_failure
 from .job import exit_process
@@ -74,9 +78,18 @@ def _env() -> JobEnv | None:
 
 def resume_from_checkpoint(directory: str | os.PathLike | None = None) -> str | None:
     """The newest complete checkpoint (`step-<N>.ckpt` with its commit marker) for `fit(ckpt_path=...)`, or
-    None. Call it before `fit` (no process group yet): every rank reads the same shared directory."""
+    None. Call it before `fit` (no process group yet): every rank reads the same shared directory, rank 0
+    after raising its generation fence (`frameworks.start_generation`). An I/O error that outlasts the
+    retries ends the process with 75 (`checkpoint volume unreadable: <dir>`)."""
     env = _env()
-    found = frameworks.newest_complete(directory if directory is not None else checkpoint_dir(), CHECKPOINT)
+    directory = directory if directory is not None else checkpoint_dir()
+
+    def look() -> tuple[int, Path, dict] | None:
+        if (env is None or env.is_main) and directory is not None:
+            frameworks.start_generation(directory)
+        return frameworks.newest_complete(directory, CHECKPOINT)
+
+    found = frameworks.guard_volume(look, directory, "a generation fence")
     if found is None:
         return None
     step, path, marker = found
@@ -136,14 +149,14 @@ class DDPJobCallback(Callback):
         for signum in self.stop._previous:
             signal.signal(signum, self.stop._handle)
         env = self.env
-        if trainer.is_global_zero:
-            self.directory.mkdir(parents=True, exist_ok=True)  # (and the volume's root, outside DDPJob)
         if self.reporter is None:
             self.reporter = ProgressReporter(
                 os.environ.get("DDPJOB_CHECKPOINT_DIR") or None, os.environ.get("DDPJOB_PROGRESS_URL") or None,
                 enabled=env is None or env.is_main, http_enabled=env is None or env.local_rank == 0,
                 token_file=os.environ.get("DDPJOB_PROGRESS_TOKEN_FILE") or None,
                 rank=env.rank if env else 0, ca_pem=os.environ.get("DDPJOB_PROGRESS_CA") or None)
+        if trainer.is_global_zero:  # (also creates the directory, and the volume's root outside DDPJob)
+            self._guard(lambda: frameworks.start_generation(self.directory), "a generation fence")
         if trainer.global_step:
             self.last_checkpoint_step = trainer.global_step
         if self.timer is None:  # own time per step, apart from waiting for the others (issue 22)
@@ -211,11 +224,14 @@ class DDPJobCallback(Callback):
                 exit_process(self.exit_code)  # save_checkpoint's barrier: rank 0's file is committed
             return
         if trainer.is_global_zero and os.environ.get("DDPJOB_CHECKPOINT_DIR"):
-            from .checkpoint import atomic_write_json
+            mount = Path(os.environ["DDPJOB_CHECKPOINT_DIR"])
             loss = trainer.callback_metrics.get("train_loss", trainer.callback_metrics.get("loss"))
-            atomic_write_json(Path(os.environ["DDPJOB_CHECKPOINT_DIR"]) / "result.json",
-                              {"status": "completed", "world_size": trainer.world_size, "step": trainer.global_step,
-                               **({"loss": float(loss)} if loss is not None else {})})
+            result = {"status": "completed", "world_size": trainer.world_size, "step": trainer.global_step,
+                      **({"loss": float(loss)} if loss is not None else {})}
+            self._guard(lambda: atomic_write_json(mount / "result.json", result), "result.json", mount)
+        self._close()
+
+    def _close(self) -> None:
         if self.reporter is not None:
             self.reporter.close()
         self.stop.close(drain=False)
@@ -231,22 +247,21 @@ class DDPJobCallback(Callback):
         return self.directory / f"step-{step:08d}.ckpt"
 
     def _save(self, trainer, step: int) -> None:
-        """Every rank (Lightning's save ends with a barrier); rank 0 writes, commits and prunes."""
+        """Every rank (Lightning's save ends with a barrier); rank 0 writes, commits and prunes (only after
+        the commit, and not at all when fenced). A full volume exits 75, as the bundled trainer."""
         path = self._path(step)
         if trainer.is_global_zero:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        trainer.save_checkpoint(str(path))
-        self.last_checkpoint_step = step
-        if trainer.is_global_zero:
-            frameworks.commit(path, step=step, world_size=trainer.world_size)
-            self._prune(step)
+            self._guard(lambda: self.directory.mkdir(parents=True, exist_ok=True), path.name)
+        self._guard(lambda: trainer.save_checkpoint(str(path)), path.name)
+        self.last_checkpoint_step = step  # on every rank alike: the stop's save depends on it (a collective)
+        if trainer.is_global_zero and self._guard(
+                lambda: frameworks.commit(path, step=step, world_size=trainer.world_size), path.name) is not None:
+            frameworks.prune(path, CHECKPOINT, self.keep)  # (not when fenced: a newer generation started there)
 
-    def _prune(self, newest: int) -> None:
-        complete = sorted((int(m.group(1)) for p in self.directory.iterdir() if (m := CHECKPOINT.match(p.name))
-                           and frameworks.read_marker(p) is not None), reverse=True)
-        for step in [s for s in complete if s <= newest][self.keep:]:
-            frameworks.marker_path(self._path(step)).unlink(missing_ok=True)  # marker first: never a marker alone
-            self._path(step).unlink(missing_ok=True)
+    def _guard(self, write, what: str, directory: str | os.PathLike | None = None) -> Any:
+        """`write()`; a full (or failing) checkpoint volume ends the process with 75, as the bundled trainer."""
+        return frameworks.guard_volume(write, directory if directory is not None else self.directory, what,
+                                       before_exit=self._close)
 
     def rescue(self, trainer, error: BaseException) -> bool:
         """After a collective failed because a peer died: this rank writes its replica as a complete
@@ -256,16 +271,19 @@ class DDPJobCallback(Callback):
             return False
         step = trainer.global_step
         final = self._path(step)
-        if step == 0 or frameworks.read_marker(final) is not None:
+        if step == 0:
             return False
         tmp = self.directory / f".tmp-{final.name}-{uuid.uuid4().hex}"
         try:
+            if frameworks.read_marker(final) is not None:
+                return False
             self.directory.mkdir(parents=True, exist_ok=True)
             checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
             torch.save(checkpoint, tmp)
             os.replace(tmp, final)
-            frameworks.commit(final, step=step, world_size=trainer.world_size,
-                              rescued_by_rank=self.env.rank if self.env else 0)
+            if frameworks.commit(final, step=step, world_size=trainer.world_size,
+                                 rescued_by_rank=self.env.rank if self.env else 0) is None:
+                return False  # a newer generation started on the directory
         except Exception as e:  # noqa: BLE001 - the peer's failure matters more than this one
             tmp.unlink(missing_ok=True)
             log.warning("rescue checkpoint of step %d not written: %s", step, e)
