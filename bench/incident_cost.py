@@ -68,8 +68,10 @@ async def run_pending(cluster: Cluster, job: str) -> None:
 
 
 async def one_incident(cluster: Cluster, session: aiohttp.ClientSession, url: str, workers: int,
-                       scope: str) -> dict[str, Any]:
-    job = f"cost-{scope.lower()}"
+                       scope: str, job: str | None = None) -> dict[str, Any]:
+    """One job of `workers` (named `job`, by default after its scope) started, one worker killed, until every
+    worker runs again: what that cost (tests/operator/test_incident_cost.py runs it too)."""
+    job = job or f"cost-{scope.lower()}"
     body = {"apiVersion": model.API_VERSION, "kind": model.KIND, "metadata": {"name": job}, "spec": spec(workers, scope)}
     async with session.post(f"{url}/apis/{model.API_VERSION}/namespaces/{OPERATOR_NAMESPACE}/{model.PLURAL}",
                             json=body) as response:

@@ -645,3 +645,37 @@ def test_worker_pod_progress_endpoint_and_projected_token():
     plain_env = {e["name"]: e.get("value") for e in plain["spec"]["containers"][0]["env"]}
     assert plain_env[builders.PROGRESS_URL_ENV] == plain_env[builders.PROGRESS_TOKEN_ENV] == ""
     assert builders.PROGRESS_TOKEN_VOLUME not in {v["name"] for v in plain["spec"]["volumes"]}
+
+
+def test_spare_pod_is_a_workers_pod_that_waits_outside_every_rendezvous():
+    """Issue 25: a warm spare runs the worker's own command and env (DDPJOB_SPARE=1, no replica index until
+    assigned), is the job's (controller ownerReference), has no index label, and prefers a node without
+    the job's workers, after the user's own preferences."""
+    endpoint = builders.ProgressEndpoint("http://ddpjob-progress.ddpjob-system.svc:8090", "progress.elastic.ddp.dev")
+    mine = {"weight": 10, "podAffinityTerm": {"topologyKey": "zone", "labelSelector": {"matchLabels": {"a": "b"}}}}
+    s = spec(template={"labels": {"team": "a"},
+                       "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [mine]}}})
+    worker = builders.worker_pod(JOB, s, index=0, generation=3, progress=endpoint)
+    spare = builders.spare_pod(JOB, s, serial=2, generation=3, progress=endpoint)
+    meta, pod_spec = spare["metadata"], spare["spec"]
+    assert (meta["name"], pod_spec["hostname"]) == ("digits-spare-2", "digits-spare-2")
+    assert meta["labels"] == {"team": "a", builders.LABEL_JOB_NAME: "digits", builders.LABEL_JOB_UID: JOB.uid,
+                              builders.LABEL_ROLE: builders.ROLE_SPARE, builders.LABEL_GENERATION: "3",
+                              builders.LABEL_NNODES: "2-2", builders.LABEL_MANAGED_BY: "ddpjob-operator"}
+    assert builders.LABEL_REPLICA_INDEX not in meta["labels"]  # never selected as a worker of an index
+    assert meta["ownerReferences"] == worker["metadata"]["ownerReferences"]
+    assert [r["controller"] for r in meta["ownerReferences"]] == [True]
+    container, theirs = pod_spec["containers"][0], worker["spec"]["containers"][0]
+    assert container["command"] == theirs["command"] and container["image"] == theirs["image"]
+
+    def env(c):  # Kubernetes keeps the last of duplicate names
+        return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+    assert env(container) == {**env(theirs), "DDPJOB_REPLICA_INDEX": "-1", builders.SPARE_ENV: "1"}
+    assert container["volumeMounts"] == theirs["volumeMounts"] and pod_spec["volumes"] == worker["spec"]["volumes"]
+    anti = pod_spec["affinity"]["podAntiAffinity"]
+    assert anti == {"preferredDuringSchedulingIgnoredDuringExecution": [mine, {
+        "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
+            "matchLabels": {builders.LABEL_JOB_NAME: "digits", builders.LABEL_ROLE: builders.ROLE_WORKER}}}}]}
+    # The spec's own affinity is untouched: the next spare (and every worker) starts from it again.
+    assert builders.spare_pod(JOB, s, serial=3, generation=3)["spec"]["affinity"]["podAntiAffinity"] == anti
+    assert worker["spec"]["affinity"]["podAntiAffinity"] == {"preferredDuringSchedulingIgnoredDuringExecution": [mine]}

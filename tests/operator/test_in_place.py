@@ -8,11 +8,13 @@ survivors keep their uid, and the status names each survivor (by uid) as a membe
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from ddpjob_operator import builders
 
-from .conftest import eventually
+from .conftest import eventually, passes
 from .test_scenarios import (NO_BACKOFF, PEER_LOST, assert_outcome, creations, deletions, nodes, operator,  # noqa: F401
                              started, uids)
 
@@ -41,6 +43,28 @@ async def test_a_killed_worker_is_replaced_and_the_survivors_keep_their_pods(har
     assert creations(harness, "keep") == {"keep-worker-0": 1, "keep-worker-1": 2, "keep-worker-2": 1, "keep-rdzv": 1}
     assert deletions(harness, "keep-worker-0") == [] and deletions(harness, "keep-worker-2") == []
     assert harness.pods("keep")["keep-worker-1"]["metadata"]["labels"][builders.LABEL_GENERATION] == "1"
+
+
+async def test_two_workers_killed_at_once_are_one_incident_and_two_new_pods(harness, operator, nodes):
+    """Workers 1 and 2 die in the same instant while worker 0 keeps running: one charged incident naming
+    both, one new generation, the survivor carried into it in place, and exactly the two lost ranks' pods
+    created again (nothing for the survivor, nothing twice)."""
+    await started(harness, nodes, "pair", replicas=3, failurePolicy={"maxRestarts": 3, **NO_BACKOFF})
+    before = uids(harness, "pair")
+    created = sum(creations(harness, "pair").values())
+    await asyncio.gather(nodes.exit("pair-worker-1", 137), nodes.exit("pair-worker-2", 137))
+    await nodes.generation_running("pair", 1, 3)
+    await passes(operator)  # nothing more happens
+    after = uids(harness, "pair")
+    assert after["pair-worker-0"] == before["pair-worker-0"]
+    assert after["pair-worker-1"] != before["pair-worker-1"] and after["pair-worker-2"] != before["pair-worker-2"]
+    status = assert_outcome(harness, "pair", phase="Running", reason="Running", restarts=1, disruptions=0,
+                            generation=1, incident=("Retryable", True, [1, 2]))
+    assert len(status["incidents"]) == 1
+    assert carried(status, 0) == (before["pair-worker-0"], 1)
+    assert sum(creations(harness, "pair").values()) - created == 2
+    assert creations(harness, "pair") == {"pair-worker-0": 1, "pair-worker-1": 2, "pair-worker-2": 2, "pair-rdzv": 1}
+    assert deletions(harness, "pair-worker-0") == []
 
 
 async def test_restart_scope_all_replaces_every_pod(harness, operator, nodes):

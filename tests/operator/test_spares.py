@@ -7,17 +7,22 @@ is replaced without an incident."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from datetime import timedelta
+from typing import Any
 
 import aiohttp
 import pytest
 
 from ddpjob_operator import builders, decisions as d
+from ddpjob_operator.decisions.spares import REASON_SPARE_ABANDONED, REASON_SPARE_JOINED
 from ddpjob_operator.validation import InvalidJob, parse_spec
 
-from .conftest import eventually
+from .conftest import eventually, passes
 from .test_decisions import T0, failed, job, of, running_status, seen, spec, w
-from .test_scenarios import NO_BACKOFF, assert_outcome, creations, nodes, operator, started, uids  # noqa: F401
+from .test_scenarios import (NO_BACKOFF, assert_outcome, creations, deletions, dies_after_the_charge,  # noqa: F401
+                             nodes, operator, reconciled_past, started, uids)
 
 OPTIONS = d.Options(incident_settle_seconds=0)
 SPARES = {"maxRestarts": 3, "spares": 1, "backoff": {"initialSeconds": 0, "maxSeconds": 1}}
@@ -33,9 +38,9 @@ def decide(view, observed, options=OPTIONS):
     return d.decide(view, observed, options)
 
 
-def with_spares(*spares, workers=(), now=T0):
+def with_spares(*spares, workers=(), now=T0, progress=None):
     return d.Observed(workers=tuple(workers), store=d.StoreObservation("Running", ready=True), now=now,
-                      spares=tuple(spares))
+                      spares=tuple(spares), progress=progress)
 
 
 # ---------------------------------------------------------------- the pool
@@ -124,6 +129,160 @@ def test_a_promoted_spare_that_vanished_before_it_was_seen_frees_its_rank():
     assert out.status.ranks[1].pod == "j-worker-1" and of(out, d.CreateWorker) == [d.CreateWorker(1, 1, 1)]
 
 
+# ---------------------------------------------------------------- a promoted spare that never takes its place
+
+BOUND = d.Options(incident_settle_seconds=0, cannot_start_seconds=60)
+REPORTED = {"step": 40, "updatedTime": d.rfc3339(T0 - timedelta(seconds=5))}  # the trainer reports progress
+
+
+def promoted(progress=REPORTED, replicas=2):
+    """The pass that gives spare 0 the place of worker 1 (killed) in generation 1, at T0."""
+    s = spec(replicas=replicas, failurePolicy=SPARES)
+    st = running_status(progress=progress) if progress else running_status()
+    others = [w(i) for i in range(2, replicas)]
+    if replicas > 2:  # worker 2 was killed with worker 1: it gets a pod, no spare is left for it
+        others = [failed(2, 137)]
+    out = decide(job(s, st), with_spares(spare(0), workers=(w(0), failed(1, 137), *others)), BOUND)
+    assert out.status.ranks[1].pod == "j-spare-0" and out.status.generation == 1
+    return s, out.status
+
+
+def reports(*ranks: tuple[int, int], generation: int = 1) -> d.ProgressObservation:
+    """What the operator's tracker holds: each rank's newest report (index, generation)."""
+    return d.ProgressObservation(generation=generation, step=41, last_advance=T0, updated_at=T0,
+                                 ranks=tuple(d.RankReport(i, g, 41, T0) for i, g in ranks))
+
+
+def taking_over(status):
+    return next((c.status, c.reason) for c in status.conditions if c.type == "SpareTakingOver")
+
+
+def later(s, st, seconds, progress=None, workers=None):
+    workers = (w(0),) if workers is None else workers
+    return decide(job(s, st), with_spares(spare(0), spare(1, "Pending"), workers=workers,
+                                          now=T0 + timedelta(seconds=seconds), progress=progress), BOUND)
+
+
+def test_the_promotion_starts_the_spares_clock_when_the_trainer_reports_progress():
+    _, st = promoted()
+    assert taking_over(st) == ("True", d.REASON_SPARE_TAKES_OVER)
+    # A trainer that reports nothing: nothing could tell a spare that trains from one that hangs.
+    _, quiet = promoted(progress=None)
+    assert not [c for c in quiet.conditions if c.type == "SpareTakingOver"]
+
+
+@pytest.mark.parametrize("progress, seconds, outcome", [
+    pytest.param(None, 59, "waits", id="nothing reported yet, before the bound"),
+    pytest.param(None, 60, "released", id="nothing reported at the bound"),
+    pytest.param(reports((0, 0), (1, 0), generation=0), 60, "released", id="only the killed worker's reports"),
+    # A survivor's reports are attributed to the generation it was carried into, whether or not its
+    # trainer runs there: only the spare's own report says it took its place.
+    pytest.param(reports((0, 1), (1, 0)), 60, "released", id="the survivor's reports, not the spare's"),
+    pytest.param(reports((0, 1), (1, 1)), 600, "joined", id="the spare's own report in its generation"),
+    pytest.param(reports((1, 2), generation=2), 600, "joined", id="a report from a later generation"),
+    pytest.param(reports(generation=1), 600, "joined", id="a local run: the job's reports in its generation"),
+    pytest.param(reports(generation=0), 60, "released", id="a local run: the job's reports still from before"),
+])
+def test_a_promoted_spare_has_a_bounded_time_to_take_its_place(progress, seconds, outcome):
+    s, st = promoted()
+    out = later(s, st, seconds, progress)
+    if outcome == "waits":
+        assert taking_over(out.status) == ("True", d.REASON_SPARE_TAKES_OVER)
+        assert not of(out, d.DeleteWorker) and not of(out, d.CreateWorker)
+        assert out.requeue_after == pytest.approx(60 - seconds)  # woken at the bound
+    elif outcome == "joined":
+        assert taking_over(out.status) == ("False", REASON_SPARE_JOINED)
+        assert not of(out, d.DeleteWorker) and not of(out, d.CreateWorker)
+        assert out.status.ranks[1].pod == "j-spare-0"
+    else:
+        assert taking_over(out.status) == ("False", REASON_SPARE_ABANDONED)
+        assert of(out, d.DeleteWorker) == [d.DeleteWorker("j-spare-0", REASON_SPARE_ABANDONED, force=True)]
+        # Rank 1 gets a worker pod in the same generation (the survivor waits for that one), replaced again.
+        assert of(out, d.CreateWorker) == [d.CreateWorker(1, 1, 2)]
+        rank = out.status.ranks[1]
+        assert (rank.pod, rank.uid, rank.restarts, rank.last_reason) == ("j-worker-1", None, 2, REASON_SPARE_ABANDONED)
+        assert "j-spare-0" in rank.last_message
+        # Part of the incident that promoted it: nothing charged, no new incident, no new generation.
+        assert (out.status.restarts, out.status.disruptions, out.status.generation) == (1, 0, 1)
+        assert [(i.generation, i.ranks) for i in out.status.incidents] == [(0, [1])]
+        assert (out.status.ranks[0].uid, out.status.ranks[0].generation) == (w(0).uid, 1)  # the survivor stays
+        assert out.status.phase == "Restarting"
+        assert any(e.reason == REASON_SPARE_ABANDONED and e.type == "Warning" for e in of(out, d.Event))
+        # The released spare is neither the rank's worker nor an idle spare again; the pool keeps spare 1.
+        assert [x.pod for x in out.status.spares] == ["j-spare-1"] and not of(out, d.CreateSpare)
+
+
+def test_a_released_spare_is_replaced_once_and_charged_never():
+    s, st = promoted()
+    released = later(s, st, 60).status
+    going = dataclasses.replace(spare(0), terminating_since=T0 + timedelta(seconds=61))
+    again = decide(job(s, released), with_spares(going, spare(1), workers=(w(0), w(1, "Pending", 1, attempt=2)),
+                                                 now=T0 + timedelta(seconds=61)), BOUND)
+    assert not of(again, d.CreateWorker) and not of(again, d.DeleteWorker)
+    assert (again.status.restarts, again.status.disruptions, len(again.status.incidents)) == (1, 0, 1)
+    assert again.status.ranks[1].pod == "j-worker-1" and [x.pod for x in again.status.spares] == ["j-spare-1"]
+
+
+def test_never_judged_without_progress_reports():
+    s, st = promoted(progress=None)
+    out = later(s, st, 10_000)
+    assert not of(out, d.DeleteWorker) and out.status.ranks[1].pod == "j-spare-0" and out.requeue_after is None
+
+
+def test_once_seen_training_an_operator_restart_never_releases_it():
+    """The reports the operator saw are in its memory only: the condition keeps what they told."""
+    s, st = promoted()
+    joined = later(s, st, 30, reports((0, 1), (1, 1))).status
+    restarted = later(s, joined, 10_000)  # a new operator: no report received yet
+    assert not of(restarted, d.DeleteWorker) and restarted.status.ranks[1].pod == "j-spare-0"
+    assert taking_over(restarted.status) == ("False", REASON_SPARE_JOINED)
+
+
+def test_the_clock_waits_for_every_other_rank_to_run():
+    """Two workers killed, one spare: worker 2 gets a new pod. Until it runs the group cannot form, whatever
+    the spare does; from its start the spare has the whole bound."""
+    s, st = promoted(replicas=3)
+    assert of(decide(job(s, st), with_spares(spare(0), workers=(w(0),), now=T0 + timedelta(seconds=1)), BOUND),
+              d.CreateWorker) == [d.CreateWorker(2, 1, 1)]
+    pending = later(s, st, 500, workers=(w(0), w(2, "Pending", 1, attempt=1)))
+    assert not of(pending, d.DeleteWorker) and pending.status.ranks[1].pod == "j-spare-0"
+    started = T0 + timedelta(seconds=450)
+    running = (w(0), w(2, "Running", 1, attempt=1, started_at=started))
+    assert later(s, st, 500, workers=running).requeue_after == pytest.approx(10)
+    out = later(s, st, 510, workers=running)
+    assert of(out, d.DeleteWorker) == [d.DeleteWorker("j-spare-0", REASON_SPARE_ABANDONED, force=True)]
+    assert of(out, d.CreateWorker) == [d.CreateWorker(1, 1, 2)] and out.status.restarts == 1
+
+
+def test_a_spare_still_waiting_when_another_is_promoted_is_judged_with_it():
+    """Worker 1's place goes to spare 0; before it trains, worker 2 dies too and spare 1 takes its place in
+    the next generation, spare 0 carried along. The second promotion restarts the clock, for both."""
+    s = spec(replicas=3, failurePolicy={**SPARES, "spares": 2})
+    first = decide(job(s, running_status(progress=REPORTED)),
+                   with_spares(spare(0), spare(1), workers=(w(0), failed(1, 137), w(2))), BOUND).status
+    at = T0 + timedelta(seconds=5)
+    second = decide(job(s, first), with_spares(spare(0), spare(1), workers=(w(0), failed(2, 137, at=at)), now=at),
+                    BOUND).status
+    assert [(r.pod, r.generation) for r in second.ranks] == [("j-worker-0", 2), ("j-spare-0", 2), ("j-spare-1", 2)]
+    idle = (spare(0), spare(1), spare(2, "Pending"))
+    assert not of(decide(job(s, second), with_spares(*idle, workers=(w(0),), now=T0 + timedelta(seconds=64)), BOUND),
+                  d.DeleteWorker)
+    out = decide(job(s, second), with_spares(*idle, workers=(w(0),), now=T0 + timedelta(seconds=65)), BOUND)
+    assert of(out, d.DeleteWorker) == [d.DeleteWorker("j-spare-0", REASON_SPARE_ABANDONED, force=True),
+                                       d.DeleteWorker("j-spare-1", REASON_SPARE_ABANDONED, force=True)]
+    assert of(out, d.CreateWorker) == [d.CreateWorker(1, 2, 2), d.CreateWorker(2, 2, 2)]
+    assert (out.status.restarts, out.status.generation, len(out.status.incidents)) == (2, 2, 2)
+
+
+def test_a_promoted_spare_that_exits_is_an_incident_even_past_the_bound():
+    s, st = promoted()
+    dead = spare(0, "Failed", exit_code=137, finished_at=T0 + timedelta(seconds=70))
+    out = decide(job(s, st), with_spares(dead, spare(1), workers=(w(0),), now=T0 + timedelta(seconds=70)), BOUND)
+    assert out.status.restarts == 2 and out.status.incidents[-1].ranks == [1]
+    assert d.DeleteWorker("j-spare-0", d.REASON_REPLACE, force=True) in of(out, d.DeleteWorker)
+    assert not [a for a in of(out, d.DeleteWorker) if a.reason == REASON_SPARE_ABANDONED]
+
+
 # ---------------------------------------------------------------- the real operator
 
 PROGRESS = {"progress_url": "http://ddpjob-progress.ddpjob-system.svc:8090", "bind_address": "127.0.0.1"}
@@ -178,3 +337,181 @@ async def test_an_idle_spare_lost_on_the_cluster_is_replaced_uncharged(harness, 
     status = harness.status("idle")
     assert status["restarts"] == 0 and status["disruptions"] == 0 and not status.get("incidents")
     assert status["phase"] == "Running"
+
+
+# ---------------------------------------------------------------- the real operator: the endpoint, the bound
+
+class Endpoint:
+    """The operator's progress endpoint as the job's pods reach it, each with its own pod-bound token."""
+
+    def __init__(self, harness, operator, session: aiohttp.ClientSession):
+        self.harness, self.session = harness, session
+        self.base = f"http://127.0.0.1:{operator.controller.progress_server.port}/v1/namespaces/team-a/ddpjobs"
+
+    def token(self, pod: str, audience: str = AUDIENCE) -> str:
+        return self.harness.cluster.issue_token("team-a", pod, (audience,))
+
+    async def assignment(self, job: str, pod: str | None, audience: str = AUDIENCE) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {self.token(pod, audience)}"} if pod else {}
+        async with self.session.get(f"{self.base}/{job}/assignment", headers=headers) as response:
+            return response.status, (await response.json() if response.status == 200 else None)
+
+    async def report(self, job: str, pod: str, step: int) -> int:
+        """POST a progress report as `pod`; its status code."""
+        async with self.session.post(f"{self.base}/{job}/progress", json={"step": step},
+                                     headers={"Authorization": f"Bearer {self.token(pod)}"}) as response:
+            return response.status
+
+
+async def serving(operator) -> None:
+    await operator.in_operator(operator.controller.progress_server.start(0, "127.0.0.1"))
+
+
+async def warm_job(harness, nodes, name: str, **failure_policy: Any) -> None:
+    """A job of 2 workers whose one spare runs and is ready."""
+    await started(harness, nodes, name, replicas=2, failurePolicy={**SPARES, **failure_policy})
+    await eventually(lambda: f"{name}-spare-0" in harness.pods(name, builders.ROLE_SPARE), what="the spare")
+    await nodes.start(f"{name}-spare-0")
+    await eventually(lambda: harness.status(name).get("readySpares") == 1, what="a ready spare")
+
+
+async def trained(harness, endpoint: Endpoint, name: str) -> None:
+    """Both workers report a step: the job's trainer reports progress (the bound needs that)."""
+    for pod in (f"{name}-worker-0", f"{name}-worker-1"):
+        assert await endpoint.report(name, pod, 5) == 204
+    await eventually(lambda: (harness.status(name).get("progress") or {}).get("updatedTime"),
+                     what="the job's progress on record")
+
+
+def rank(harness, name: str, index: int) -> dict[str, Any]:
+    return next(r for r in harness.status(name).get("ranks", []) if r["index"] == index)
+
+
+@pytest.mark.settings(**PROGRESS)
+async def test_the_assignment_route_answers_only_a_promoted_spare_of_its_own_job(harness, operator, nodes):
+    await serving(operator)
+    await warm_job(harness, nodes, "mine")
+    await warm_job(harness, nodes, "theirs")
+    await nodes.exit("theirs-worker-1", 137)  # their spare takes worker 1's place in their generation 1
+    await eventually(lambda: rank(harness, "theirs", 1)["pod"] == "theirs-spare-0", what="their spare promoted")
+    async with aiohttp.ClientSession() as session:
+        endpoint = Endpoint(harness, operator, session)
+        # The promoted spare, at its own job: its place (so the answers below are not vacuous).
+        status, given = await eventually(lambda: _given(endpoint.assignment("theirs", "theirs-spare-0")),
+                                         what="their spare's assignment")
+        assert given["index"] == 1 and given["generation"] == 1
+        # Nothing for anyone else: a worker, another job's (promoted) spare, an idle spare.
+        assert await endpoint.assignment("mine", "mine-worker-0") == (204, None)
+        assert await endpoint.assignment("mine", "theirs-spare-0") == (204, None)
+        assert await endpoint.assignment("mine", "mine-spare-0") == (204, None)
+        assert await endpoint.assignment("theirs", "mine-spare-0") == (204, None)
+        # No token, or one meant for another audience (the API server's): not authenticated.
+        assert (await endpoint.assignment("theirs", None))[0] == 401
+        assert (await endpoint.assignment("theirs", "theirs-spare-0", audience="https://kubernetes.default.svc"))[0] \
+            == 401
+        # A standby replica answers nothing but "retry" (another connection reaches the leader).
+        server = operator.controller.progress_server
+        leading, server.leading = server.leading, lambda: False
+        try:
+            assert (await endpoint.assignment("theirs", "theirs-spare-0"))[0] == 503
+        finally:
+            server.leading = leading
+        assert (await endpoint.assignment("theirs", "theirs-spare-0"))[0] == 200
+
+
+async def _given(asking) -> tuple[int, Any] | None:
+    answer = await asking
+    return answer if answer[0] == 200 else None
+
+
+@pytest.mark.settings(**PROGRESS, cannot_start_seconds=2.0)
+async def test_a_promoted_spare_that_never_takes_its_place_is_replaced_uncharged(harness, operator, nodes):
+    """The spare cannot reach the operator (a NetworkPolicy, a CA it cannot verify) or hangs: it never
+    asks for its assignment and never trains. Once the bound passes (DDPJOB_OPERATOR_CANNOT_START_SECONDS)
+    its pod is force-deleted and rank 1 gets a worker pod in the same generation: no second charge, no
+    second incident, the survivor keeps its pod."""
+    await serving(operator)
+    await warm_job(harness, nodes, "stuck")
+    async with aiohttp.ClientSession() as session:
+        await trained(harness, Endpoint(harness, operator, session), "stuck")
+    survivor = uids(harness, "stuck")["stuck-worker-0"]
+    killed = uids(harness, "stuck")["stuck-worker-1"]
+    await nodes.exit("stuck-worker-1", 137)
+    replacement = await eventually(lambda: (p := harness.pods("stuck").get("stuck-worker-1")) and
+                                   p["metadata"]["uid"] != killed and p, what="a worker pod for rank 1 again")
+    labels = replacement["metadata"]["labels"]
+    assert (labels[builders.LABEL_GENERATION], labels[builders.LABEL_ATTEMPT]) == ("1", "2")
+    assert deletions(harness, "stuck-spare-0") == [0]  # force: it never held anything worth a grace period
+    await nodes.start("stuck-worker-1")
+    await harness.wait_phase("stuck", "Running")
+    await passes(operator)  # nothing more happens
+    status = assert_outcome(harness, "stuck", phase="Running", reason="Running", restarts=1, disruptions=0,
+                            generation=1, incident=("Retryable", True, [1]))
+    assert len(status["incidents"]) == 1
+    assert uids(harness, "stuck")["stuck-worker-0"] == survivor and rank(harness, "stuck", 0)["generation"] == 1
+    got = rank(harness, "stuck", 1)
+    assert (got["pod"], got["restarts"], got["lastReason"]) == ("stuck-worker-1", 2, REASON_SPARE_ABANDONED)
+    condition = harness.condition("stuck", "SpareTakingOver")
+    assert (condition["status"], condition["reason"]) == ("False", REASON_SPARE_ABANDONED)
+    reasons = [e["reason"] for e in harness.events("stuck")]
+    assert reasons.index(d.REASON_SPARE_TAKES_OVER) < reasons.index(REASON_SPARE_ABANDONED)
+    assert creations(harness, "stuck") == {"stuck-worker-0": 1, "stuck-worker-1": 2, "stuck-rdzv": 1,
+                                           "stuck-spare-0": 1, "stuck-spare-1": 1}
+
+
+@pytest.mark.settings(**PROGRESS, cannot_start_seconds=3.0)
+async def test_a_promoted_spare_seen_training_keeps_its_place_past_the_bound(harness, operator, nodes):
+    await serving(operator)
+    await warm_job(harness, nodes, "joins")
+    spare_uid = harness.pods("joins", builders.ROLE_SPARE)["joins-spare-0"]["metadata"]["uid"]
+    async with aiohttp.ClientSession() as session:
+        endpoint = Endpoint(harness, operator, session)
+        await trained(harness, endpoint, "joins")
+        await nodes.exit("joins-worker-1", 137)
+        await eventually(lambda: rank(harness, "joins", 1)["pod"] == "joins-spare-0", what="the spare promoted")
+        promoted_at = time.monotonic()
+        # Its launcher fetches the assignment, joins, and its trainer reports its first step there.
+        await eventually(lambda: _given(endpoint.assignment("joins", "joins-spare-0")), what="the assignment")
+        assert await endpoint.report("joins", "joins-spare-0", 6) == 204
+    await eventually(lambda: (harness.condition("joins", "SpareTakingOver") or {}).get("reason") == REASON_SPARE_JOINED,
+                     what="the spare seen training")
+    await reconciled_past(operator, promoted_at, 3.0 + 1, "the bound passed")
+    got = rank(harness, "joins", 1)
+    assert (got["pod"], got["uid"], got["generation"]) == ("joins-spare-0", spare_uid, 1)
+    assert "joins-worker-1" not in harness.pods("joins")
+    assert creations(harness, "joins")["joins-worker-1"] == 1 and harness.status("joins")["restarts"] == 1
+
+
+@pytest.mark.settings(**PROGRESS)
+async def test_operator_killed_right_after_a_promotion_duplicates_and_charges_nothing(harness, operator, nodes):
+    """The status write that charges the incident and names the spare as rank 1's pod is stored, then the
+    operator is dead (none of that pass's pod calls is sent). The next operator finishes the hand-over from
+    the record: the spare gets its place, the failed pod is removed, the pool refilled, each once."""
+    await serving(operator)
+    await warm_job(harness, nodes, "handover")
+    spare_uid = harness.pods("handover", builders.ROLE_SPARE)["handover-spare-0"]["metadata"]["uid"]
+    unsent = dies_after_the_charge(operator)
+    await nodes.exit("handover-worker-1", 137)
+    await eventually(lambda: rank(harness, "handover", 1).get("uid") == spare_uid, what="the promotion on record")
+    await eventually(lambda: unsent, what="the dead operator's next call")
+    await operator.stop()
+    assert harness.status("handover")["restarts"] == 1
+    assert "handover-worker-1" in harness.pods("handover")  # never deleted by the dead one
+    assert "handover-spare-1" not in harness.pods("handover", builders.ROLE_SPARE)
+    await operator.start()
+    await serving(operator)
+    async with aiohttp.ClientSession() as session:
+        endpoint = Endpoint(harness, operator, session)
+        _, given = await eventually(lambda: _given(endpoint.assignment("handover", "handover-spare-0")),
+                                    what="the spare's assignment from the new operator")
+    assert (given["index"], given["generation"]) == (1, 1)
+    await eventually(lambda: "handover-worker-1" not in harness.pods("handover"), what="the failed pod removed")
+    await eventually(lambda: "handover-spare-1" in harness.pods("handover", builders.ROLE_SPARE), what="the refill")
+    await nodes.start("handover-spare-1")
+    await harness.wait_phase("handover", "Running")
+    await passes(operator)
+    assert_outcome(harness, "handover", phase="Running", reason="Running", restarts=1, disruptions=0, generation=1,
+                   incident=("Retryable", True, [1]))
+    assert rank(harness, "handover", 1)["uid"] == spare_uid
+    assert creations(harness, "handover") == {"handover-worker-0": 1, "handover-worker-1": 1, "handover-rdzv": 1,
+                                              "handover-spare-0": 1, "handover-spare-1": 1}
