@@ -8,8 +8,7 @@ import pytest
 
 from ddpjob_operator import builders
 
-from .conftest import eventually
-from .test_operator import started
+from .conftest import eventually, started
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import sys
 import uuid
 from dataclasses import replace
@@ -19,23 +18,17 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-import pytest_asyncio
 
 from ddpjob_operator import progress
 
-from .conftest import FAST, NAMESPACE, OperatorProcess, assert_within_permissions, eventually
-from .test_operator import started
+from ddpjob_operator.settings import AUTO_PORT
+
+from .conftest import FAST, NAMESPACE, eventually, operator_fixture, started
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
 AUDIENCE = progress.DEFAULT_AUDIENCE
 JOB_URL = "/v1/namespaces/ns/ddpjobs/job/progress"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def answer(pod: str, uid: str = "", audiences=(AUDIENCE,)) -> dict:
@@ -201,19 +194,8 @@ async def test_a_worker_once_valid_is_re_reviewed_from_a_budget_of_its_own():
 # ---------------------------------------------------------------- the real operator
 
 
-@pytest_asyncio.fixture()
-async def operator(cluster):
-    emulator, url = cluster
-    settings = replace(FAST, progress_port=free_port(), progress_url="http://ddpjob-progress.ddpjob-system.svc:8090",
-                       progress_write_seconds=0.5, bind_address="127.0.0.1")
-    process = OperatorProcess(url, settings)
-    await process.start()
-    await eventually(lambda: process.controller and process.controller.progress_server.port, what="progress port")
-    try:
-        yield process
-    finally:
-        await process.stop()
-    assert_within_permissions(emulator)
+operator = operator_fixture(replace(FAST, progress_port=AUTO_PORT, progress_write_seconds=0.5, bind_address="127.0.0.1",
+                                   progress_url="http://ddpjob-progress.ddpjob-system.svc:8090"))
 
 
 def report_url(operator, job: str) -> str:
