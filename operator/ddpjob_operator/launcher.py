@@ -36,6 +36,10 @@ NNODES_KEY = "ddpjob/{uid}/nnodes/{generation}"
 # A survivor that waited REJOIN_TIMEOUT_SECONDS for a newer generation and saw none starts its message
 # with this; every message ends with the generation its failure happened in (GENERATION_MARK).
 REJOIN_FAILED_PREFIX = "rejoin failed"
+# A trainer's exit after a stop its ranks agreed on (the runtime's StopRequest.exit_code, 128 + SIGTERM or
+# SIGINT). The ranks of a pod that got no signal exit so too when a peer's pod is stopped (deleted,
+# evicted, preempted): their launcher, whose agent got no signal either, takes it for a peer's failure.
+STOP_EXIT_CODES = (143, 130)
 GENERATION_MARK = "[generation {generation}]"
 GENERATION_MARK_PATTERN = r"\[generation (\d+)\]"
 
@@ -74,6 +78,7 @@ LAUNCHER_SETUP = f"""\
 import logging, os, re, runpy, signal, sys, threading, time
 from datetime import timedelta
 import torch.distributed.run as torchrun
+import torch.distributed.elastic.multiprocessing.api as elastic_processes
 from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -231,6 +236,21 @@ class Generations:
             stop.wait(every)
         return None
 
+STOPPED = threading.Event()  # this agent got a death signal: its own pod is being stopped
+
+def noting_the_stop(handler):
+    # torchrun's handler of the agent's death signals (SIGTERM, SIGINT, ...; installed when it starts the
+    # trainers), which stops them and raises SignalException. Noted here because the trainers' exit
+    # cannot tell it: every rank exits alike after a stop the ranks agreed on, whichever pod was asked.
+    def handle(signum, frame):
+        STOPPED.set()
+        handler(signum, frame)
+    return handle
+
+# By name: PContext.start looks the handler up in its module each time (an AttributeError here, at
+# import, if torch ever renames it).
+elastic_processes._terminate_process_handler = noting_the_stop(elastic_processes._terminate_process_handler)
+
 def on_superseded(signum, frame):
     # Raised in the agent's main thread, wherever it waits: torchrun stops its trainers with SIGTERM
     # (they checkpoint) and leaves this generation.
@@ -281,7 +301,8 @@ def generation_of(rdzv_id):
     return int(match.group(1)) if match else None
 
 def run_generation(args, generation, generations):
-    # One generation under torchrun: (code, message, closed) for a failure, None when superseded.
+    # One generation under torchrun: (code, message, closed, by_a_peer) for a failure, None when superseded.
+    # by_a_peer: a peer's failure or stop ended it (this pod can take part in the next generation).
     stop, superseded = threading.Event(), threading.Event()
     if generations is not None:
         thread = threading.Thread(target=watch, args=(generations, generation, stop, superseded), daemon=True)
@@ -299,19 +320,27 @@ def run_generation(args, generation, generations):
             detail = "killed by " + failure.signal_name()
         else:
             detail = ""  # exited without a recorded exception: its log says why
+        # A trainer that exits as after an agreed stop although this agent got no signal stopped because a
+        # peer's pod was asked to (deleted, evicted, preempted): for this pod that is a peer's failure.
+        peer_stopped = failure.exitcode in {STOP_EXIT_CODES!r} and not STOPPED.is_set()
+        if peer_stopped and not detail:
+            detail = "it stopped with its peers at the step they agreed on: a peer's pod was stopped, not this one"
         print(failed, file=sys.stderr, flush=True)
-        return code, (f"rank {{rank}} (local rank {{failure.local_rank}}) exited with code {{code}}"
-                      + (f": {{detail}}" if detail else "")), True
+        text = f"rank {{rank}} (local rank {{failure.local_rank}}) exited with code {{code}}" \
+            + (f": {{detail}}" if detail else "")
+        return code, text, True, peer_stopped or (code < 128 and bool(PEER_FAILURE.search(text)))
     except RendezvousError as error:
         if superseded.is_set():
             return None
         text = f"{RENDEZVOUS_FAILED_PREFIX}: {{type(error).__name__}}: {{error}}"
         print(text, file=sys.stderr, flush=True)
-        return 1, text, True
+        # A round closed under this agent: someone left a generation the operator has moved past.
+        return 1, text, True, isinstance(error, RendezvousClosedError)
     except SignalException as stopped:
         if superseded.is_set():
             return None
-        return 128 + stopped.sigval, f"torchrun stopped by {{stopped.sigval.name}}; exit code {{128 + stopped.sigval}}", False
+        return 128 + stopped.sigval, f"torchrun stopped by {{stopped.sigval.name}}; exit code {{128 + stopped.sigval}}", \
+            False, False
     except Exception as error:
         report(f"torchrun failed: {{type(error).__name__}}: {{error}}", generation=generation)
         raise
@@ -374,6 +403,37 @@ def drop_foreign_torchrun_settings(args):
         print(f"ignoring {{name}}: torchrun's settings are the operator's", file=sys.stderr, flush=True)
         del os.environ[name]
 
+def next_generation(failure, generation, generations, timeout):
+    # After a generation: (generation, nnodes) of the one to join in place, or the pod's exit.
+    if failure is None:  # superseded: the newest is published
+        try:
+            return generations.newest()
+        except SignalException:
+            raise
+        except Exception as error:  # the store is gone: so is this job's rendezvous, a disruption
+            report(f"{RENDEZVOUS_FAILED_PREFIX}: RendezvousConnectionError: the store is unreachable: {{error}}",
+                   generation=generation)
+            finish(1)
+    code, text, closed, by_a_peer = failure
+    if generations is None or not by_a_peer:
+        report(text, closed=closed, generation=generation)
+        finish(code)
+    # A peer's failure or stop ended this generation: wait here for the operator's next one.
+    print(f"waiting up to {{timeout:g}} s for rendezvous generation {{generation + 1}} or newer: {{text}}",
+          file=sys.stderr, flush=True)
+    try:
+        newest = generations.wait_newer(generation, timeout)
+    except SignalException:
+        raise
+    except Exception as error:  # the store is gone too: exit with the failure that ended the generation
+        print(f"the rendezvous store is unreachable: {{error}}", file=sys.stderr, flush=True)
+        newest = None
+    if newest is None:
+        report(f"{REJOIN_FAILED_PREFIX}: no rendezvous generation newer than {{generation}} started within "
+               f"{{timeout:g}} s; {{text}}", closed=closed, generation=generation)
+        finish(code)
+    return newest
+
 def launch(args):
     flags = next((args[:i] for i, a in enumerate(args) if not a.startswith("--")), args)  # torchrun's own
     drop_foreign_torchrun_settings(flags)
@@ -394,34 +454,14 @@ def launch(args):
     signal.signal(signal.SIGUSR1, on_superseded)
     timeout = float(os.environ.get("{REJOIN_TIMEOUT_ENV}", "{REJOIN_TIMEOUT_SECONDS}"))
     while True:
-        failure = run_generation(args, generation, generations)
-        if failure is None:
-            try:
-                newest = generations.newest()
-            except Exception as error:  # the store is gone: so is this job's rendezvous, a disruption
-                report(f"{RENDEZVOUS_FAILED_PREFIX}: RendezvousConnectionError: the store is unreachable: {{error}}",
-                       generation=generation)
-                finish(1)
-        else:
-            code, text, closed = failure
-            # A peer's failure, or a round closed under this agent (someone left a generation the operator
-            # has moved past): the next generation is coming.
-            moved_on = re.search(PEER_FAILURE, text) or text.startswith("{RENDEZVOUS_FAILED_PREFIX}: RendezvousClosedError")
-            if generations is None or not (code < 128 and moved_on):
-                report(text, closed=closed, generation=generation)
-                finish(code)
-            # A peer's failure ended this generation: wait here for the operator's next one.
-            print(f"waiting up to {{timeout:g}} s for rendezvous generation {{generation + 1}} or newer: {{text}}",
-                  file=sys.stderr, flush=True)
-            try:
-                newest = generations.wait_newer(generation, timeout)
-            except Exception as error:  # the store is gone too: exit with the failure that ended the generation
-                print(f"the rendezvous store is unreachable: {{error}}", file=sys.stderr, flush=True)
-                newest = None
-            if newest is None:
-                report(f"{REJOIN_FAILED_PREFIX}: no rendezvous generation newer than {{generation}} started within "
-                       f"{{timeout:g}} s; {{text}}", closed=closed, generation=generation)
-                finish(code)
+        try:
+            newest = next_generation(run_generation(args, generation, generations), generation, generations, timeout)
+        except SignalException as stopped:
+            # torchrun's handler stays installed between generations: the pod's own stop, while it waits.
+            text = f"stopped by {{stopped.sigval.name}} between rendezvous generations; exit code {{128 + stopped.sigval}}"
+            print(text, file=sys.stderr, flush=True)
+            report(text, closed=False, generation=generation)
+            finish(128 + stopped.sigval)
         generation, nnodes = newest
         rdzv_id = f"{{generations.uid}}-g{{generation}}"
         args = with_flags(args, rdzv_id=rdzv_id, nnodes=nnodes)

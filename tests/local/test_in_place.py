@@ -3,18 +3,20 @@
 A SIGKILLed worker is replaced by a new pod (a new process tree); the survivor's pod is the same process
 from start to end: its launcher waits for the next generation in place and runs its trainer again from
 the agent that already imported torch, resuming from the rescue checkpoint at the same world size.
-With restartScope All every worker is a new pod.
+A worker deleted gracefully (kubectl delete pod, an eviction) is replaced alone too: its peers stop with
+it at the step they agree on and save, and keep their pods. With restartScope All every worker is a new pod.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from ddpjob_operator import validation
 from ddpjob_operator.local.processes import marked_pids
-from ddpjob_operator.local.runner import KILL, FaultInjection, LocalRunner, RunOptions
+from ddpjob_operator.local.runner import DELETE, KILL, FaultInjection, LocalRunner, RunOptions
 
 from .harness import TimelineView
 from .test_semantics import Outcome, expect, expect_completed, expect_resumed, spec
@@ -69,6 +71,28 @@ def test_pod_scope_keeps_the_survivors_process_and_replaces_only_the_killed_work
     expect_completed(o)
     assert [r.index for r in o.status.ranks] == [0, 1] and o.status.ranks[1].restarts == 1
     assert o.status.ranks[0].restarts == 0
+
+
+@pytest.mark.parametrize("deleted", [1, 0])
+def test_pod_scope_keeps_the_survivors_process_when_a_peer_is_deleted_gracefully(tmp_path, deleted):
+    name = f"delete-{deleted}"
+    o, runner = run(tmp_path, name, spec(failurePolicy={"restartScope": "Pod"}),
+                    faults=(FaultInjection(index=deleted, at_step=40, kind=DELETE),))
+    expect(o, phase="Succeeded", reason="Succeeded", restarts=0, disruptions=1, generation=1)
+    survivor, gone = f"{name}-worker-{1 - deleted}", f"{name}-worker-{deleted}"
+    # The survivor's pod is one process tree for the whole run; only the deleted worker's was created again.
+    assert len(runner.pids[survivor]) == 1 and len(runner.pids[gone]) == 2, o.describe()
+    assert runner.creations == {deleted: 2, 1 - deleted: 1}
+    # The deleted pod exited 143; the survivor exited once, at the end, as the pod of generation 0.
+    assert [(e.generation, e.exit_code) for e in o.exits if e.pod == gone][0] == (0, 143), o.describe()
+    assert [(e.generation, e.exit_code) for e in o.exits if e.pod == survivor] == [(0, 0)], o.describe()
+    log = (o.log_dir / f"{survivor}.log").read_text(errors="replace")
+    assert "joining rendezvous generation 1 in place" in log
+    # Both trainers saved at the step they agreed on, and training goes on from that very step.
+    stopped = re.search(r"stop requested at step (\d+)", log)
+    assert stopped, o.describe()
+    assert expect_resumed(o, world_size=2).step == int(stopped.group(1)), o.describe()
+    expect_completed(o)
 
 
 def test_all_scope_replaces_every_worker(tmp_path):

@@ -32,16 +32,25 @@ time.sleep(120)
 """
 
 
+STANDALONE = ("--standalone",)
+
+
 class Launched:
-    def __init__(self, tmp_path: Path, body: str, **env: str):
+    def __init__(self, tmp_path: Path, body: str, *, rendezvous: tuple[str, ...] = STANDALONE, **env: str):
         script = tmp_path / "entry.py"
         script.write_text(body)
         self.termination_log = tmp_path / "termination-log"
-        argv = [sys.executable, "-c", builders.LAUNCHER_PROGRAM, "--standalone", "--nnodes=1",
+        argv = [sys.executable, "-c", builders.LAUNCHER_PROGRAM, *rendezvous, "--nnodes=1",
                 "--nproc-per-node=1", "--shutdown-timeout=5", str(script)]
         env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
                builders.TERMINATION_LOG_ENV: str(self.termination_log), **env}
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait_for_line(self, text: str) -> None:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while text not in self.proc.stdout.readline():
+            assert time.monotonic() < deadline and self.proc.poll() is None, f"never printed {text!r}"
 
     def wait(self) -> tuple[int, str]:
         try:
@@ -128,14 +137,53 @@ def test_a_process_the_forked_trainer_forks_ends_with_the_real_os_exit(tmp_path)
 
 def test_sigterm_to_the_launcher_stops_the_trainer_and_exits_143(tmp_path):
     launched = Launched(tmp_path, SLEEP_UNTIL_SIGTERM)
-    assert launched.proc.stdout is not None
-    deadline = time.monotonic() + 60
-    while "ready" not in launched.proc.stdout.readline():
-        assert time.monotonic() < deadline and launched.proc.poll() is None, "the trainer never started"
+    launched.wait_for_line("ready")
     launched.proc.send_signal(signal.SIGTERM)
     got, out = launched.wait()
     assert got == 143, out
     assert launched.message() == "torchrun stopped by SIGTERM; exit code 143"  # a signal leaves it open
+
+
+@pytest.fixture
+def rendezvous_store():
+    """The job's rendezvous store (the survivors' channel to the next generation): its endpoint."""
+    port = free_port()
+    store = subprocess.Popen(builders.store_command(port, python=sys.executable), env={"PATH": "/usr/bin:/bin"},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    yield f"127.0.0.1:{port}"
+    store.terminate()
+    store.wait(timeout=30)
+
+
+# A rank whose pod got no signal, after its peers agreed to stop because another pod's did: it saved the
+# final checkpoint with them and exits as they do (the runtime's StopRequest.exit_code).
+STOPS_WITH_ITS_PEERS = "import sys\nsys.exit(143)\n"
+
+
+@pytest.mark.parametrize("signalled", [False, True], ids=["a-peer-was-stopped", "this-pod-was-stopped"])
+def test_an_agreed_stop_keeps_the_pod_in_place_unless_its_own_agent_was_signalled(tmp_path, rendezvous_store,
+                                                                                signalled):
+    """restartScope Pod: a trainer that exits 143 although its agent got no signal stopped for a peer's
+    pod (deleted, evicted): the launcher keeps the pod and waits for the next generation, as after a
+    peer's failure. The pod's own SIGTERM still ends it with 143, whether it came during the generation
+    or while it waits."""
+    rendezvous = ("--rdzv-backend=c10d", f"--rdzv-endpoint={rendezvous_store}", "--rdzv-id=job-g0",
+                  "--rdzv-conf=is_host=false,join_timeout=30")
+    launched = Launched(tmp_path, SLEEP_UNTIL_SIGTERM if signalled else STOPS_WITH_ITS_PEERS,
+                        rendezvous=rendezvous, **{builders.REJOIN_ENV: "1"})
+    if signalled:
+        launched.wait_for_line("ready")
+        launched.proc.send_signal(signal.SIGTERM)
+        got, out = launched.wait()
+        assert (got, launched.message()) == (143, "torchrun stopped by SIGTERM; exit code 143 [generation 0]"), out
+        return
+    launched.wait_for_line("waiting up to 120 s for rendezvous generation 1 or newer: rank 0 (local rank 0) "
+                           "exited with code 143: it stopped with its peers")
+    assert launched.proc.poll() is None and not launched.termination_log.exists()
+    launched.proc.send_signal(signal.SIGTERM)  # its pod is deleted while it waits
+    got, out = launched.wait()
+    assert got == 143, out
+    assert launched.message() == "stopped by SIGTERM between rendezvous generations; exit code 143 [generation 0]"
 
 
 def test_unwritable_termination_log_is_skipped(tmp_path):
