@@ -1,5 +1,6 @@
 """The stall watchdog (runtime/watchdog.py, issue 25): a trainer blocked in a collective on a silent peer
-obeys SIGTERM at once, and leaves with a peer failure when the collective itself never times out.
+obeys SIGTERM at once, and leaves with a peer failure when the collective itself never times out, after
+writing its rescue checkpoint where the abort of its process groups gets it out of the collective.
 
 Real processes and a real Gloo group: rank 1 stops taking part after a few steps with its sockets open
 (a frozen process, a node that went silent) while rank 0 waits in an all_reduce whose own timeout is far
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_trainer.runtime.watchdog import StallWatchdog
+from ddp_trainer.runtime.watchdog import SILENT_MARGIN_S, StallWatchdog
+from trainer_harness import base_env, committed_steps
 
 # ---------------------------------------------------------------- the rules (pure)
 
@@ -37,6 +39,12 @@ def watchdog(steady: float = 0.0, **kw) -> tuple[StallWatchdog, Clock]:
     dog = StallWatchdog(lambda: steady, clock=clock, exit=lambda code: None, **kw)
     dog.close()  # the rules only: no thread
     return dog, clock
+
+
+def steps(dog: StallWatchdog, clock: Clock, seconds: float, n: int = 5) -> None:
+    for _ in range(n):
+        clock.now += seconds
+        dog.step()
 
 
 def test_a_stop_with_no_step_after_it_exits_after_the_grace():
@@ -60,9 +68,7 @@ def test_a_step_after_the_stop_means_the_trainer_is_not_blocked():
 
 def test_the_grace_grows_with_slow_steps():
     dog, clock = watchdog()
-    for _ in range(5):
-        clock.now += 10
-        dog.step()
+    steps(dog, clock, 10)
     dog._stop_at = clock.now
     clock.now += 29
     assert dog.check(clock.now) is None  # 3 steps' time
@@ -75,7 +81,7 @@ def test_a_silent_peer_is_a_peer_failure_only_while_the_steady_timeout_is_in_for
     clock.now += 3600
     assert relaxed.check(clock.now) is None  # start-up, a save, an evaluation: no limit
     dog, clock = watchdog(steady=30.0)
-    clock.now += 69
+    clock.now += 30 + SILENT_MARGIN_S - 1  # the steady timeout and a margin, no more
     assert dog.check(clock.now) is None
     clock.now += 1
     code, message = dog.check(clock.now)
@@ -83,19 +89,35 @@ def test_a_silent_peer_is_a_peer_failure_only_while_the_steady_timeout_is_in_for
     assert code == 1 and re.search(launcher.PEER_FAILURE_PATTERN, message)  # the launcher waits in place
 
 
+def test_a_silent_peer_is_given_this_ranks_own_work_for_the_step_on_top():
+    """The collective's timeout runs from when it started, after the rank's own work (the longest recent step)."""
+    steady = [0.0]
+    dog, clock = watchdog()
+    dog.steady_s = lambda: steady[0]
+    steps(dog, clock, 600, n=1)  # an evaluation, under the relaxed timeout: says nothing of the steps
+    steady[0] = 30.0
+    steps(dog, clock, 8)
+    clock.now += 30 + 8 + SILENT_MARGIN_S - 1
+    assert dog.check(clock.now) is None
+    clock.now += 1
+    assert dog.check(clock.now)[0] == 1
+
+
 # ---------------------------------------------------------------- real ranks, real Gloo
 
 RANK = textwrap.dedent("""
     import datetime, os, sys, time
     import torch, torch.distributed as dist
-    from ddp_trainer.runtime.distributed import StopRequest
+    from ddp_trainer.runtime.distributed import StopRequest, abort_process_groups
     from ddp_trainer.runtime.watchdog import StallWatchdog
 
     rank, port, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     stop = StopRequest()
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300))
-    dog = StallWatchdog(lambda: 1.0, silent_s=None if mode == "stop" else 4.0, stop_grace_s=2.0)
+    # Gloo's abort cannot get the main thread out of its wait: the watchdog exits the process itself.
+    dog = StallWatchdog(lambda: 1.0, silent_s=None if mode == "stop" else 4.0, stop_grace_s=2.0,
+                        abort=lambda: abort_process_groups([None]))
     if mode == "stop":
         dog.silent_s = 3600.0  # only the stop rule here
     for step in range(1000):
@@ -108,19 +130,28 @@ RANK = textwrap.dedent("""
 """)
 
 
-def start_pair(tmp_path: Path, mode: str) -> list[subprocess.Popen]:
+def free_port() -> int:
     import socket
     with socket.socket() as s:  # only the store's port: held by rank 0's TCPStore at once
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def start_ranks(tmp_path: Path, code: str, args: list[str], env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """Two ranks of `code` (argv: the rank, then `args`), each with its own torchrun error file."""
     script = tmp_path / "rank.py"
-    script.write_text(RANK)
+    script.write_text(code)
     procs = []
     for rank in (0, 1):
-        env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(tmp_path / f"error-{rank}.json"), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(script), str(rank), str(port), mode], env=env,
+        rank_env = {**(env or os.environ), "TORCHELASTIC_ERROR_FILE": str(tmp_path / f"error-{rank}.json"),
+                    "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": "0"}
+        procs.append(subprocess.Popen([sys.executable, str(script), str(rank), *args], env=rank_env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs
+
+
+def start_pair(tmp_path: Path, mode: str) -> list[subprocess.Popen]:
+    return start_ranks(tmp_path, RANK, [str(free_port()), mode])
 
 
 def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 60) -> None:
@@ -152,6 +183,56 @@ def test_a_rank_blocked_on_a_silent_peer_leaves_long_before_the_collective_timeo
             assert code == 143 and "stopped by SIGTERM while blocked" in error_message(tmp_path)
         else:
             assert code == 1 and error_message(tmp_path).startswith("TrainerStalled: Timed out")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+# A `Job` rank whose collective the abort does get it out of, as NCCL's abort fails the collective blocked on
+# it. That needs two GPUs; here the abort stands in by ending the frozen peer, which fails rank 0's Gloo
+# all_reduce the way a closed socket does. Everything else is the runtime's own: the watchdog's verdict,
+# the rescue checkpoint, the exit from Job.close.
+ABORTED_RANK = textwrap.dedent("""
+    import os, signal, sys, time
+    import torch, torch.distributed as dist
+    from ddp_trainer.runtime import Job
+
+    job = Job.start(device="cpu", timeout_s=300, checkpoint_dir=sys.argv[2])
+    store = dist.distributed_c10d._get_default_store()
+    if job.env.rank == 1:
+        store.set("frozen", str(os.getpid()))
+    job.watchdog.abort = lambda: os.kill(int(store.get("frozen")), signal.SIGKILL) or True
+    job.watchdog.steady_s, job.watchdog.silent_s = (lambda: 1.0), 4.0
+    step = 0
+    try:
+        for step in range(1, 1000):
+            if job.env.rank == 1 and step == 5:
+                print("frozen", flush=True)
+                time.sleep(3600)  # alive, sockets open, never answering again
+            dist.all_reduce(torch.ones(4))
+            job.should_stop()
+            print(f"step {step}", flush=True)
+    except RuntimeError as error:
+        print(f"collective failed: {error}", flush=True)
+        job.rescue(step - 1, {"weights": torch.ones(2)})
+    finally:
+        job.close(clean=False)
+""")
+
+
+def test_a_rank_the_abort_gets_out_of_its_collective_saves_its_replica_then_exits_with_the_verdict(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    env = base_env(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    procs = start_ranks(tmp_path, ABORTED_RANK, [str(checkpoints)], env)
+    try:
+        wait_for_line(procs[1], "frozen")
+        code = procs[0].wait(timeout=120)
+        out = procs[0].stdout.read()
+        assert code == 1 and "collective failed" in out, out
+        # The verdict, not the collective's own error, reaches the launcher: it waits in place on it.
+        assert error_message(tmp_path).startswith("TrainerStalled: Timed out"), out
+        assert committed_steps(checkpoints) == [4], out  # the replica after the last step, saved before the exit
     finally:
         for p in procs:
             p.kill()

@@ -98,7 +98,8 @@ class Trainer:
         try:
             return self._run()
         except Exception as e:
-            if self.cfg.checkpoint.rescue and is_peer_failure(e):
+            # A peer died, or went silent and the stall watchdog aborted the collective: the replica is intact.
+            if self.cfg.checkpoint.rescue and (is_peer_failure(e) or self.job.watchdog.verdict is not None):
                 self.job.rescue(self.progress.step, self._state(rng=None))
             raise
 
@@ -107,7 +108,8 @@ class Trainer:
             for micro_batches in self._step_batches():
                 self._train_step(micro_batches)
                 if self.job.should_stop():
-                    log.warning("stop requested at step %d: writing a final checkpoint", self.progress.step)
+                    log.warning("stop requested at step %d: writing a final checkpoint (%s)", self.progress.step,
+                                "signalled here" if self.job.stop.requested else "a peer was signalled")
                     self._save(final=True)
                     return self.job.stop.exit_code
                 if self._finished():

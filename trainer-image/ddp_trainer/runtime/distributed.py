@@ -105,6 +105,23 @@ def is_peer_failure(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and bool(_PEER_FAILURE.search(str(error)))
 
 
+def abort_process_groups(groups: list[dist.ProcessGroup | None]) -> bool:
+    """From any thread: abort the NCCL groups among `groups` (None: the default group), which fails the
+    collectives blocked on them in other threads (the main thread's wait raises). True if there was
+    one. Gloo groups are left alone: torch 2.13's ProcessGroupGloo has no abort (ProcessGroup.abort()
+    does nothing there), and a thread inside a Gloo wait cannot be unblocked otherwise. The groups stay
+    registered (torch's `_abort_process_group` would clear the registry, the main thread's to change)."""
+    if not dist.is_initialized():
+        return False
+    aborted = False
+    for group in groups:
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        if "nccl" in str(dist.get_backend(pg)):
+            pg.abort()
+            aborted = True
+    return aborted
+
+
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

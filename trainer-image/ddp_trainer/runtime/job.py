@@ -25,8 +25,8 @@ import torch.distributed as dist
 
 from .checkpoint import CheckpointManager, atomic_write_json
 from .frameworks import announce as announce_line, resume_message
-from .distributed import (CollectiveTimeout, JobEnv, StopRequest, barrier, destroy_process_group,
-                          init_process_group, select_device)
+from .distributed import (CollectiveTimeout, JobEnv, StopRequest, abort_process_groups, barrier,
+                          destroy_process_group, init_process_group, select_device)
 from .progress import ProgressReporter
 from .timing import StepTimer
 from .watchdog import StallWatchdog
@@ -75,7 +75,8 @@ class Job:
         # A trainer blocked in a collective still obeys SIGTERM within seconds, and a silent peer is
         # noticed even where the collective itself does not time out (runtime/watchdog.py). Work that is
         # not steps (an evaluation) relaxes the timeouts first: `self.timeouts.relax()`.
-        self.watchdog = StallWatchdog(lambda: self.timeouts.steady_s if self.timeouts.steady else 0.0)
+        self.watchdog = StallWatchdog(lambda: self.timeouts.steady_s if self.timeouts.steady else 0.0,
+                                      abort=lambda: abort_process_groups(self.timeouts.groups))
 
     @classmethod
     def start(cls, *, device: str = "auto", backend: str = "auto", timeout_s: float = 1800.0,
@@ -154,6 +155,7 @@ class Job:
         generation resumes from it instead of an older periodic checkpoint. The first survivor to claim
         the step writes it; the others, and a worker of a replaced generation, write nothing. No
         collective. Returns True on the rank that wrote it."""
+        self.watchdog.release()  # out of the collective: the watchdog waits for this save before exiting
         if self.checkpoints is None:
             return False
         meta = {"step": step, "world_size": self.env.world_size, "generation": self.checkpoints.generation,
@@ -243,6 +245,8 @@ class Job:
                 self.reporter.close()
                 self.stop.close(drain=clean)
             finally:
+                if self.watchdog.verdict is not None:
+                    self.watchdog.exit()  # a silent peer: its verdict, not the aborted collective's error
                 if self._owns_pg:
                     destroy_process_group()
 

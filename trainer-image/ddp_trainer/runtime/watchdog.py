@@ -7,13 +7,18 @@ sits in C++ (Gloo, NCCL) where Python's signal handlers never run. This watchdog
   out the agent's kill timeout, its message saying so.
 - A peer that went silent with its sockets open (a frozen process, a node that lost power or its
   network) is meant to fail the next collective after the steady timeout (`CollectiveTimeout`); when no
-  step has finished for twice that plus a margin although the steady timeout is in force, the collective
-  did not time out by itself: the trainer exits 1 with a "Timed out" message, a peer failure to the
-  launcher (which then waits in place for the next generation, restartScope Pod).
+  step has finished for that timeout plus this rank's own work and a margin (`silent_limit`) although
+  the steady timeout is in force, the collective did not time out by itself: the trainer leaves with a
+  "Timed out" message, a peer failure to the launcher (which then waits in place for the next
+  generation, restartScope Pod). First it aborts the process groups (`abort`): where that fails the
+  collective the main thread is blocked in (NCCL), the main thread writes its rescue checkpoint
+  (`Job.rescue` calls `release()`) and ends the process with this verdict from `Job.close` (`exit()`).
+  Where it cannot (Gloo: torch 2.13's ProcessGroupGloo has no abort, and nothing else unblocks a
+  thread inside a Gloo wait), the thread exits the process itself: the rescue checkpoint is then the
+  other survivors' (whose collectives did fail) or the last periodic one.
 
 Both write the message where torchrun's `@record` would (TORCHELASTIC_ERROR_FILE), so it reaches the
-pod's termination message. Nothing here touches the replica: the rescue checkpoint is the other
-survivors' (whose collectives did fail) or the last periodic one.
+pod's termination message.
 """
 
 from __future__ import annotations
@@ -31,22 +36,36 @@ from typing import Callable
 
 log = logging.getLogger(__name__)
 
-SILENT_MARGIN_S = 10.0
+# Past the steady timeout and this rank's own work for the step: a collective that does time out by
+# itself fails first (its error takes the normal path: rescue checkpoint, peer failure), also when it
+# started just before the thread's next look (every 0.5 s); and a few seconds of jitter in a rank's own
+# step (a slow data read) are no silent peer.
+SILENT_MARGIN_S = 5.0
 STOP_GRACE_S = 5.0
+# After an abort that can fail the main thread's collective: how long it may take to get out of it
+# (into `Job.rescue` or `Job.close`: `release()`), then to write its rescue checkpoint and close. Past
+# either the thread exits the process itself.
+ABORT_WAIT_S = 5.0
+RESCUE_WAIT_S = 120.0
 
 
 class StallWatchdog:
     def __init__(self, steady_s: Callable[[], float], *, stop_grace_s: float = STOP_GRACE_S,
-                 silent_s: float | None = None, exit: Callable[[int], None] = os._exit,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 silent_s: float | None = None, abort: Callable[[], bool] | None = None,
+                 exit: Callable[[int], None] = os._exit, clock: Callable[[], float] = time.monotonic) -> None:
         """`steady_s()`: the collective timeout in force now, 0 while it is relaxed (start-up, saves);
-        `silent_s`: overrides 2 x steady + SILENT_MARGIN_S."""
-        self.steady_s, self.stop_grace_s, self.silent_s = steady_s, stop_grace_s, silent_s
+        `silent_s`: overrides `silent_limit()`; `abort()`: abort the process groups, True when that
+        fails the collectives blocked on them (see the module docstring)."""
+        self.steady_s, self.stop_grace_s, self.silent_s, self.abort = steady_s, stop_grace_s, silent_s, abort
         self._exit, self._clock = exit, clock
         self._last_step = clock()
         self._durations: deque[float] = deque(maxlen=20)
+        self._steady_durations: deque[float] = deque(maxlen=20)  # of steps under the steady timeout
         self._stop_at: float | None = None
         self._signum = signal.SIGTERM
+        self.verdict: tuple[int, str] | None = None  # the silent-peer exit, once decided
+        self._released = threading.Event()  # the main thread got out of its collective after the abort
+        self._exiting = threading.Lock()  # one exit, whichever thread takes it
         self._closed = threading.Event()
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)
@@ -62,11 +81,21 @@ class StallWatchdog:
         """A step finished (called by Job.should_stop on every rank)."""
         now = self._clock()
         self._durations.append(now - self._last_step)
+        if self.steady_s() > 0:  # a step of start-up, a save or an evaluation says nothing of the next ones
+            self._steady_durations.append(now - self._last_step)
         self._last_step = now
 
     def _grace(self) -> float:
         recent = statistics.median(self._durations) if self._durations else 0.0
         return max(self.stop_grace_s, 3 * recent)
+
+    def silent_limit(self, steady: float) -> float:
+        """Seconds without a step after which a peer is silent: the collective's own timeout counts from
+        when it started, after this rank's own work for the step (at most the longest recent step),
+        and SILENT_MARGIN_S more lets it fail by itself first."""
+        if self.silent_s is not None:
+            return self.silent_s
+        return steady + max(self._steady_durations, default=0.0) + SILENT_MARGIN_S
 
     def check(self, now: float) -> tuple[int, str] | None:
         """The exit to take now, if any (pure: the thread calls it twice a second)."""
@@ -76,11 +105,14 @@ class StallWatchdog:
             return 128 + self._signum, (f"stopped by {name} while blocked for {since:.0f} s in a collective or "
                                         f"the step (no step finished within {self._grace():.0f} s of the signal)")
         steady = self.steady_s()
-        limit = self.silent_s if self.silent_s is not None else 2 * steady + SILENT_MARGIN_S
-        if steady > 0 and since >= limit:
+        if steady > 0 and since >= self.silent_limit(steady):
             return 1, (f"Timed out: no training step finished in {since:.0f} s although collectives time out "
                        f"after {steady:.0f} s: a peer went silent (frozen, or its node lost)")
         return None
+
+    def release(self) -> None:
+        """The main thread is out of its collective after the abort (it writes its rescue checkpoint now)."""
+        self._released.set()
 
     def _run(self) -> None:
         while not self._closed.is_set():
@@ -93,29 +125,55 @@ class StallWatchdog:
                 return
             verdict = self.check(self._clock())
             if verdict is not None:
+                if verdict[0] == 1:
+                    self._leave_silent_peer(*verdict)
                 self._fail(*verdict)
                 return
 
+    def _leave_silent_peer(self, code: int, message: str) -> None:
+        """Abort, then give the main thread the chance to save its replica; returns when it did not take it."""
+        self.verdict = (code, message)
+        try:
+            abortable = self.abort is not None and self.abort()
+        except Exception as error:  # best effort: the exit does not depend on it
+            log.warning("could not abort the process groups: %s", error)
+            abortable = False
+        if abortable:
+            log.error("%s: aborted the process groups; saving the replica before exiting", message)
+            if self._released.wait(ABORT_WAIT_S):
+                self._closed.wait(RESCUE_WAIT_S)  # Job.close ends the process with exit() meanwhile
+
+    def exit(self) -> None:
+        """End the process with the silent-peer verdict (Job.close, once the rescue checkpoint is written):
+        the launcher reads it, not whatever the aborted collective raised."""
+        assert self.verdict is not None
+        self._fail(*self.verdict)
+
     def _fail(self, code: int, message: str) -> None:
-        log.error("exiting with code %d: %s", code, message)
-        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if path:
-            try:
-                with open(path, "w") as file:  # what torchrun's @record writes for an exception
-                    json.dump({"message": {"message": f"TrainerStalled: {message}",
-                                           "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))}}},
-                              file)
-            except OSError:
-                pass
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        self._exit(code)
+        with self._exiting:  # the main thread and this one may both come here: one message, one exit
+            log.error("exiting with code %d: %s", code, message)
+            path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+            if path:
+                try:
+                    with open(path, "w") as file:  # what torchrun's @record writes for an exception
+                        json.dump({"message": {"message": f"TrainerStalled: {message}", "extraInfo": {
+                            "py_callstack": "", "timestamp": str(int(time.time()))}}}, file)
+                except OSError:
+                    pass
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            self._exit(code)
 
     def close(self) -> None:
-        self._closed.set()
+        """Every exit path of the trainer. After a silent-peer verdict the thread keeps its bound on the
+        exit, and the caller ends the process with `exit()`."""
+        self._released.set()
         if self._previous_fd is not None and threading.current_thread() is threading.main_thread():
             signal.set_wakeup_fd(self._previous_fd)
             self._previous_fd = None
+        if self.verdict is not None:
+            return
+        self._closed.set()
         self._thread.join(timeout=2)
         for fd in (self._read_fd, self._write_fd):
             try:
