@@ -18,7 +18,8 @@ from . import model
 from .launcher import (ASSIGNMENT_FILE_ENV, FORK_TRAINER_ENV, LAUNCHER_PROGRAM,  # noqa: F401 (re-exported)
                        PRELOAD_ENV, PROGRESS_CA_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV,
                        REJOIN_TIMEOUT_ENV, REJOIN_TIMEOUT_SECONDS, RENDEZVOUS_CLOSED_MARK, RENDEZVOUS_FAILED_PREFIX,
-                       SPARE_ENV, TERMINATION_LOG_ENV, TERMINATION_LOG_PATH, TERMINATION_MESSAGE_LIMIT)
+                       SPARE_ENV, SPARE_READY_FILE_ENV, TERMINATION_LOG_ENV, TERMINATION_LOG_PATH,
+                       TERMINATION_MESSAGE_LIMIT)
 
 # ---------------------------------------------------------------- labels (the one place for keys)
 
@@ -256,7 +257,8 @@ def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: 
 
 # What worker_env sets to "" where a worker has none: the launcher and trainer take "" as unset.
 UNSET_WHEN_OFF = ("DDPJOB_CHECKPOINT_DIR", "DDPJOB_CHECKPOINT_INTERVAL_STEPS", "DDPJOB_CHECKPOINT_KEEP",
-                  SPARE_ENV, ASSIGNMENT_FILE_ENV, PROGRESS_URL_ENV, PROGRESS_TOKEN_ENV, PROGRESS_CA_ENV)
+                  SPARE_ENV, ASSIGNMENT_FILE_ENV, SPARE_READY_FILE_ENV, PROGRESS_URL_ENV, PROGRESS_TOKEN_ENV,
+                  PROGRESS_CA_ENV)
 
 
 # ---------------------------------------------------------------- progress reporting (issue 12)
@@ -441,11 +443,35 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
             "metadata": _metadata(job, name, labels, annotations), "spec": pod_spec}
 
 
+# A spare's readiness (launcher.SPARE_READY_FILE_ENV): its launcher writes `<pod name>.ready` in an emptyDir
+# of its own, under the operator's directory (no template mount may go there), once it is warm and the
+# operator answered its first assignment request; the readiness probe tests for it. An exec probe spawns a
+# process each period: every 3 s, for a spare that is warmed long before it is needed.
+SPARE_READY_VOLUME = "ddpjob-spare"
+SPARE_READY_DIR = f"{model.OPERATOR_SECRETS_DIR}/spare"
+SPARE_READY_PERIOD_SECONDS = 3
+
+
+def spare_ready_file(pod_name: str) -> str:
+    return f"{SPARE_READY_DIR}/{pod_name}.ready"
+
+
+def spare_readiness_probe(pod_name: str) -> dict[str, Any]:
+    """Ready once the mark exists (it is never removed, so one timed-out probe of a loaded node never
+    flips it: 3 failures in a row do)."""
+    return {"exec": {"command": ["test", "-f", spare_ready_file(pod_name)]},
+            "periodSeconds": SPARE_READY_PERIOD_SECONDS, "timeoutSeconds": 2, "successThreshold": 1,
+            "failureThreshold": 3}
+
+
 def spare_pod(job: JobRef, spec: model.DDPJobSpec, *, serial: int, generation: int,
               progress: ProgressEndpoint | None = None) -> dict[str, Any]:
     """A warm spare: a worker's pod (image, resources, volumes, token) whose launcher waits for an
     assignment (launcher.SPARE_ENV) instead of joining a rendezvous. It prefers a node without the job's
-    workers, so that a node lost with a worker does not take its replacement with it."""
+    workers, so that a node lost with a worker does not take its replacement with it. It is Ready (and only
+    then counted in readySpares and promoted) once its launcher marked itself ready: imports done and the
+    operator's endpoint answered (spare_readiness_probe); the template's own readinessProbe, meant for a
+    trainer, is not a spare's."""
     pod = copy.deepcopy(worker_pod(job, spec, index=0, generation=generation, progress=progress))  # owns its dicts
     name = spare_name(job.name, serial)
     meta, pod_spec = pod["metadata"], pod["spec"]
@@ -461,6 +487,11 @@ def spare_pod(job: JobRef, spec: model.DDPJobSpec, *, serial: int, generation: i
             var["value"] = "-1"  # until assigned
         elif var["name"] == SPARE_ENV:
             var["value"] = "1"  # in place: a second entry of the name would draw the API server's warning
+        elif var["name"] == SPARE_READY_FILE_ENV:
+            var["value"] = spare_ready_file(name)
+    container["readinessProbe"] = spare_readiness_probe(name)
+    container.setdefault("volumeMounts", []).append({"name": SPARE_READY_VOLUME, "mountPath": SPARE_READY_DIR})
+    pod_spec["volumes"].append({"name": SPARE_READY_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
     anti = {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
         "matchLabels": {LABEL_JOB_NAME: job.name, LABEL_ROLE: ROLE_WORKER}}}}
     affinity = pod_spec.setdefault("affinity", {})

@@ -53,6 +53,12 @@ ASSIGNMENT_PATH = "assignment"  # replaces the last segment ("progress") of the 
 PROGRESS_URL_ENV = "DDPJOB_PROGRESS_URL"
 PROGRESS_TOKEN_ENV = "DDPJOB_PROGRESS_TOKEN_FILE"
 PROGRESS_CA_ENV = "DDPJOB_PROGRESS_CA"  # PEM: the CA the client verifies an https endpoint with
+# A spare is ready (its pod's readiness probe, builders.spare_pod; locally the runner) once this file exists:
+# the launcher writes it once its imports are done and the operator gave a valid answer to its first
+# assignment request (204 nothing yet, or 200; locally the assignment file's directory read). A spare that
+# can never take a place (a NetworkPolicy, a CA it cannot verify, no token) is never Ready, never promoted.
+SPARE_READY_FILE_ENV = "DDPJOB_SPARE_READY_FILE"
+SPARE_COMPLAINT_SECONDS = 30  # a spare whose requests keep failing says why at most this often
 
 # The trainer runtime's exit for a checkpoint volume that is full or keeps failing reads (its
 # CHECKPOINT_VOLUME_* constants; a test keeps the two equal): infrastructure, never the user's bug.
@@ -348,30 +354,70 @@ def run_generation(args, generation, generations):
         stop_watching()
 
 def assignment():
-    # The operator's answer for this spare: {{"index", "generation", "rdzvId", "nnodes"}}, or None yet.
+    # The operator's answer for this spare: (given, None), given being {{"index", "generation", "rdzvId",
+    # "nnodes"}} or None for "nothing yet" (both valid answers); (None, why) when it could not be asked.
     import json
     path = os.environ.get("{ASSIGNMENT_FILE_ENV}")
     if path:
         try:
             with open(path) as file:
-                return json.load(file)
-        except (OSError, ValueError):
-            return None  # not written yet (the runner writes it whole, by rename)
-    import ssl, urllib.request
+                return checked_assignment(json.load(file)), None
+        except FileNotFoundError:
+            return None, None  # not written yet (the runner writes it whole, by rename)
+        except (OSError, ValueError) as error:
+            return None, f"cannot read {{path}}: {{type(error).__name__}}: {{error}}"
+    import ssl, urllib.error, urllib.request
     url = os.environ.get("{PROGRESS_URL_ENV}", "")
     if not url:
-        return None
+        return None, "{PROGRESS_URL_ENV} is empty: the operator has no progress endpoint to answer a spare"
+    target = url.rsplit("/", 1)[0] + "/{ASSIGNMENT_PATH}"
     try:
         with open(os.environ.get("{PROGRESS_TOKEN_ENV}", "")) as file:
             token = file.read().strip()
+    except OSError as error:
+        return None, f"cannot read the pod's progress token: {{error}}"
+    try:
         context = ssl.create_default_context(cadata=os.environ["{PROGRESS_CA_ENV}"]) \
             if os.environ.get("{PROGRESS_CA_ENV}") else None
-        request = urllib.request.Request(url.rsplit("/", 1)[0] + "/{ASSIGNMENT_PATH}",
-                                         headers={{"Authorization": f"Bearer {{token}}"}})
+        request = urllib.request.Request(target, headers={{"Authorization": f"Bearer {{token}}"}})
         with urllib.request.urlopen(request, timeout=10, context=context) as response:
-            return json.load(response) if response.status == 200 else None
-    except Exception:  # the operator is busy, failing over, or has nothing for us yet: ask again
-        return None
+            if response.status == 204:
+                return None, None
+            if response.status != 200:
+                return None, f"{{target}} answered {{response.status}}"
+            body = response.read(65536)
+        try:
+            return checked_assignment(json.loads(body)), None
+        except ValueError as error:
+            return None, f"{{target}} answered 200 with no valid assignment: {{error}}"
+    except urllib.error.HTTPError as error:  # 401 no valid token, 503 a standby replica, ...
+        detail = error.read(200).decode("utf-8", "replace").strip() if error.fp is not None else ""
+        return None, f"{{target}} answered {{error.code}} {{error.reason}}" + (f": {{detail}}" if detail else "")
+    except Exception as error:  # unreachable (a NetworkPolicy), a CA it cannot verify, a timeout
+        return None, f"cannot reach {{target}}: {{type(error).__name__}}: {{error}}"
+
+def checked_assignment(given):
+    ok = isinstance(given, dict) and all(isinstance(given.get(k), int) and not isinstance(given.get(k), bool)
+                                         and given[k] >= 0 for k in ("index", "generation")) \
+        and all(isinstance(given.get(k), str) and given[k] for k in ("rdzvId", "nnodes"))
+    if not ok:
+        raise ValueError(f"not {{{{index, generation, rdzvId, nnodes}}}}: {{str(given)[:200]}}")
+    return given
+
+def mark_ready():
+    # What the pod's readiness probe tests for (written once; never removed: a promoted spare stays Ready).
+    path = os.environ.get("{SPARE_READY_FILE_ENV}")
+    if not path:
+        return
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as mark:
+            mark.write("ready\\n")
+    except OSError as error:
+        print(f"spare: cannot write its readiness mark {{path}}: {{error}}; this spare is never Ready",
+              file=sys.stderr, flush=True)
+        return
+    print("spare: ready (the operator answers its assignment requests)", file=sys.stderr, flush=True)
 
 def wait_as_spare(args):
     # Warm: what every worker imports, and the entrypoint's package (never its __main__).
@@ -383,9 +429,30 @@ def wait_as_spare(args):
             importlib.import_module(entry.split(".")[0])
         except Exception as error:
             print(f"spare: could not preload {{entry}}: {{error}}", file=sys.stderr, flush=True)
-    print("spare: warm, waiting for an assignment", file=sys.stderr, flush=True)
+    print("spare: warm, asking for an assignment", file=sys.stderr, flush=True)
     every = 0.1 if os.environ.get("{ASSIGNMENT_FILE_ENV}") else 0.5  # a file is cheap to read; a request is not
-    while (given := assignment()) is None:
+    # said: when the last failure was logged (at most every SPARE_COMPLAINT_SECONDS, with the count since)
+    ready, failed, said = False, 0, None
+    while True:
+        given, why = assignment()
+        if why is None:
+            if not ready:
+                ready = True
+                mark_ready()
+            if said is not None:
+                print(f"spare: the operator answers again ({{failed}} failed request(s) since the last note)",
+                      file=sys.stderr, flush=True)
+                failed, said = 0, None
+            if given is not None:
+                break
+        else:
+            failed += 1
+            if said is None or time.monotonic() - said >= {SPARE_COMPLAINT_SECONDS}:
+                state = "still Ready; a place it is given but cannot take is released by the operator" if ready \
+                    else "not Ready (never promoted) until the operator answers"
+                print(f"spare: cannot get an assignment ({{failed}} failed request(s)): {{why}}; {{state}}",
+                      file=sys.stderr, flush=True)
+                failed, said = 0, time.monotonic()
         time.sleep(every)
     generation = int(given["generation"])
     print(f"spare: taking the place of worker {{given['index']}} in rendezvous generation {{generation}}",

@@ -123,8 +123,8 @@ def test_worker_env_sets_what_a_worker_has_not_to_empty():
     prefix cannot then turn on checkpoints, the spare's wait, or a progress endpoint of its own."""
     env = env_for(spec())
     off = ["DDPJOB_CHECKPOINT_DIR", "DDPJOB_CHECKPOINT_INTERVAL_STEPS", "DDPJOB_CHECKPOINT_KEEP", builders.SPARE_ENV,
-           builders.ASSIGNMENT_FILE_ENV, builders.PROGRESS_URL_ENV, builders.PROGRESS_TOKEN_ENV,
-           builders.PROGRESS_CA_ENV]
+           builders.ASSIGNMENT_FILE_ENV, builders.SPARE_READY_FILE_ENV, builders.PROGRESS_URL_ENV,
+           builders.PROGRESS_TOKEN_ENV, builders.PROGRESS_CA_ENV]
     assert {name: env.get(name) for name in off} == dict.fromkeys(off, "")
     assert env[builders.TERMINATION_LOG_ENV] == builders.TERMINATION_LOG_PATH  # where the kubelet reads it
     assert builders.FORK_TRAINER_ENV not in env  # the user's to set (spec.env)
@@ -670,8 +670,19 @@ def test_spare_pod_is_a_workers_pod_that_waits_outside_every_rendezvous():
 
     def env(c):  # Kubernetes keeps the last of duplicate names
         return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
-    assert env(container) == {**env(theirs), "DDPJOB_REPLICA_INDEX": "-1", builders.SPARE_ENV: "1"}
-    assert container["volumeMounts"] == theirs["volumeMounts"] and pod_spec["volumes"] == worker["spec"]["volumes"]
+    mark = "/var/run/secrets/ddpjob/spare/digits-spare-2.ready"  # the pod's own emptyDir, named for the pod
+    assert env(container) == {**env(theirs), "DDPJOB_REPLICA_INDEX": "-1", builders.SPARE_ENV: "1",
+                              builders.SPARE_READY_FILE_ENV: mark}
+    assert [e["name"] for e in container["env"]].count(builders.SPARE_READY_FILE_ENV) == 1
+    # Ready only once its launcher wrote the mark (warm, and the operator's endpoint answered): an exec probe
+    # every few seconds (a process spawn each period), never flipped back by one slow probe.
+    assert container["readinessProbe"] == {"exec": {"command": ["test", "-f", mark]}, "periodSeconds": 3,
+                                           "timeoutSeconds": 2, "successThreshold": 1, "failureThreshold": 3}
+    assert "readinessProbe" not in theirs
+    assert container["volumeMounts"] == theirs["volumeMounts"] + [
+        {"name": "ddpjob-spare", "mountPath": "/var/run/secrets/ddpjob/spare"}]
+    assert pod_spec["volumes"] == worker["spec"]["volumes"] + [
+        {"name": "ddpjob-spare", "emptyDir": {"sizeLimit": "1Mi"}}]
     anti = pod_spec["affinity"]["podAntiAffinity"]
     assert anti == {"preferredDuringSchedulingIgnoredDuringExecution": [mine, {
         "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
@@ -679,3 +690,14 @@ def test_spare_pod_is_a_workers_pod_that_waits_outside_every_rendezvous():
     # The spec's own affinity is untouched: the next spare (and every worker) starts from it again.
     assert builders.spare_pod(JOB, s, serial=3, generation=3)["spec"]["affinity"]["podAntiAffinity"] == anti
     assert worker["spec"]["affinity"]["podAntiAffinity"] == {"preferredDuringSchedulingIgnoredDuringExecution": [mine]}
+
+
+def test_a_spare_is_ready_by_its_own_probe_not_the_trainers():
+    """template.trainer's readinessProbe is meant for a trainer (its port, its file): a spare runs none, so
+    the spare's own probe replaces it; a worker keeps the user's."""
+    theirs = {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10}
+    s = spec(template={"trainer": {"readinessProbe": theirs}})
+    assert builders.worker_pod(JOB, s, index=0, generation=0)["spec"]["containers"][0]["readinessProbe"] == theirs
+    container = builders.spare_pod(JOB, s, serial=0, generation=0)["spec"]["containers"][0]
+    mark = builders.spare_ready_file("digits-spare-0")
+    assert container["readinessProbe"]["exec"] == {"command": ["test", "-f", mark]}

@@ -3,11 +3,14 @@ process) around tiny scripts, then the decision layer on what it reported."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -242,3 +245,101 @@ def test_a_rendezvous_that_never_forms_is_reported_as_such_and_retried_in_a_new_
     assert done.returncode == 1, done.stderr
     assert message.startswith(f"{builders.RENDEZVOUS_FAILED_PREFIX}: RendezvousTimeoutError"), message
     assert decisions.classify_exit(1, "Error", False, model.FailurePolicy(), message) == decisions.RETRYABLE
+
+
+# ---------------------------------------------------------------- a warm spare (failurePolicy.spares)
+
+class AssignmentRoute:
+    """The operator's assignment route as a spare's launcher reaches it: the test sets the answer, and
+    waits on the requests it got (a launcher asks again only once it has handled the last answer)."""
+
+    def __init__(self):
+        self.answer: tuple[int, bytes] = (401, b"no valid token")
+        self.paths: list[str] = []
+        self.tokens: list[str | None] = []
+        self.changed = threading.Condition()
+        route = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                with route.changed:
+                    status, body = route.answer
+                    route.paths.append(self.path)
+                    route.tokens.append(self.headers.get("Authorization"))
+                    route.changed.notify_all()
+                self.send_response(status)
+                if status != 204:
+                    self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if status != 204:
+                    self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.progress_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/namespaces/team-a/ddpjobs/j/progress"
+
+    def answer_with(self, status: int, body: bytes = b"") -> int:
+        """From now on; returns how many requests came before."""
+        with self.changed:
+            self.answer = (status, body)
+            return len(self.paths)
+
+    def wait_for(self, count: int, launched: Launched) -> None:
+        deadline = time.monotonic() + 120  # the spare imports torch._dynamo first
+        with self.changed:
+            while len(self.paths) < count:
+                assert launched.proc.poll() is None and time.monotonic() < deadline, f"{len(self.paths)} requests"
+                self.changed.wait(timeout=1)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def assignment_route():
+    route = AssignmentRoute()
+    yield route
+    route.close()
+
+
+def test_a_spare_marks_itself_ready_only_once_the_operator_answers(tmp_path, assignment_route):
+    """Issue 25: the readiness mark (its pod's readiness probe) is written once the spare is warm and its
+    assignment request got a valid answer (204 nothing yet, or 200): never while the endpoint refuses it
+    (here 401: a token it does not accept; as a NetworkPolicy or a CA it cannot verify would keep it from
+    ever taking a place). Why it fails is logged at a bounded rate, not at every request. Given its place,
+    it runs as that worker."""
+    route = assignment_route
+    token = tmp_path / "token"
+    token.write_text("the-pods-token\n")
+    mark = tmp_path / "spare" / "j-spare-0.ready"  # its directory is created (an emptyDir's would be there)
+    launched = Launched(tmp_path, "import sys\nsys.exit(3)\n", **{
+        builders.SPARE_ENV: "1", builders.PROGRESS_URL_ENV: route.progress_url,
+        builders.PROGRESS_TOKEN_ENV: str(token), builders.SPARE_READY_FILE_ENV: str(mark)})
+    try:
+        route.wait_for(4, launched)  # the third 401 handled
+        assert not mark.exists()
+        before = route.answer_with(204)
+        route.wait_for(before + 2, launched)  # a 204 handled: ready
+        assert mark.exists()
+        route.answer_with(200, json.dumps({"index": 0, "generation": 0, "rdzvId": "j-uid-g0",
+                                           "nnodes": "1:1"}).encode())
+        code, out = launched.wait()
+    finally:
+        launched.proc.kill()
+    assert code == 3, out
+    assert set(route.paths) == {"/v1/namespaces/team-a/ddpjobs/j/assignment"}
+    assert set(route.tokens) == {"Bearer the-pods-token"}
+    complaints = [line for line in out.splitlines() if "spare: cannot get an assignment" in line]
+    assert len(complaints) == 1, out  # at least 4 failed requests, one line (at most every 30 s)
+    assert "answered 401" in complaints[0] and "no valid token" in complaints[0] and "not Ready" in complaints[0]
+    lines = out.splitlines()
+    order = [next(i for i, line in enumerate(lines) if text in line) for text in (
+        "spare: warm, asking for an assignment", "spare: cannot get an assignment", "spare: ready",
+        "spare: the operator answers again", "spare: taking the place of worker 0 in rendezvous generation 0")]
+    assert order == sorted(order), out
+    assert "rank 0 (local rank 0) exited with code 3" in launched.message()

@@ -15,14 +15,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ddpjob_operator import builders, decisions as d
+from ddpjob_operator import builders, decisions as d, store
 from ddpjob_operator.decisions.spares import REASON_SPARE_ABANDONED, REASON_SPARE_JOINED
 from ddpjob_operator.validation import InvalidJob, parse_spec
 
 from .conftest import eventually, passes
-from .test_decisions import T0, failed, job, of, running_status, seen, spec, w
-from .test_scenarios import (NO_BACKOFF, assert_outcome, creations, deletions, dies_after_the_charge,  # noqa: F401
-                             nodes, operator, reconciled_past, started, uids)
+from .test_decisions import T0, UID, failed, job, of, running_status, seen, spec, w
+from .test_scenarios import (NO_BACKOFF, NS, PODS, assert_outcome, creations, deletions,  # noqa: F401
+                             dies_after_the_charge, nodes, operator, reconciled_past, started, uids)
 
 OPTIONS = d.Options(incident_settle_seconds=0)
 SPARES = {"maxRestarts": 3, "spares": 1, "backoff": {"initialSeconds": 0, "maxSeconds": 1}}
@@ -105,6 +105,40 @@ def test_a_spare_that_is_not_ready_does_not_take_over():
     assert out.status.ranks[1].pod == "j-worker-1" and out.status.ranks[1].uid is None
     later = decide(job(s, out.status), with_spares(spare(0, "Pending"), workers=(w(0),)))
     assert of(later, d.CreateWorker) == [d.CreateWorker(1, 1, 1)]
+
+
+def seen_spare(ready: str | None) -> d.WorkerObservation:
+    """A spare's pod as the operator observes it: Running, its Ready condition `ready` (None: none yet)."""
+    pod = builders.spare_pod(builders.JobRef("j", "ns", UID), spec(failurePolicy=SPARES), serial=0, generation=0)
+    pod["metadata"]["uid"] = "spare-0"
+    pod["status"] = {"phase": "Running", "conditions": [] if ready is None else [{"type": "Ready", "status": ready}],
+                     "containerStatuses": [{"name": builders.TRAINER_CONTAINER,
+                                            "state": {"running": {"startedAt": d.rfc3339(T0)}}}]}
+    observed = store.observe([store.summarize_pod(pod)], T0)
+    assert [x.name for x in observed.spares] == ["j-spare-0"] and observed.spares[0].phase == "Running"
+    return observed.spares[0]
+
+
+@pytest.mark.parametrize("ready", [None, "False", "True"])
+def test_a_running_spare_counts_and_takes_a_place_only_once_its_pod_is_ready(ready):
+    """Its container started, but its launcher has not marked itself ready (its imports still run, or it
+    cannot reach the operator's assignment route: a NetworkPolicy, a CA it cannot verify), so its readiness
+    probe fails: it is not in readySpares, and a lost rank gets a worker pod, not this spare. Not replaced
+    either: it is the pool, still warming. Ready: counted, and it takes the place."""
+    s, cold = spec(failurePolicy=SPARES), seen_spare(ready)
+    ok = ready == "True"
+    pool = decide(job(s, running_status()), with_spares(cold, workers=(w(0), w(1))))
+    assert pool.status.ready_spares == int(ok)
+    assert [(x.pod, x.phase, x.ready) for x in pool.status.spares] == [("j-spare-0", "Running", ok)]
+    assert not of(pool, d.CreateSpare) and not of(pool, d.DeleteWorker)
+    out = decide(job(s, pool.status), with_spares(cold, workers=(w(0), failed(1, 137))))
+    assert out.status.restarts == 1 and out.status.generation == 1
+    taken = ("j-spare-0", "spare-0") if ok else ("j-worker-1", None)
+    assert (out.status.ranks[1].pod, out.status.ranks[1].uid) == taken
+    assert any(e.reason == d.REASON_SPARE_TAKES_OVER for e in of(out, d.Event)) == ok
+    # Next pass, the failed pod gone: the rank's own pod is created unless the spare took the place.
+    later = decide(job(s, out.status), with_spares(cold, workers=(w(0),), now=T0 + timedelta(seconds=1)))
+    assert of(later, d.CreateWorker) == ([] if ok else [d.CreateWorker(1, 1, 1)])
 
 
 def test_a_promoted_spare_that_fails_is_an_incident_and_its_rank_gets_a_worker_again():
@@ -337,6 +371,57 @@ async def test_an_idle_spare_lost_on_the_cluster_is_replaced_uncharged(harness, 
     status = harness.status("idle")
     assert status["restarts"] == 0 and status["disruptions"] == 0 and not status.get("incidents")
     assert status["phase"] == "Running"
+
+
+async def runs_not_ready(harness, name: str) -> None:
+    """The scheduler binds the spare and its kubelet starts its container, whose readiness probe fails
+    (its launcher never marked itself ready: it cannot reach the operator's assignment route)."""
+    await harness.cluster.bind(NS, name, "node-3")
+    started_at = d.rfc3339(T0)
+    await harness.cluster.write((PODS, NS, name), {"status": {
+        "phase": "Running", "startTime": started_at,
+        "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"},
+                       {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady"},
+                       {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}],
+        "containerStatuses": [{"name": builders.TRAINER_CONTAINER, "ready": False, "started": True,
+                               "restartCount": 0, "state": {"running": {"startedAt": started_at}}}]}})
+
+
+def spares_seen(harness, name: str) -> list[tuple[str, str | None, bool]]:
+    return [(x["pod"], x.get("phase"), x.get("ready", False)) for x in harness.status(name).get("spares") or ()]
+
+
+@pytest.mark.settings(**PROGRESS)
+async def test_a_spare_that_runs_but_is_not_ready_is_never_promoted_on_the_cluster(harness, operator, nodes):
+    """A spare whose pod runs but is not Ready (its probe fails) is not in readySpares, and a killed
+    worker's rank gets a `<job>-worker-<i>` pod in the next generation, the spare left idle; once its
+    probe passes it counts."""
+    await started(harness, nodes, "cold", replicas=2, failurePolicy=SPARES)
+    await eventually(lambda: "cold-spare-0" in harness.pods("cold", builders.ROLE_SPARE), what="the spare")
+    await runs_not_ready(harness, "cold-spare-0")
+    await eventually(lambda: spares_seen(harness, "cold") == [("cold-spare-0", "Running", False)],
+                     what="the spare seen Running, not Ready")
+    assert harness.status("cold").get("readySpares", 0) == 0
+    spare_uid = harness.pods("cold", builders.ROLE_SPARE)["cold-spare-0"]["metadata"]["uid"]
+    survivor = uids(harness, "cold")["cold-worker-0"]
+
+    await nodes.exit("cold-worker-1", 137)
+    await eventually(lambda: creations(harness, "cold")["cold-worker-1"] == 2, what="a new pod for worker 1")
+    assert rank(harness, "cold", 1)["pod"] == "cold-worker-1" and rank(harness, "cold", 1).get("uid") != spare_uid
+    await nodes.start("cold-worker-1")
+    await harness.wait_phase("cold", "Running")
+    status = harness.status("cold")
+    assert status["generation"] == 1 and [r["pod"] for r in status["ranks"]] == ["cold-worker-0", "cold-worker-1"]
+    assert uids(harness, "cold")["cold-worker-0"] == survivor  # in place, as without spares
+    # The spare is still the idle one it was (never promoted, never replaced), and nothing was created twice.
+    assert harness.pods("cold", builders.ROLE_SPARE)["cold-spare-0"]["metadata"]["uid"] == spare_uid
+    assert creations(harness, "cold") == {"cold-worker-0": 1, "cold-worker-1": 2, "cold-rdzv": 1, "cold-spare-0": 1}
+    assert_outcome(harness, "cold", phase="Running", reason="Running", restarts=1, disruptions=0, generation=1,
+                   incident=("Retryable", True, [1]))
+    # Its probe passes (its launcher got an answer): ready from now on.
+    await harness.cluster.kubelet_start(NS, "cold-spare-0")
+    await eventually(lambda: harness.status("cold").get("readySpares") == 1, what="the spare ready")
+    assert spares_seen(harness, "cold") == [("cold-spare-0", "Running", True)]
 
 
 # ---------------------------------------------------------------- the real operator: the endpoint, the bound

@@ -6,6 +6,12 @@ then on it is that rank's worker in every respect; the pool is refilled in the b
 named by slot (`<job>-spare-<k>`, the lowest k no pod of the job holds), so a create repeated before
 its pod is seen is the same name (409: done), never a second spare.
 
+A spare is ready (counted in readySpares, eligible for promotion) only while its pod runs with its Ready
+condition True: its readiness probe passes once its launcher imported what a worker imports and got a valid
+answer from the operator's assignment route (builders.spare_pod; locally the runner checks the same mark).
+A spare that merely started, or can never reach the operator (a NetworkPolicy, a CA it cannot verify), is
+not ready: a lost rank gets a worker pod instead.
+
 A promoted spare has a bounded time to take its place (`release_untaken`): one that is never seen training
 as its rank's worker (it cannot reach the operator for its assignment, its launcher hangs, it never joins
 the rendezvous) would hold the rank forever while its peers wait for it. The evidence that it took its
@@ -154,6 +160,11 @@ def release_untaken(plan: Plan) -> None:
               f"{', '.join(str(i) for i in waiting)}'s place")
 
 
+def is_ready(spare: WorkerObservation) -> bool:
+    """Warm and able to take a place: its pod runs, is not being deleted, and is Ready (its probe passed)."""
+    return spare.live and spare.phase == "Running" and spare.ready
+
+
 def _idle(plan: Plan) -> list[WorkerObservation]:
     taken = {r.uid for r in plan.status.ranks if r.uid is not None}
     return [s for s in plan.observed.spares if s.uid not in taken]
@@ -163,7 +174,7 @@ def promote(plan: Plan, indices: list[int]) -> list[int]:
     """Ready idle spares take the places of `indices` in the generation in use; returns those taken."""
     if not plan.options.spares_enabled:
         return []
-    ready = sorted((s for s in _idle(plan) if s.live and s.phase == "Running" and s.ready), key=lambda s: s.name)
+    ready = sorted((s for s in _idle(plan) if is_ready(s)), key=lambda s: s.name)
     taken = []
     for index, spare in zip(sorted(indices), ready):
         rank = plan.rank(index)
@@ -205,6 +216,5 @@ def keep_pool(plan: Plan, spec: model.DDPJobSpec | None) -> None:
             slot += 1
         held.add(builders.spare_name(plan.job.name, slot))
         plan.act(CreateSpare(slot, status.generation))
-    status.spares = [model.SpareStatus(pod=s.name, phase=s.phase, ready=s.ready and s.phase == "Running", node=s.node)
-                     for s in usable]
+    status.spares = [model.SpareStatus(pod=s.name, phase=s.phase, ready=is_ready(s), node=s.node) for s in usable]
     status.ready_spares = sum(1 for s in status.spares if s.ready)

@@ -149,6 +149,10 @@ class WorkerProcess:
     exit_recorded: bool = False
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))  # like a pod's: this one, not the next
     assignment_file: Path | None = None  # a warm spare's: where it reads the place it is given
+    # A warm spare's readiness mark (launcher.SPARE_READY_FILE_ENV): Ready once its launcher wrote it, as
+    # the pod's readiness probe has it; `ready_seen` once it did (the mark is never removed).
+    ready_file: Path | None = None
+    ready_seen: bool = False
 
 
 def utc_now() -> datetime:
@@ -167,6 +171,14 @@ def _accepts_connections(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def _spare_ready(w: WorkerProcess) -> bool:
+    """A worker is Ready while it runs; a spare once its launcher wrote its readiness mark (the probe)."""
+    if w.ready_file is None or w.ready_seen:
+        return True
+    w.ready_seen = w.ready_file.exists()
+    return w.ready_seen
 
 
 def _read_text(path: Path) -> str | None:
@@ -413,7 +425,7 @@ class LocalRunner:
             message = _read_text(w.termination_log)
         return decisions.WorkerObservation(
             index=w.index, name=name, uid=w.uid, generation=w.generation, phase=phase, attempt=w.attempt,
-            ready=code is None, exit_code=code, reason=reason, message=message,
+            ready=code is None and _spare_ready(w), exit_code=code, reason=reason, message=message,
             terminating_since=w.process.terminating_since, node_range=w.node_range,
             node=LOCALHOST, started_at=w.process.started_at, finished_at=w.process.finished_at)
 
@@ -502,12 +514,14 @@ class LocalRunner:
         termination_log.unlink(missing_ok=True)
         assignment = self.log_dir / f"{name}.assignment.json"
         assignment.unlink(missing_ok=True)
+        ready_file = self.log_dir / f"{name}.ready"  # the pod's own: a new spare of the name starts not Ready
+        ready_file.unlink(missing_ok=True)
         env = {**self.base_env, **builders.worker_env(
             self.spec, job_name=self.name, namespace=NAMESPACE, index=-1, generation=action.generation,
             endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST, master_addr=LOCALHOST,
             checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None),
             builders.TERMINATION_LOG_ENV: str(termination_log), builders.SPARE_ENV: "1",
-            builders.ASSIGNMENT_FILE_ENV: str(assignment)}
+            builders.ASSIGNMENT_FILE_ENV: str(assignment), builders.SPARE_READY_FILE_ENV: str(ready_file)}
         process = LocalProcess(
             name=name, marker=marker_for(self.run_id, name, 0), env=env,
             argv=builders.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST,
@@ -516,7 +530,8 @@ class LocalRunner:
         if name not in self.tails:
             self.tails[name] = LogTail(process.log_path, offset=_size(process.log_path))
         spare = WorkerProcess(-1, action.generation, 0, process, termination_log,
-                              node_range=builders.node_range(self.spec), created_at=now, assignment_file=assignment)
+                              node_range=builders.node_range(self.spec), created_at=now, assignment_file=assignment,
+                              ready_file=ready_file)
         self.workers[name] = spare
         self._start(spare, now)
 
