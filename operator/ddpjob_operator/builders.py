@@ -470,8 +470,8 @@ def spare_pod(job: JobRef, spec: model.DDPJobSpec, *, serial: int, generation: i
     assignment (launcher.SPARE_ENV) instead of joining a rendezvous. It prefers a node without the job's
     workers, so that a node lost with a worker does not take its replacement with it. It is Ready (and only
     then counted in readySpares and promoted) once its launcher marked itself ready: imports done and the
-    operator's endpoint answered (spare_readiness_probe); the template's own readinessProbe, meant for a
-    trainer, is not a spare's."""
+    operator's endpoint answered (spare_readiness_probe); the template's own probes, meant for a trainer,
+    are not a spare's."""
     pod = copy.deepcopy(worker_pod(job, spec, index=0, generation=generation, progress=progress))  # owns its dicts
     name = spare_name(job.name, serial)
     meta, pod_spec = pod["metadata"], pod["spec"]
@@ -490,6 +490,10 @@ def spare_pod(job: JobRef, spec: model.DDPJobSpec, *, serial: int, generation: i
         elif var["name"] == SPARE_READY_FILE_ENV:
             var["value"] = spare_ready_file(name)
     container["readinessProbe"] = spare_readiness_probe(name)
+    # A trainer's liveness or startup probe fails in an idle spare, which runs no trainer: the kubelet would
+    # kill it over and over. A promoted spare trains without them (its rank's next worker pod has them again).
+    container.pop("livenessProbe", None)
+    container.pop("startupProbe", None)
     container.setdefault("volumeMounts", []).append({"name": SPARE_READY_VOLUME, "mountPath": SPARE_READY_DIR})
     pod_spec["volumes"].append({"name": SPARE_READY_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
     anti = {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {

@@ -1058,7 +1058,9 @@ class Condition(StatusModel):
 class SpareStatus(StatusModel):
     pod: str = Field(description="The spare pod, `<job>-spare-<n>`.")
     phase: str = Field(description="Pod phase (Pending, Running, ...).")
-    ready: bool = Field(default=False, description="Running: warm, ready to take a lost worker's place.")
+    ready: bool = Field(default=False, description=(
+        "Running and Ready (imports done, the operator's endpoint answered): warm, ready to take a lost worker's "
+        "place."))
     node: str | None = Field(default=None, description="Node the spare runs on.")
 
 
@@ -1166,7 +1168,7 @@ class DDPJobStatus(StatusModel):
     ranks: list[RankStatus] = Field(default_factory=list, description="Per-replica state.")
     spares: list[SpareStatus] = Field(default_factory=list, description=(
         "Idle warm spares (failurePolicy.spares); a spare that takes a worker's place moves to ranks."))
-    ready_spares: int = Field(default=0, description="Idle spares that are Running (the SPARES column).")
+    ready_spares: int = Field(default=0, description="Idle spares that are Running and Ready (the SPARES column).")
     start_time: str | None = Field(default=None, description="When the first worker was created.")
     completion_time: str | None = Field(default=None, description="When the job reached Succeeded or Failed.")
     observed_generation: int | None = Field(default=None, description="metadata.generation last reconciled.")

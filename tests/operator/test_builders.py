@@ -693,11 +693,14 @@ def test_spare_pod_is_a_workers_pod_that_waits_outside_every_rendezvous():
 
 
 def test_a_spare_is_ready_by_its_own_probe_not_the_trainers():
-    """template.trainer's readinessProbe is meant for a trainer (its port, its file): a spare runs none, so
-    the spare's own probe replaces it; a worker keeps the user's."""
+    """template.trainer's probes are meant for a trainer (its port, its file): a spare runs none, so the
+    spare's own readiness probe replaces the user's and their liveness and startup probes are dropped (they
+    would get an idle spare killed); a worker keeps all three."""
     theirs = {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10}
-    s = spec(template={"trainer": {"readinessProbe": theirs}})
-    assert builders.worker_pod(JOB, s, index=0, generation=0)["spec"]["containers"][0]["readinessProbe"] == theirs
+    s = spec(template={"trainer": {"readinessProbe": theirs, "livenessProbe": theirs, "startupProbe": theirs}})
+    worker = builders.worker_pod(JOB, s, index=0, generation=0)["spec"]["containers"][0]
+    assert worker["readinessProbe"] == worker["livenessProbe"] == worker["startupProbe"] == theirs
     container = builders.spare_pod(JOB, s, serial=0, generation=0)["spec"]["containers"][0]
+    assert "livenessProbe" not in container and "startupProbe" not in container
     mark = builders.spare_ready_file("digits-spare-0")
     assert container["readinessProbe"]["exec"] == {"command": ["test", "-f", mark]}
