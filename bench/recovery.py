@@ -21,6 +21,10 @@ after the resume. Ours also gets a phase breakdown from the logs. Prints Markdow
 (docs/benchmarks.md, "Recovery from a lost worker").
 
     .venv/bin/python bench/recovery.py [--kills 5] [--every 120] [--setups ours,stock]
+    .venv/bin/python bench/recovery.py --setups cluster [--scope Pod|All] [--spares N] [--fault kill|node-down]
+
+The cluster setup runs the job through the operator on the cluster KUBECONFIG names, with the fault
+command of the e2e tests (DDPJOB_E2E_FAULTS); docs/benchmarks.md has the invocation.
 """
 
 from __future__ import annotations
@@ -70,11 +74,13 @@ class Timeline:
             for path in sorted(self.log_dir.glob("*.log")):
                 tail = self.tails.setdefault(path.name, LogTail(path))
                 for line in tail.read_new_lines():
-                    now = time.time()
-                    if kubelet := KUBECTL_TIME.match(line):  # `kubectl logs --timestamps` (cluster setup)
-                        now, line = datetime.fromisoformat(kubelet.group(1) + "+00:00").timestamp(), line[kubelet.end():]
-                    stamp = ASCTIME.match(line)
-                    at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if stamp else now
+                    if kubelet := KUBECTL_TIME.match(line):  # `kubectl logs --timestamps` (cluster setup): UTC,
+                        # where the trainer's own stamp is in the container's time zone
+                        at, line = datetime.fromisoformat(kubelet.group(1) + "+00:00").timestamp(), line[kubelet.end():]
+                    elif stamp := ASCTIME.match(line):
+                        at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                    else:
+                        at = time.time()
                     for kind, pattern in (("resume", RESUME_LINE), ("rescue", RESCUE), ("start", TRAINER_START),
                                           ("step", STEP_LINE)):
                         if match := pattern.search(line):
@@ -299,27 +305,36 @@ def e2e_cluster():
     return cluster
 
 
-def why_no_cluster() -> str | None:
+def why_no_cluster(fault: str) -> str | None:
     cluster = e2e_cluster()
-    return cluster.why_no_cluster() or cluster.why_no_faults()
+    if fault == "kill":
+        return cluster.why_no_cluster() or cluster.why_fault_unsupported("kill")
+    reason = cluster.why_no_cluster() or cluster.why_fault_unsupported("node-down", "node-up")
+    if reason is None and not cluster.SHARED_CHECKPOINTS:
+        reason = ("--fault node-down spreads the workers over nodes, whose one checkpoint claim must then be "
+                  "ReadWriteMany: set DDPJOB_E2E_CHECKPOINT_ACCESS_MODES=ReadWriteMany (a storage class that has it)")
+    return reason
 
 
-def follow_logs(namespace: str, pods: list[str], log_dir: Path, stop: threading.Event) -> threading.Thread:
-    """`kubectl logs -f --timestamps` of every incarnation of each worker pod (a new generation reuses
-    the names), one file per pod uid, until `stop`."""
+def follow_logs(namespace: str, job_name: str, log_dir: Path, stop: threading.Event) -> threading.Thread:
+    """`kubectl logs -f --timestamps` of every worker and spare pod the job ever had (a new generation reuses
+    worker names; a spare serves a rank under its own), one file per pod uid, until `stop`."""
     cluster = e2e_cluster()
+    from ddpjob_operator.builders import LABEL_JOB_NAME, LABEL_ROLE, ROLE_SPARE, ROLE_WORKER, TRAINER_CONTAINER
+    selector = f"{LABEL_JOB_NAME}={job_name},{LABEL_ROLE} in ({ROLE_WORKER},{ROLE_SPARE})"
+    fields = "jsonpath={range .items[*]}{.metadata.name} {.metadata.uid} {.status.phase}{'\\n'}{end}"
 
     def loop() -> None:
         followed: dict[str, subprocess.Popen] = {}
         while not stop.wait(0.2):
-            for name in pods:
-                got = cluster.kubectl("get", "pod", name, "-n", namespace, "-o",
-                                      "jsonpath={.metadata.uid} {.status.phase}", check=False)
-                uid, _, phase = got.stdout.partition(" ")
-                if got.returncode == 0 and uid and uid not in followed and phase in ("Running", "Succeeded", "Failed"):
+            got = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", fields, check=False)
+            for line in got.stdout.splitlines():
+                name, uid, phase = (line.split() + ["", ""])[:3]
+                if uid and uid not in followed and phase in ("Running", "Succeeded", "Failed"):
                     with open(log_dir / f"{name}-{uid}.log", "wb") as out:
                         followed[uid] = subprocess.Popen(["kubectl", "logs", "-f", "--timestamps", "-n", namespace,
-                                                          name], stdout=out, stderr=subprocess.DEVNULL)
+                                                          f"pod/{name}", "-c", TRAINER_CONTAINER],
+                                                         stdout=out, stderr=subprocess.DEVNULL)
         for process in followed.values():
             process.terminate()
 
@@ -328,43 +343,103 @@ def follow_logs(namespace: str, pods: list[str], log_dir: Path, stop: threading.
     return thread
 
 
-def run_cluster(kills: int, every: int, state: Path, timeout: float, scope: str = "Pod") -> tuple[str, list[Recovery]]:
-    """The same job and kills through the operator on the cluster KUBECONFIG names (installed by the
-    chart, trainer image loaded: `make kind-up kind-load helm-install`), each kill by the fault command
-    (`kill NAMESPACE/POD`: SIGKILL of the worker's processes, as on the local runner)."""
+def trained_since(timeline: Timeline, at: float) -> bool:
+    """Training resumed after `at` and took a step."""
+    entries = timeline.sorted()
+    resumed = next((t for t, kind, _ in entries if kind == "resume" and t > at), None)
+    return resumed is not None and any(kind == "step" and t >= resumed for t, kind, _ in entries)
+
+
+def node_to_lose(cluster, status: dict, first: int, namespace: str, job_name: str) -> tuple[int, str]:
+    """(rank index, node) for node-down: the node of rank `first`, else of the next ranks, preferring one
+    without the acting operator and the job's rendezvous store (their loss would be measured as well),
+    never a control-plane node (the fault command refuses it)."""
+    acting = cluster.acting_operator_pod()
+    protected = {p["spec"].get("nodeName") for p in cluster.operator_pods() if p["metadata"]["name"] == acting}
+    if (store := cluster.store_pod(namespace, job_name)) is not None:
+        protected.add(store["spec"].get("nodeName"))
+    control = {n["metadata"]["name"] for n in cluster.nodes() if cluster.is_control_plane(n)}
+    ranks = status.get("ranks") or []
+    ranks = sorted(ranks, key=lambda r: (r["index"] - first) % len(ranks))
+    choices = [(r["index"], r["node"]) for r in ranks if r.get("node") and r["node"] not in control]
+    if not choices:
+        raise RuntimeError(f"no worker on a node the fault command may take down: {ranks}")
+    index, node = next((c for c in choices if c[1] not in protected), choices[0])
+    if node in protected:
+        print(f"cluster: every worker's node hosts the acting operator or the store; losing {node} loses them too",
+              file=sys.stderr)
+    return index, node
+
+
+def run_cluster(kills: int, every: int, state: Path, timeout: float, scope: str = "Pod", spares: int = 0,
+                fault: str = "kill") -> tuple[str, list[Recovery]]:
+    """The same job and faults through the operator on the cluster KUBECONFIG names (installed by the
+    chart, trainer image loaded: `make kind-up kind-load helm-install`), each fault by the fault command
+    on rank 1, 0, 1, ...: `kill NAMESPACE/POD` of the pod that holds the rank now (its own, or the spare
+    that took its place: status.ranks[i].pod), SIGKILL of its processes as on the local runner; or
+    `node-down` of its node (silent: the survivors wait for the node controller's verdict), brought
+    back up and Ready before the next round. With spares, each fault waits for the pool to be ready."""
     cluster = e2e_cluster()
-    from tests.e2e.scenario import digits_job
+    from tests.e2e.scenario import TERMINAL, digits_job, spread_over_nodes
 
     namespace = f"ddpjob-bench-{os.getpid()}"
     name = "recovery"
     epochs = 2 + (every * (kills + 1)) // STEPS_PER_EPOCH
     manifest = digits_job(name, max_steps=every * (kills + 2), trainer_args=["--log-every", "1", "--epochs", str(epochs)],
-                          failure_policy={"maxRestarts": kills + 2, "restartScope": scope,
-                                          "backoff": {"initialSeconds": 1, "maxSeconds": 30}})
+                          failure_policy={"maxRestarts": kills + 2, "restartScope": scope, "spares": spares,
+                                          "backoff": {"initialSeconds": 1, "maxSeconds": 30}},
+                          # node-down: a survivor on another node, and a replacement that can start while it is down
+                          template={"podSpec": spread_over_nodes(name)} if fault == "node-down" else None)
+    replicas = manifest["spec"]["replicas"]
     timeline = Timeline(state)
     stop = threading.Event()
-    cluster.kubectl("create", "namespace", namespace)
-    poller = poll_in_background(timeline, stop)
-    follower = follow_logs(namespace, [f"{name}-worker-{i}" for i in range(2)], state, stop)
-    try:
-        cluster.apply(manifest, namespace)
-        deadline, generation, k, phase, killed_at = time.monotonic() + timeout, 0, 0, "Timeout", 0.0
-        while time.monotonic() < deadline:
-            status = cluster.get_json(cluster.RESOURCE, name, "-n", namespace).get("status") or {}
+    deadline, generation = time.monotonic() + timeout, 0
+
+    def until(ready, what: str) -> dict:
+        """Poll the job until `ready(status)` or its end; each new generation is marked on the timeline."""
+        nonlocal generation
+        while True:
+            status = cluster.job(namespace, name).get("status") or {}
             if status.get("generation", 0) > generation:
                 generation = status["generation"]
                 timeline.add("restart", generation)
-            if status.get("phase") in ("Succeeded", "Failed"):
-                phase = status["phase"]
-                break
-            resumed = any(kind == "resume" and at > killed_at for at, kind, _ in timeline.sorted())
-            if k < kills and timeline.last_step() >= kill_step(k, every) and (k == 0 or resumed):
-                worker = (k + 1) % 2
-                timeline.add("kill", worker)
-                killed_at = time.time()
-                cluster.fault("kill", f"{namespace}/{name}-worker-{worker}")
-                k += 1
+            if status.get("phase") in TERMINAL or ready(status):
+                return status
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} not within --timeout {timeout:.0f} s (last step {timeline.last_step()})")
             time.sleep(0.2)  # a benchmark's polling cadence, not a test's wait
+
+    cluster.kubectl("create", "namespace", namespace)
+    poller = poll_in_background(timeline, stop)
+    follower = follow_logs(namespace, name, state, stop)
+    try:
+        cluster.apply(manifest, namespace)
+        faulted_at = 0.0
+        for k in range(kills):
+            what = f"fault {k + 1}: step {kill_step(k, every)}" + (f" with {spares} ready spares" if spares else "")
+            status = until(lambda s, k=k: timeline.last_step() >= kill_step(k, every)
+                           and (k == 0 or trained_since(timeline, faulted_at)) and s.get("readySpares", 0) >= spares,
+                           what)
+            if status.get("phase") in TERMINAL:
+                break
+            # Each fault is marked once the fault command returns: its own work (kubectl, docker exec) comes
+            # before the fault, which is its last act.
+            index = (k + 1) % replicas
+            if fault == "kill":
+                pod = next(r["pod"] for r in status.get("ranks") or [] if r["index"] == index)
+                cluster.fault("kill", f"{namespace}/{pod}")
+                timeline.add("kill", index)
+                faulted_at = time.time()
+                continue
+            index, node = node_to_lose(cluster, status, index, namespace, name)
+            with cluster.node_down(node) as up:
+                timeline.add("kill", index)
+                faulted_at = time.time()
+                until(lambda s: trained_since(timeline, faulted_at), f"fault {k + 1}: a step after {node} went silent")
+                up()
+        phase = until(lambda s: False, "the job's end")["phase"]
+    except TimeoutError as exc:
+        phase = f"Timeout: {exc}"
     finally:
         stop.set()
         poller.join()
@@ -408,17 +483,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-logs", metavar="DIR", help="keep each setup's logs and checkpoints under DIR")
     parser.add_argument("--scope", choices=("Pod", "All"), default="Pod",
                         help="failurePolicy.restartScope of ours and cluster (Pod: survivors stay in place)")
-    parser.add_argument("--spares", type=int, default=0, help="failurePolicy.spares of ours (warm spares)")
+    parser.add_argument("--spares", type=int, default=0, help="failurePolicy.spares of ours and cluster (warm spares)")
+    parser.add_argument("--fault", choices=("kill", "node-down"), default="kill",
+                        help="kill: SIGKILL of a worker's processes; node-down (cluster only): its node goes silent")
     args = parser.parse_args(argv)
     if args.spares and args.scope != "Pod":
         parser.error("--spares needs --scope Pod")
-    if args.spares and "cluster" in args.setups.split(","):
-        parser.error("--spares is measured locally only (the cluster setup kills pods by worker name)")
+    if args.fault == "node-down" and args.setups != "cluster":
+        parser.error("--fault node-down needs --setups cluster (a node to lose)")
     job = load_example(args.kills, args.every, args.scope, args.spares)
     interval = job.spec.checkpoint.interval_steps
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
           f"{datetime.now().isoformat(timespec='minutes')}; job {EXAMPLE.name}, checkpoint every {interval} steps, "
-          f"kills every {args.every} steps, restartScope {args.scope}, spares {args.spares}")
+          f"kills every {args.every} steps, restartScope {args.scope}, spares {args.spares}, fault {args.fault}")
     medians = {}
     for setup in args.setups.split(","):
         with tempfile.TemporaryDirectory(prefix=f"ddpjob-recovery-{setup}-") as tmp:
@@ -431,10 +508,11 @@ def main(argv: list[str] | None = None) -> int:
             elif setup == "stock":
                 phase, results = run_stock(job, args.kills, args.every, Path(tmp), args.timeout)
             elif setup == "cluster":
-                if (reason := why_no_cluster()) is not None:
+                if (reason := why_no_cluster(args.fault)) is not None:
                     print(f"\ncluster: skipped: {reason}")
                     continue
-                phase, results = run_cluster(args.kills, args.every, Path(tmp), args.timeout, args.scope)
+                phase, results = run_cluster(args.kills, args.every, Path(tmp), args.timeout, args.scope, args.spares,
+                                             args.fault)
             else:
                 parser.error(f"unknown setup {setup!r}")
             table(f"{setup} ({time.monotonic() - started:.0f} s wall)", phase, results, interval)

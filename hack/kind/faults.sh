@@ -4,10 +4,11 @@
 #
 #   faults.sh kill NAMESPACE/POD [--signal N]   a container crash: signal N (default 9) to the main
 #                                              process of the pod's first container
-#   faults.sh node-down NODE                   the node stops answering: every process on it dies
-#                                              (kubelet, containerd, containers), no more status,
-#                                              deletions of its pods hang
-#   faults.sh node-up NODE                     the node boots again; its kubelet re-registers
+#   faults.sh node-down NODE                   the node goes silent: its processes stop answering with
+#                                              their sockets left open, it posts no more status, deletions
+#                                              of its pods hang; only the node controller's grace period
+#                                              reveals it
+#   faults.sh node-up NODE                     the node comes back rebooted; its kubelet re-registers
 #   faults.sh api-down SECONDS                 the API server stops answering; it comes back on its own
 #                                              SECONDS later at the latest (so a test that dies cannot
 #                                              leave the cluster without one); returns once it no
@@ -23,15 +24,18 @@
 # SIGSTOP) always reach it, any other signal only when the process installed a handler for it
 # (the kernel protects a namespace's init from default-action signals).
 #
-# node-down is `docker kill` of the node container, not `docker pause`. A paused node freezes its
-# processes but keeps them: its kernel still ACKs TCP for the frozen containers, and on unpause the
-# old trainers wake up and talk to peers that moved on. Killing the node container is a power cut:
-# all its processes die at once, its address stops answering, the kubelet stops posting status, and
-# a pod deletion waits forever for a kubelet that never confirms -- what "node lost" means to the
-# operator. node-up is `docker start`: kind's entrypoint boots systemd, containerd and the kubelet
-# again; pods the control plane deleted meanwhile are cleaned up by the kubelet, the node's
-# filesystem (local-path volumes included) is kept. The node's restart policy is set to "no" while
-# it is down (docker would otherwise restart it on its own) and restored by node-up.
+# node-down is `docker pause` of the node container (the cgroup freezer): every process on it stops
+# where it is and keeps its sockets; the kernel, which is the host's, keeps ACKing their TCP
+# connections, so peers see no reset and no refusal, only silence (their sends stall once the frozen
+# receiver's window fills, their reads wait); the kubelet posts no status, and a pod deletion waits
+# for a kubelet that never confirms -- a node that lost power or its network, as the operator sees it
+# (a `docker kill` would be the fast path instead: the dead processes' sockets close at once).
+# node-up never lets the frozen processes resume (old trainers would wake up and talk to peers that
+# moved on): it kills the paused container and starts it again, a reboot. kind's entrypoint boots
+# systemd, containerd and the kubelet; pods the control plane deleted meanwhile are cleaned up by the
+# kubelet, the node's filesystem (local-path volumes included) is kept. The node's restart policy is
+# set to "no" while it is down (docker would otherwise restart it on its own once killed, or when
+# its daemon restarts) and restored by node-up.
 #
 # api-down moves the kube-apiserver static pod manifest of every control-plane node of the cluster
 # (kind's node containers labelled io.x-k8s.kind.cluster=NAME, NAME from KIND_CLUSTER_NAME or the
@@ -98,33 +102,67 @@ kill_pod() {
   echo "sent signal $signal to pid $pid (pod $namespace/$pod, container ${cid:0:13}) on $node"
 }
 
+node_state() {
+  "$DOCKER" inspect --format '{{.State.Status}}' "$1"
+}
+
+# await_state NODE STATE SECONDS: true once the node container is in STATE (docker's State.Status),
+# false after SECONDS.
+await_state() {
+  local node=$1 want=$2 seconds=$3
+  for _ in $(seq 1 "$seconds"); do
+    [ "$(node_state "$node")" = "$want" ] && return 0
+    sleep 1
+  done
+  [ "$(node_state "$node")" = "$want" ]
+}
+
 node_down() {
-  local node=$1 role policy
+  local node=$1 role status saved
   role=$(kind_node "$node")
   [ "$role" != control-plane ] \
     || die "$node is a control-plane node: taking it down takes the API server with it, refusing"
-  [ "$("$DOCKER" inspect --format '{{.State.Running}}' "$node")" = true ] || die "node $node is already down"
+  status=$(node_state "$node")
+  [ "$status" = running ] || die "node $node is $status, not running: already down?"
   mkdir -p "$STATE_DIR"
-  policy=$("$DOCKER" inspect --format '{{.HostConfig.RestartPolicy.Name}}:{{.HostConfig.RestartPolicy.MaximumRetryCount}}' "$node")
-  echo "$policy" > "$STATE_DIR/$node.restart-policy"
+  saved="$STATE_DIR/$node.restart-policy"
+  # A policy saved by an earlier node-down that failed is the original one: keep it.
+  [ -f "$saved" ] || "$DOCKER" inspect \
+    --format '{{.HostConfig.RestartPolicy.Name}}:{{.HostConfig.RestartPolicy.MaximumRetryCount}}' "$node" > "$saved" \
+    || die "cannot read the restart policy of $node"
   "$DOCKER" update --restart=no "$node" >/dev/null || die "cannot clear the restart policy of $node"
-  "$DOCKER" kill --signal KILL "$node" >/dev/null || die "docker kill $node failed"
-  for _ in $(seq 1 30); do
-    [ "$("$DOCKER" inspect --format '{{.State.Running}}' "$node")" = false ] && {
-      echo "node $node is down (every process on it killed)"
-      return 0
-    }
-    sleep 1
-  done
-  die "node $node still running 30s after docker kill"
+  "$DOCKER" pause "$node" >/dev/null || die "docker pause $node failed"
+  await_state "$node" paused 30 || die "node $node is $(node_state "$node"), not paused, 30s after docker pause"
+  echo "node $node is down (silent: its processes frozen, their sockets open)"
+}
+
+start_node() {
+  local node=$1
+  "$DOCKER" start "$node" >/dev/null || die "docker start $node failed"
+  await_state "$node" running 30 || die "node $node is $(node_state "$node"), not running, 30s after docker start"
 }
 
 node_up() {
-  local node=$1 saved name count
+  local node=$1 status refused saved name count
   kind_node "$node" >/dev/null
-  if [ "$("$DOCKER" inspect --format '{{.State.Running}}' "$node")" != true ]; then
-    "$DOCKER" start "$node" >/dev/null || die "docker start $node failed"
-  fi
+  status=$(node_state "$node")
+  case $status in
+    running) ;;  # not down (never was, or already back): nothing to reboot
+    paused)
+      if ! refused=$("$DOCKER" kill --signal KILL "$node" 2>&1 >/dev/null); then
+        # Older docker refuses to kill a paused container ("Unpause the container before stopping or
+        # killing"). Thawed, the old processes run for the instant until the kill lands: harmless, as
+        # the survivors have moved to a new rendezvous id (an old trainer's messages reach no one that
+        # listens) and every checkpoint commit is fenced by generation (an old one commits nothing).
+        { "$DOCKER" unpause "$node" >/dev/null && "$DOCKER" kill --signal KILL "$node" >/dev/null; } \
+          || die "cannot kill the paused node $node (docker kill: $refused)"
+      fi
+      await_state "$node" exited 30 || die "node $node is $(node_state "$node"), not exited, 30s after docker kill"
+      start_node "$node"
+      ;;
+    exited|created) start_node "$node" ;;
+    *) die "node $node is $status: cannot bring it up" ;;
+  esac
   saved="$STATE_DIR/$node.restart-policy"
   if [ -f "$saved" ]; then
     IFS=: read -r name count < "$saved"
@@ -135,7 +173,11 @@ node_up() {
     esac || die "cannot restore the restart policy $name of $node"
     rm -f "$saved"
   fi
-  echo "node $node is up (its kubelet re-registers within a minute)"
+  if [ "$status" = running ]; then
+    echo "node $node is up (it was not down)"
+  else
+    echo "node $node is up, rebooted (its kubelet re-registers within a minute)"
+  fi
 }
 
 MANIFEST=/etc/kubernetes/manifests/kube-apiserver.yaml

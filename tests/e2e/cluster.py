@@ -30,7 +30,8 @@ OPERATOR_NAMESPACE = os.environ.get("DDPJOB_E2E_OPERATOR_NAMESPACE", "ddpjob-sys
 # The trainer image `make kind-load` loaded (the examples name the default one).
 TRAINER_IMAGE = os.environ.get("DDPJOB_E2E_TRAINER_IMAGE")
 # The fault-injection command (`make e2e` passes hack/kind/faults.sh): `kill NAMESPACE/POD [--signal N]`,
-# `node-down NODE`, `node-up NODE`. Tests that inject faults skip with the reason when it is unset.
+# `node-down NODE` (the node goes silent), `node-up NODE` (it comes back rebooted), ... (tests/e2e/README.md).
+# Tests that inject faults skip with the reason when it is unset.
 FAULTS = os.environ.get("DDPJOB_E2E_FAULTS", "").strip()
 OPERATOR_SELECTOR = "app.kubernetes.io/name=ddpjob-operator"
 RESOURCE = f"{model.PLURAL}.{model.GROUP}"
@@ -84,6 +85,8 @@ def wait_for(check: Callable[[], T], what: str, timeout: float, interval: float 
 # Access modes of the checkpoint claims the tests create. The examples ask for ReadWriteMany (workers on any
 # node); kind's local-path storage only provides ReadWriteOnce, whose volumes pin every pod to one node.
 CHECKPOINT_ACCESS_MODES = os.environ.get("DDPJOB_E2E_CHECKPOINT_ACCESS_MODES", "ReadWriteOnce").split(",")
+# Workers on different nodes share one checkpoint claim only with ReadWriteMany storage.
+SHARED_CHECKPOINTS = "ReadWriteMany" in CHECKPOINT_ACCESS_MODES
 
 
 def example(name: str, *, spec_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -418,3 +421,44 @@ def faults_at_once(*commands: tuple[str, ...], timeout: float = 180) -> None:
         if process.returncode != 0:
             problems.append(f"{' '.join(command)} exited {process.returncode}: {(err or out).strip()}")
     assert not problems, "fault commands failed: " + "; ".join(problems)
+
+
+def is_control_plane(node: dict[str, Any]) -> bool:
+    return "node-role.kubernetes.io/control-plane" in node["metadata"].get("labels", {})
+
+
+def _kubelet_renewed(name: str) -> str | None:
+    """The renewTime of the node's Lease (kube-node-lease), which its kubelet renews every 10 s while it runs."""
+    result = kubectl("get", "lease", name, "-n", "kube-node-lease", "-o", "jsonpath={.spec.renewTime}", check=False)
+    return (result.stdout.strip() or None) if result.returncode == 0 else None
+
+
+NODE_BACK_WITHIN = 300  # s from node-up to Ready: a reboot (systemd, containerd, the kubelet) on a loaded host
+
+
+@contextlib.contextmanager
+def node_down(name: str) -> Iterator[Callable[[], None]]:
+    """`node-down NAME` for the block, which gets `up()`: `node-up NAME`, then wait for the node Ready with
+    a kubelet of its new boot. Whatever happens in the block, the node is up when it ends: a failing test
+    must not leave the cluster a node short (nor a node-down that failed half-way)."""
+    down = True
+
+    def up() -> None:
+        nonlocal down
+        # A silent node's Ready condition stays True until the node controller's grace period runs out:
+        # a renewed Lease is what tells the rebooted kubelet from the frozen one.
+        frozen = _kubelet_renewed(name)
+        fault("node-up", name)
+        down = False
+        wait_for(lambda: node_ready(get_json("node", name)) and (frozen is None or _kubelet_renewed(name) != frozen),
+                 f"node {name} Ready again after node-up", NODE_BACK_WITHIN)
+
+    try:
+        fault("node-down", name)
+        yield up
+    finally:
+        if down:
+            try:
+                up()
+            except Exception as exc:  # the block's own failure is the one to report
+                print(f"node {name} not back after node-up: {exc}")

@@ -1,6 +1,6 @@
 """Disruptions, against the failure-semantics contract (docs/operator.md, "What users can rely on"):
-an eviction through the Eviction API, a graceful `kubectl delete pod`, a lost node and preemption by
-a higher-priority pod. Each is one uncharged incident: 0 restarts, 1 disruption, one new generation
+an eviction through the Eviction API, a graceful `kubectl delete pod`, a node gone silent and preemption
+by a higher-priority pod. Each is one uncharged incident: 0 restarts, 1 disruption, one new generation
 that resumes at the same world size from the newest checkpoint, then Succeeded."""
 
 from __future__ import annotations
@@ -15,16 +15,18 @@ import pytest
 from ddpjob_operator.builders import LABEL_GENERATION
 
 from . import cluster
-from .scenario import Training, digits_job
+from .scenario import (NODE_LOSS_COUNTED_WITHIN, NODE_LOSS_RECOVERED_WITHIN, Training, digits_job,
+                       spread_over_nodes)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 
-def _disrupted_then_recovers(t: Training, *, before: int, g0: int, world: int = 2) -> None:
+def _disrupted_then_recovers(t: Training, *, before: int, g0: int, world: int = 2, checkpointed: bool = True) -> None:
     t.wait_running_world(g0 + 1, world)
     t.wait_terminal()
     t.assert_outcome(phase="Succeeded", reason="Succeeded", restarts=0, disruptions=1, generation=g0 + 1)
-    t.assert_resumed(g0 + 1, world=world, not_before=before)
+    if checkpointed:
+        t.assert_resumed(g0 + 1, world=world, not_before=before)
 
 
 def test_eviction_api_is_an_uncharged_disruption(namespace, operator):
@@ -52,76 +54,85 @@ def test_graceful_pod_delete_is_an_uncharged_disruption(namespace, operator):
 NODE_TAINT = "ddpjob-e2e/node-down"
 
 
-def test_node_loss_is_one_uncharged_disruption(faults, namespace, operator):
-    schedulable = [n["metadata"]["name"] for n in cluster.schedulable_nodes()]
-    # The acting operator's node must stay up (a standby replica's node may go down: it does not act).
+def test_a_silent_node_is_one_uncharged_disruption_and_the_survivors_stay(faults, namespace, operator):
+    """node-down: the node goes silent (its processes frozen, their sockets open). Only the node
+    controller's verdict ends the incident: one disruption, nothing charged, the lost worker replaced
+    while the node is still down, the survivor on another node kept in place (restartScope Pod)."""
+    nodes = cluster.schedulable_nodes()
+    schedulable = [n["metadata"]["name"] for n in nodes]
+    # The acting operator's node must stay up (a standby replica's node may go down: it does not act), and
+    # the fault command refuses a control-plane node.
     acting = cluster.acting_operator_pod()
     operator_nodes = {p["spec"].get("nodeName") for p in cluster.operator_pods() if p["metadata"]["name"] == acting}
-    candidates = [n for n in schedulable if n not in operator_nodes]
+    candidates = [n["metadata"]["name"] for n in nodes
+                  if n["metadata"]["name"] not in operator_nodes and not cluster.is_control_plane(n)]
     if len(schedulable) < 2 or not candidates:
-        pytest.skip(f"node loss needs 2 schedulable worker nodes, one of them without the operator "
+        pytest.skip(f"node loss needs 2 schedulable nodes, one of them a worker node without the operator "
                     f"(schedulable: {schedulable}, operator on {sorted(operator_nodes)})")
     target = candidates[0]
-    # Workers prefer `target` and tolerate its taint; the rendezvous store (storeTemplate: no
-    # tolerations of its own) cannot land there, so losing the node loses workers only.
-    # failurePolicy.nodeLossTimeoutSeconds (default 5) makes the taint manager evict the lost pods 5 s
+    name = "node-loss"
+    # One worker on `target` (preferred), the other elsewhere (spread_over_nodes); only workers tolerate
+    # `target`'s taint, so the rendezvous store (storeTemplate: no tolerations) is elsewhere too.
+    # failurePolicy.nodeLossTimeoutSeconds (default 5) makes the taint manager evict the lost pod 5 s
     # after the node is declared unreachable instead of Kubernetes' 300 s.
     template = {
         "tolerations": [{"key": NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
         "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
             "weight": 100, "preference": {"matchExpressions": [
                 {"key": "kubernetes.io/hostname", "operator": "In", "values": [target]}]}}]}},
+        "podSpec": spread_over_nodes(name),
     }
     failure_policy = {"maxRestarts": 3, "restartScope": "Pod", "backoff": {"initialSeconds": 1, "maxSeconds": 10}}
+    manifest = digits_job(name, template=template, failure_policy=failure_policy,
+                          rendezvous={"storeTemplate": {"tolerations": []}})
+    if not cluster.SHARED_CHECKPOINTS:
+        # A ReadWriteOnce claim (kind's local-path) would pin both workers to its node: without storage
+        # every node mounts, the job keeps no checkpoints, and its resume is not asserted.
+        del manifest["spec"]["checkpoint"]
     cluster.kubectl("taint", "nodes", target, f"{NODE_TAINT}={namespace}:NoSchedule", "--overwrite")
-    down = False
     try:
-        t = Training(namespace, digits_job("node-loss", template=template, failure_policy=failure_policy,
-                                           rendezvous={"storeTemplate": {"tolerations": []}})).start()
+        t = Training(namespace, manifest).start()
         before = t.wait_training()
-        g0 = t.generation
-        lost = sorted(name for name, node in t.nodes_of_workers().items() if node == target)
-        if not lost:
-            pytest.skip(f"no worker was scheduled onto {target} (placement: {t.nodes_of_workers()})")
+        g0, disruptions = t.generation, t.status.get("disruptions", 0)
+        placement = t.nodes_of_workers()
+        lost = sorted(pod for pod, node in placement.items() if node == target)
+        survivors = {pod: state for pod, state in t.containers().items() if placement.get(pod, target) != target}
+        assert len(lost) == 1 and survivors, f"want one worker on {target}, the other elsewhere: {placement}"
         store = cluster.store_pod(namespace, t.name)
         assert store is not None and store["spec"].get("nodeName") != target, "the store must not be on the lost node"
 
-        cluster.fault("node-down", target)
-        down = True
-        fault_at = time.time()
+        with cluster.node_down(target) as up:
+            fault_at, fault_wall = time.monotonic(), time.time()
 
-        # Nothing resets the survivors' connections: their collectives time out (trainer
-        # --dist-steady-timeout, 30 s) and they exit with a rescue checkpoint. The node controller declares
-        # the node lost after its node-monitor-grace-period (40-50 s by default), the taint manager evicts
-        # the pods 5 s later; the operator counts one disruption (nothing charged) and force-deletes them
-        # although their kubelet never answers.
-        t.wait(lambda: t.status.get("disruptions", 0) >= 1 and t.generation > g0,
-               "the node loss to be counted as a disruption in a new generation", timeout=400)
-        t.wait(lambda: not any(p["spec"].get("nodeName") == target and
-                               int(p["metadata"]["labels"][LABEL_GENERATION]) == g0 for p in t.pods),
-               f"the lost pods {lost} to be force-deleted while {target} is down", timeout=400)
-        t.wait(lambda: t.latest_step(t.generation) > 0, "training to continue in the new generation",
-               timeout=300, interval=1)
-        continued_at = time.time()
-        declared_at = cluster.node_unready_since(target)
-        assert declared_at is not None, f"{target} is down but its Ready condition is still True"
-        # Our part: from the node controller's verdict to the next training step. The rest, fault ->
-        # verdict, is the cluster's node-monitor-grace-period. Issue 10's goal is under 60 s in all on a
-        # cluster with the default grace; both are printed for the record.
-        print(f"node loss: verdict after {declared_at - fault_at:.0f} s, training continued "
-              f"{continued_at - fault_at:.0f} s after the fault")
-        assert continued_at - declared_at <= 30, (
-            f"training continued {continued_at - declared_at:.0f} s after {target} was declared lost (want <= 30): "
-            f"{t.describe()}")
+            def left() -> float:
+                return max(fault_at + NODE_LOSS_COUNTED_WITHIN - time.monotonic(), 1)
 
-        cluster.fault("node-up", target)
-        down = False
-        cluster.kubectl("wait", "node", target, "--for=condition=Ready", "--timeout=300s", timeout=330)
+            # Nothing resets the survivor's connections: its collectives time out and it waits in place.
+            # The node controller's verdict and the taint manager's eviction are what the operator acts on:
+            # one disruption, the lost pod force-deleted (its kubelet never confirms), the next generation.
+            t.wait(lambda: t.status.get("disruptions", 0) > disruptions and t.generation > g0,
+                   "the node loss counted as a disruption in a new generation", left(), interval=1)
+            t.wait(lambda: not any(p["spec"].get("nodeName") == target and
+                                   int(p["metadata"]["labels"][LABEL_GENERATION]) == g0 for p in t.pods),
+                   f"the lost pod {lost} force-deleted while {target} is down", left(), interval=1)
+            t.wait(lambda: t.latest_step(g0 + 1) > 0, f"training in generation {g0 + 1} while {target} is down",
+                   max(fault_at + NODE_LOSS_RECOVERED_WITHIN - time.monotonic(), 1), interval=1)
+            continued = time.monotonic() - fault_at
+            declared_at = cluster.node_unready_since(target)
+            assert declared_at is not None, f"{target} is down but its Ready condition is still True"
+            print(f"silent node: verdict after {declared_at - fault_wall:.0f} s, training continued after "
+                  f"{continued:.0f} s (deadline {NODE_LOSS_RECOVERED_WITHIN} s)")
 
-        _disrupted_then_recovers(t, before=before, g0=g0)
+            after = t.containers()
+            assert {pod: after.get(pod) for pod in survivors} == survivors, (
+                f"a survivor's pod was replaced or its container restarted: before {survivors}, after {after}")
+            carried = {r["pod"]: r.get("generation") for r in t.status.get("ranks", [])}
+            assert all(carried.get(pod) == g0 + 1 for pod in survivors), t.status.get("ranks")
+            assert (t.status.get("restarts", 0), t.status.get("disruptions", 0)) == (0, disruptions + 1), t.describe()
+            up()
+
+        _disrupted_then_recovers(t, before=before, g0=g0, checkpointed=cluster.SHARED_CHECKPOINTS)
     finally:
-        if down:
-            cluster.fault("node-up", target, check=False)
         cluster.kubectl("taint", "nodes", target, f"{NODE_TAINT}-", check=False)
 
 
