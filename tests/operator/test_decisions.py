@@ -314,6 +314,19 @@ def test_budget_exhaustion_fails_and_never_loops_in_restarting():
     assert cond.reason == "RestartBudgetExhausted" and "maxRestarts=1" in cond.message and "exit code 137" in cond.message
 
 
+@pytest.mark.parametrize(("restarts", "phase"), [(0, "Restarting"), (1, "Restarting"), (2, "Failed")])
+def test_the_budget_allows_exactly_max_restarts(restarts, phase):
+    """maxRestarts=2: the failures after 0 and 1 restarts are restarted (the second takes the budget's last
+    restart), the one after 2 fails the job with nothing more charged."""
+    s = spec(minReplicas=1, failurePolicy={"maxRestarts": 2})
+    status = running_status(restarts=restarts, ranks=[{"index": 1, "pod": "j-worker-1", "phase": "Running",
+                                                       "restarts": restarts}])
+    out = decide(job(s, status), seen(w(0), failed(1, 137, attempt=restarts)))
+    assert out.status.phase == phase
+    assert out.status.restarts == min(restarts + 1, 2)
+    assert out.status.incidents[-1].charged is (phase == "Restarting")
+
+
 def test_zero_budget_fails_on_first_retryable_failure():
     s = spec(failurePolicy={"maxRestarts": 0})
     assert decide(job(s, running_status()), seen(w(0), failed(1, 143))).status.phase == "Failed"

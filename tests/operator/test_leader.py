@@ -144,6 +144,50 @@ async def test_fenced_client_sends_no_write_once_the_renew_deadline_passed():
     assert sent[0][1] == "/api/v1/namespaces/n/pods/p" and sent[1][1].endswith("/namespaces/n/ddpjobs/j/status")
 
 
+async def test_a_refused_renewal_stops_acting_at_once_even_when_the_lease_cannot_be_read_again():
+    """A renewal answered 409 means another replica wrote the Lease: the elector stops acting then, not at its
+    renew deadline (10 s away here), and stays fenced while the API server will not let it read the Lease."""
+    answers: dict[str, tuple[int, dict[str, Any]]] = {"GET": (404, {"kind": "Status", "reason": "NotFound"})}
+    sent: list[tuple[str, str]] = []
+
+    async def serve(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        sent.append((request.method, request.path))
+        if request.method == "POST":  # the Lease created
+            body = await request.json()
+            body["metadata"]["resourceVersion"] = "1"
+            return aiohttp.web.json_response(body, status=201)
+        status, body = answers[request.method]
+        return aiohttp.web.json_response(body, status=status)
+
+    app = aiohttp.web.Application()
+    app.router.add_route("*", "/{tail:.*}", serve)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    connection = kube.Connection(server=f"http://127.0.0.1:{runner.addresses[0][1]}")
+    elector = leader.Elector(kube.Kube(connection), "ops", "lease", "me", T)
+    api = leader.FencedKube(connection, elector)
+    try:
+        await elector._round()  # no Lease yet: created, held
+        assert elector.leading()
+        answers["PUT"] = (409, {"kind": "Status", "reason": "Conflict", "message": "the object has been modified"})
+        answers["GET"] = (503, {"kind": "Status", "reason": "ServiceUnavailable", "message": "overloaded"})
+        await elector._round()  # the renewal is refused: someone else wrote the Lease
+        assert not elector.leading()
+        with pytest.raises(kube.ApiError):  # the next round cannot read the Lease: still not acting
+            await elector._round()
+        assert not elector.leading()
+        with pytest.raises(leader.NotLeader):
+            await api.delete(kube.PODS, "n", "p")
+    finally:
+        await elector.stop(release=False)
+        await api.close()
+        await runner.cleanup()
+    assert [method for method, path in sent] == ["GET", "POST", "PUT", "GET"], sent
+    assert all("/leases" in path for _, path in sent), sent  # no write of the operator went out
+
+
 # ---------------------------------------------------------------- settings
 
 BASE = {"DDPJOB_OPERATOR_LEASE_NAME": "ddpjob-operator", "POD_NAMESPACE": "ops", "POD_NAME": "op-0"}
