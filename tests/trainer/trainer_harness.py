@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,3 +155,43 @@ def trap_exit(monkeypatch, tmp_path: Path) -> Path:
 def recorded(error_file: Path) -> str:
     """The message a trainer handed torchrun (what the pod's termination message quotes)."""
     return read_json(error_file)["message"]["message"]
+
+
+def worker_ranks(agent: int) -> dict[int, int]:
+    """The agent's trainer processes by global rank (the RANK torchrun put into each one's environment)."""
+    ranks = {}
+    for pid in trainer_pids(agent):
+        try:
+            environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for entry in environ:
+            if entry.startswith(b"RANK="):
+                ranks[int(entry[5:])] = pid
+    return ranks
+
+
+def process_state(pid: int) -> str | None:
+    """`pid`'s state letter in /proc (R, S, D; T: stopped, as by SIGSTOP; Z: exited, not yet reaped), None
+    once it is gone."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+# One worker in the summary torchrun prints when a worker failed (torch.distributed.elastic's
+# _FAILURE_FORMAT_TEMPLATE): its rank, exit code (negative: the signal that killed it) and error file.
+FAILURE = re.compile(r"rank\s*: (\d+) \(local_rank: \d+\)\s+exitcode\s*: (-?\d+) \(pid: \d+\)[^\n]*\n"
+                     r"\s*error_file: ([^\n]*)")
+
+
+def failures(log: Path) -> dict[int, tuple[int, str | None]]:
+    """From an agent's log: (exit code, message) of each failed worker, by global rank; the message is what
+    the worker wrote to its TORCHELASTIC_ERROR_FILE (what the pod's termination message quotes), None if
+    nothing."""
+    found = {}
+    for rank, code, error_file in FAILURE.findall(log.read_text(errors="replace")):
+        path = Path(error_file.strip())
+        found[int(rank)] = (int(code), recorded(path) if path.is_file() else None)
+    return found

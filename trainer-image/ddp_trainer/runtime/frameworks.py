@@ -19,6 +19,10 @@ one. The rest is the bundled `CheckpointManager`'s, with its code (`runtime.chec
   and never removes the newest `keep` complete checkpoints up to it, nor anything newer;
 - a full volume during a save (ENOSPC, EDQUOT) is `CheckpointVolumeFull` (`guard_volume`): exit 75,
   `checkpoint volume full: <dir>`.
+
+Against hung and silent peers the callbacks have what `Job` has, with its code (`StallGuard`): the steady
+collective timeout after the first steps (`CollectiveTimeout`), relaxed around work that is not a step,
+and the stall watchdog (`runtime.watchdog`).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ import torch.distributed as dist
 
 from .checkpoint import (CheckpointVolumeError, atomic_write_json, newer_generation, prune_fences, raise_fence,
                          rendezvous_generation, retry_reads, volume_full)
-from .distributed import StopRequest
+from .distributed import CollectiveTimeout, StopRequest, abort_process_groups
+from .watchdog import StallWatchdog
 
 log = logging.getLogger(__name__)
 MARKER_SUFFIX = ".ddpjob.json"
@@ -268,6 +273,77 @@ def announce(message: str) -> None:
 def resume_message(step: int, saved_world_size: Any, world_size: int) -> str:
     """The line `ddpjob run --local` recognises (ddpjob_operator.local.logs.RESUME_LINE)."""
     return f"resumed from checkpoint step={step} (saved at world_size={saved_world_size}, now {world_size})"
+
+
+class StallGuard:
+    """`Job`'s defences against a hung or silent peer, for a framework's callback, which drives them from the
+    framework's events instead of `Job.should_stop`, `Job.rescue` and `Job.close`:
+
+    - `steady_timeout_s` > 0: the process groups' collective timeout after the first 10 steps (`Job.start`'s
+      `steady_timeout_s`, default 0: the framework's own timeout throughout), back to the framework's own
+      (`start(long_s)`) around work that is not a step (`relax()`: an evaluation, a checkpoint save, an
+      epoch's end) until two more steps finished;
+    - the stall watchdog (`StallWatchdog`, with `Job`'s settings): a trainer blocked in a collective
+      obeys SIGTERM within seconds (exit 128 + the signal), and, while the steady timeout is in force, one
+      whose steps stopped for that timeout + its longest recent step + 5 s leaves with a `Timed out` peer
+      failure, after aborting the process groups (NCCL) so that the rescue path can save the replica
+      (`rescuing()`, then `leave()` ends the process with that verdict).
+
+    Create it in the main thread (the watchdog sees signals through `signal.set_wakeup_fd`)."""
+
+    def __init__(self, steady_timeout_s: float = 0.0, long_s: float = 1800.0) -> None:
+        if steady_timeout_s < 0:
+            raise ValueError(f"steady_timeout_s must be >= 0 (0: off), got {steady_timeout_s!r}")
+        self.timeouts = CollectiveTimeout(long_s, steady_timeout_s)
+        self.watchdog = StallWatchdog(lambda: self.timeouts.steady_s if self.timeouts.steady else 0.0,
+                                      abort=lambda: abort_process_groups(self.timeouts.groups))
+
+    def start(self, long_s: float | None) -> None:
+        """Training starts: `long_s` is the timeout the framework gave its process group (what `relax()`
+        goes back to); None: keep the one given at creation."""
+        if long_s:
+            self.timeouts.long_s = float(long_s)
+            if self.timeouts.steady_s > self.timeouts.long_s:
+                log.warning("steady_timeout_s %g is longer than the process group's own timeout %g s",
+                            self.timeouts.steady_s, self.timeouts.long_s)
+
+    def step(self, stop: StopRequest | None = None) -> None:
+        """Once per optimizer step, on every rank (after the stop agreement: its side group, if any, then
+        times out with the others)."""
+        self.timeouts.step()
+        self.watchdog.step()
+        if stop is not None and stop.group is not None:
+            self.timeouts.add_group(stop.group)
+
+    def relax(self) -> None:
+        """Before work that is not a step, on every rank alike (the others may wait for it in a collective).
+        Never shortens the first steps' long timeout (a framework may validate before training: a sanity check)."""
+        calm_from = self.timeouts._calm_from
+        self.timeouts.relax()
+        self.timeouts._calm_from = max(calm_from, self.timeouts._calm_from)
+
+    def alive(self) -> None:
+        """Such work made progress (an evaluation batch): the main thread is not blocked."""
+        self.watchdog.alive()
+
+    def rescuing(self) -> None:
+        """The main thread is out of the failed collective and writes its rescue checkpoint now."""
+        self.watchdog.release()
+
+    @property
+    def verdict(self) -> tuple[int, str] | None:
+        """The watchdog's silent-peer exit (code, message), once it gave one."""
+        return self.watchdog.verdict
+
+    def leave(self) -> None:
+        """After the rescue checkpoint: where the watchdog found a silent peer, end the process with its
+        verdict (a peer failure to the launcher), not with whatever the aborted collective raised."""
+        if self.watchdog.verdict is not None:
+            self.watchdog.exit()
+
+    def close(self) -> None:
+        """Every exit path of the callback (the watchdog's thread and its wakeup fd)."""
+        self.watchdog.close()
 
 
 class PacedStop(StopRequest):

@@ -21,6 +21,10 @@ What the callback does (docs/hf-and-lightning.md):
   (which wraps that loop of the Trainer it is called from) saves the replica they hold (model,
   optimizer, scheduler and trainer state after the last completed step) as `checkpoint-<step>/`
   before the exception goes on, so the next generation resumes at most the step in flight behind;
+- a hung or silent peer, as with `Job` (`frameworks.StallGuard`): `steady_timeout_s` > 0 is the collective
+  timeout after the first 10 steps, relaxed around HF's evaluations and saves and at an epoch's end; the
+  stall watchdog makes a trainer blocked in a collective obey SIGTERM within seconds (exit 143), and
+  one whose steps stopped for longer than the steady timeout allows leave with a `Timed out` peer failure;
 - `resume_from_checkpoint()`: the newest complete checkpoint, for HF's `resume_from_checkpoint`, which
   restores its own data order (it skips the batches already trained in the epoch) and scheduler.
 """
@@ -113,12 +117,17 @@ class DDPJobCallback(TrainerCallback):
     deletes before the new checkpoint is committed, and the callback prunes after the commit instead).
     `exit_on_stop`: after a SIGTERM stop, end the process with 143 once the checkpoint is committed
     (code after `trainer.train()` does not run: the pod is going away). `rescue`: on a peer's death,
-    save the survivor's replica from inside `trainer.train()` (see the module docstring)."""
+    save the survivor's replica from inside `trainer.train()` (see the module docstring).
+    `steady_timeout_s`: the collective timeout once steps are regular (after the first 10, and 2 after an
+    evaluation, a save or an epoch's end), as `Job.start(steady_timeout_s=...)`; 0 (the default, as
+    there): `TrainingArguments.ddp_timeout` throughout. The stall watchdog runs in every case."""
 
     def __init__(self, *, every_steps: int | None = None, keep: int | None = None, exit_on_stop: bool = True,
-                 rescue: bool = True, report_every: int = 1) -> None:
+                 rescue: bool = True, report_every: int = 1, steady_timeout_s: float = 0.0) -> None:
         self.env = _env()
         self.stop = frameworks.PacedStop()  # now, in the main thread: a SIGTERM during set-up is not lost
+        # A hung or silent peer, and SIGTERM while blocked in a collective (main thread: signals' wakeup fd).
+        self.guard = frameworks.StallGuard(steady_timeout_s)
         self.every_steps = every_steps if every_steps is not None else (self.env.checkpoint_interval_steps
                                                                         if self.env else 0)
         self.keep = keep if keep is not None else (self.env.checkpoint_keep if self.env else None)
@@ -143,6 +152,7 @@ class DDPJobCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         self._refs = {"args": args, "state": state, "model": model, "optimizer": optimizer,
                       "lr_scheduler": lr_scheduler}
+        self.guard.start(getattr(args, "ddp_timeout", None))  # HF's process group timeout: relax() goes back to it
         if args.save_total_limit is not None:
             # HF's rotation runs inside its save, before on_save commits the new checkpoint, and counts
             # partial ones (by mtime): it can delete the last complete checkpoint. `prune` replaces it.
@@ -177,6 +187,9 @@ class DDPJobCallback(TrainerCallback):
             self.timer.boundary()
         with self.timer.waiting() if self.timer is not None else contextlib.nullcontext():
             stop = self.stop.step()  # every rank, once per step: the same answer at the same step
+        self.guard.step(self.stop)
+        if control.should_training_stop:
+            self.guard.relax()  # the last step: what follows until on_train_end is not a step
         if stop:
             if not self.stopped:
                 log.warning("stop requested (signal %s) at step %d: saving a checkpoint", self.stop.signum, step)
@@ -195,6 +208,12 @@ class DDPJobCallback(TrainerCallback):
                                  world_size=args.world_size, last_checkpoint_step=self.last_checkpoint_step,
                                  step_seconds=self.timer.take() if self.timer is not None else None)
         return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.guard.relax()  # the next epoch's first batches wait for its data loader (workers start again)
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        self.guard.alive()  # an evaluation batch: not blocked (a SIGTERM now waits for the next step)
 
     def on_save(self, args, state, control, **kwargs):
         if not args.should_save:
@@ -233,17 +252,19 @@ class DDPJobCallback(TrainerCallback):
         self._close()
 
     def _close(self) -> None:
+        self.guard.close()
         if self.reporter is not None:
             self.reporter.close()
         self.stop.close(drain=False)
 
-    # ---- the Trainer's own methods: its save (a full volume), its epoch loop (rescue) ------------
+    # ---- the Trainer's own methods: its save (a full volume), evaluation, its epoch loop (rescue) -----
 
     def _wrap_trainer(self, args) -> None:
         """HF passes callbacks no Trainer, so it is found as the caller of `on_train_begin` (a Trainer method),
-        and two of its methods are wrapped on that instance: `_save_checkpoint`, where HF writes a checkpoint
-        (a full volume there exits 75, `checkpoint volume full: <dir>`, not 1 as the script's bug), and,
-        with `rescue`, the epoch loop (below)."""
+        and its methods are wrapped on that instance: `_save_checkpoint`, where HF writes a checkpoint
+        (a full volume there exits 75, `checkpoint volume full: <dir>`, not 1 as the script's bug; the
+        collective timeouts are relaxed first: the other ranks wait for rank 0's write), `evaluate` (relaxed
+        too: not a step), and, with `rescue`, the epoch loop (below)."""
         from transformers import Trainer
 
         frame = sys._getframe(1)
@@ -254,20 +275,31 @@ class DDPJobCallback(TrainerCallback):
         save = getattr(trainer, "_save_checkpoint", None)
         if save is not None:
             def save_checkpoint(*a: Any, **k: Any) -> Any:
+                self.guard.relax()
                 return self._guard(lambda: save(*a, **k), args.output_dir,
                                    f"checkpoint-{trainer.state.global_step}")
 
             trainer._save_checkpoint = save_checkpoint
         else:
             log.warning("DDPJobCallback: a full checkpoint volume exits 1, not 75, with this transformers version")
+        evaluate = getattr(trainer, "evaluate", None)
+        if evaluate is not None:
+            def evaluate_relaxed(*a: Any, **k: Any) -> Any:
+                self.guard.relax()  # every rank evaluates at the same step: not a step, ranks may take unequal time
+                return evaluate(*a, **k)
+
+            trainer.evaluate = evaluate_relaxed
         if self.rescue_enabled:
             self._wrap_epoch_loop(trainer)
 
     def _wrap_epoch_loop(self, trainer) -> None:
         """Catch a peer's failure where it surfaces, inside `trainer.train()`, while the replica is intact:
         the Trainer's epoch loop (`_run_epoch`, HF's per-epoch method, looked up on the instance each epoch)
-        is wrapped on that instance. The exception propagates unchanged. An exception hook would not do:
-        torchrun's worker wrapper catches the exception and exits, so `sys.excepthook` never runs."""
+        is wrapped on that instance. The exception propagates unchanged, unless the stall watchdog found a
+        silent peer and aborted the process groups to get this rank out of its collective: the process then
+        ends with the watchdog's verdict (a `Timed out` peer failure) once the replica is saved. An exception
+        hook would not do: torchrun's worker wrapper catches the exception and exits, so `sys.excepthook`
+        never runs."""
         original = getattr(trainer, "_run_epoch", None)
         if original is None:
             log.warning("DDPJobCallback: no rescue checkpoint on a peer's failure with this transformers version: "
@@ -278,9 +310,13 @@ class DDPJobCallback(TrainerCallback):
             try:
                 return original(*args, **kwargs)
             except Exception as e:
+                self.guard.rescuing()  # out of the collective: the watchdog waits for this save before exiting
                 self.rescue(e)
                 if self.reporter is not None:
                     self.reporter.flush()  # the last step reached, before the process ends
+                if self.guard.verdict is not None:
+                    self._close()
+                    self.guard.leave()
                 raise
 
         trainer._run_epoch = run_epoch
@@ -291,7 +327,7 @@ class DDPJobCallback(TrainerCallback):
         rank's RNG). Any surviving rank may write it, the first to place it wins; a step that already
         has a complete checkpoint is left alone. No collective. True if this process wrote it. The callback
         calls it from inside `trainer.train()`; call it yourself for an exception raised elsewhere."""
-        if not (self._refs and is_peer_failure(error)):
+        if not (self._refs and (is_peer_failure(error) or self.guard.verdict is not None)):
             return False
         args, state = self._refs["args"], self._refs["state"]
         step = state.global_step

@@ -17,7 +17,11 @@
   full checkpoint: model, optimizers, schedulers, loops) without a collective, so the next generation
   resumes at most the step in flight behind;
   a `ResumableDistributedSampler` in the train loader is advanced every step and its position saved
-  in the checkpoint (the callback's state), so the data order continues exactly at any world size.
+  in the checkpoint (the callback's state), so the data order continues exactly at any world size;
+  against a hung or silent peer, what `Job` has (`frameworks.StallGuard`): `steady_timeout_s` > 0 is the
+  collective timeout after the first 10 steps, relaxed around validation, checkpoint saves and an epoch's
+  end; the stall watchdog makes a trainer blocked in a collective obey SIGTERM within seconds (exit 143),
+  and one whose steps stopped for longer than the steady timeout allows leave with a `Timed out` peer failure.
 - `resume_from_checkpoint()`: the newest complete checkpoint, for `trainer.fit(ckpt_path=...)`; an I/O
   error that outlasts the retries exits 75 (`checkpoint volume unreadable: <dir>`).
 """
@@ -101,12 +105,19 @@ def resume_from_checkpoint(directory: str | os.PathLike | None = None) -> str | 
 class DDPJobCallback(Callback):
     """`L.Trainer(callbacks=[DDPJobCallback()])`. `every_steps`/`keep` default to the manifest's
     checkpoint.intervalSteps/keep; `directory` to `checkpoint_dir()`. `exit_on_stop`: after a SIGTERM
-    stop, exit 143 once the checkpoint is committed."""
+    stop, exit 143 once the checkpoint is committed. `steady_timeout_s`: the collective timeout once steps
+    are regular (after the first 10, and 2 after a validation, a save or an epoch's end), as
+    `Job.start(steady_timeout_s=...)`; 0 (the default, as there): the strategy's timeout throughout. The
+    stall watchdog runs in every case."""
 
     def __init__(self, *, every_steps: int | None = None, keep: int | None = None,
-                 directory: str | os.PathLike | None = None, exit_on_stop: bool = True, report_every: int = 1) -> None:
+                 directory: str | os.PathLike | None = None, exit_on_stop: bool = True, report_every: int = 1,
+                 steady_timeout_s: float = 0.0) -> None:
         self.env = _env()
         self.stop = frameworks.PacedStop()  # in the main thread, before training: a SIGTERM now is not lost
+        # A hung or silent peer, and SIGTERM while blocked in a collective (main thread: signals' wakeup fd).
+        self.guard = frameworks.StallGuard(steady_timeout_s)
+        self._rescuing = False
         self.every_steps = every_steps if every_steps is not None else (self.env.checkpoint_interval_steps
                                                                         if self.env else 0)
         self.keep = max(2, keep if keep is not None else (self.env.checkpoint_keep if self.env else 2))
@@ -148,6 +159,8 @@ class DDPJobCallback(Callback):
         # batch's end, no checkpoint) replaced `fit`'s handlers; DDPJob's stop is ours: restore it.
         for signum in self.stop._previous:
             signal.signal(signum, self.stop._handle)
+        timeout = getattr(trainer.strategy, "_timeout", None)  # DDPStrategy's process group timeout
+        self.guard.start(timeout.total_seconds() if timeout is not None else None)
         env = self.env
         if self.reporter is None:
             self.reporter = ProgressReporter(
@@ -193,6 +206,7 @@ class DDPJobCallback(Callback):
                 self._save(trainer, step)
         with self.timer.waiting() if self.timer is not None else contextlib.nullcontext():
             stop = self.stop.step()  # every rank, once per step: the same answer at the same step
+        self.guard.step(self.stop)
         if stop:
             log.warning("stop requested (signal %s) at step %d: saving a checkpoint", self.stop.signum, step)
             self.stopped = True
@@ -215,8 +229,22 @@ class DDPJobCallback(Callback):
                                  world_size=trainer.world_size, last_checkpoint_step=self.last_checkpoint_step,
                                  step_seconds=self.timer.take() if self.timer is not None else None)
 
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.guard.relax()  # the epoch's end (checkpoints, validation, the end of fit), the next one's data loader
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self.guard.relax()  # not a step: ranks may take unequal time
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self.guard.alive()  # not blocked (a SIGTERM now waits for the next step)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        if not self._rescuing:  # any save (ours, ModelCheckpoint's): the other ranks wait for rank 0's write
+            self.guard.relax()
+
     def on_train_end(self, trainer, pl_module) -> None:
         if self.stopped:
+            self.guard.close()
             if self.reporter is not None:
                 self.reporter.close()
             self.stop.close(drain=False)
@@ -232,14 +260,19 @@ class DDPJobCallback(Callback):
         self._close()
 
     def _close(self) -> None:
+        self.guard.close()
         if self.reporter is not None:
             self.reporter.close()
         self.stop.close(drain=False)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self.guard.rescuing()  # out of the collective: the watchdog waits for this save before exiting
         self.rescue(trainer, exception)
         if self.reporter is not None:
             self.reporter.flush()  # the last step reached, before the process ends
+        if self.guard.verdict is not None:  # a silent peer: its verdict, not the aborted collective's error
+            self._close()
+            self.guard.leave()
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
@@ -267,7 +300,7 @@ class DDPJobCallback(Callback):
         """After a collective failed because a peer died: this rank writes its replica as a complete
         checkpoint of the last completed step, unless one exists (any surviving rank may; the first to
         place it wins). No collective. Lightning calls it through `on_exception`."""
-        if not is_peer_failure(error):
+        if not (is_peer_failure(error) or self.guard.verdict is not None):
             return False
         step = trainer.global_step
         final = self._path(step)
@@ -278,7 +311,11 @@ class DDPJobCallback(Callback):
             if frameworks.read_marker(final) is not None:
                 return False
             self.directory.mkdir(parents=True, exist_ok=True)
-            checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            self._rescuing = True  # (no relax: the process groups may be aborted)
+            try:
+                checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            finally:
+                self._rescuing = False
             torch.save(checkpoint, tmp)
             os.replace(tmp, final)
             if frameworks.commit(final, step=step, world_size=trainer.world_size,

@@ -19,6 +19,10 @@ sits in C++ (Gloo, NCCL) where Python's signal handlers never run. This watchdog
 
 Both write the message where torchrun's `@record` would (TORCHELASTIC_ERROR_FILE), so it reaches the
 pod's termination message.
+
+`Job` drives it (`should_stop`: `step()`, `rescue`: `release()`, `close`: `close()` then `exit()`), and so do
+the Hugging Face and Lightning callbacks (`runtime.frameworks.StallGuard`), which also call `alive()` for
+work that is not a step but shows the main thread is not blocked (an evaluation batch).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class StallWatchdog:
         self.steady_s, self.stop_grace_s, self.silent_s, self.abort = steady_s, stop_grace_s, silent_s, abort
         self._exit, self._clock = exit, clock
         self._last_step = clock()
+        self._last_alive = float("-inf")  # the last `alive()`: never, for a trainer that only has steps
         self._durations: deque[float] = deque(maxlen=20)
         self._steady_durations: deque[float] = deque(maxlen=20)  # of steps under the steady timeout
         self._stop_at: float | None = None
@@ -85,6 +90,13 @@ class StallWatchdog:
             self._steady_durations.append(now - self._last_step)
         self._last_step = now
 
+    def alive(self) -> None:
+        """The main thread finished work that is not a step (an evaluation batch): it is not blocked in a
+        collective, so a stop asked for now waits for the next step (its final checkpoint) while such work
+        goes on. No step's duration, and no bearing on the silent-peer rule (the timeouts are relaxed
+        around such work)."""
+        self._last_alive = self._clock()
+
     def _grace(self) -> float:
         recent = statistics.median(self._durations) if self._durations else 0.0
         return max(self.stop_grace_s, 3 * recent)
@@ -100,7 +112,8 @@ class StallWatchdog:
     def check(self, now: float) -> tuple[int, str] | None:
         """The exit to take now, if any (pure: the thread calls it twice a second)."""
         since = now - self._last_step
-        if self._stop_at is not None and self._last_step <= self._stop_at and now - self._stop_at >= self._grace():
+        if (self._stop_at is not None and self._last_step <= self._stop_at
+                and now - max(self._stop_at, self._last_alive) >= self._grace()):
             name = signal.Signals(self._signum).name
             return 128 + self._signum, (f"stopped by {name} while blocked for {since:.0f} s in a collective or "
                                         f"the step (no step finished within {self._grace():.0f} s of the signal)")

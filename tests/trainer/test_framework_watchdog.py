@@ -1,0 +1,254 @@
+"""The Hugging Face and Lightning callbacks get `Job`'s stall watchdog and steady collective timeout
+(runtime/watchdog.py through `frameworks.StallGuard`, issue 25): a survivor blocked in a collective on a
+frozen peer leaves with a `Timed out` peer failure where the collective never times out by itself, and
+obeys SIGTERM within seconds; the steady timeout is set after the first steps and relaxed around an
+evaluation and a checkpoint save, which then trip nothing however long they take.
+
+Real torchrun, two trainers, Gloo, CPU, the examples' tiny models (from a config: nothing downloaded).
+Rank 1 freezes itself with SIGSTOP after a step (alive, its sockets open: a node that went silent), so rank 0
+waits in its next collective; the process group's own timeout is 600 s there (or the framework's 1800 s),
+so a rank 0 that leaves at all was got out by the watchdog. Time limits: the test timeout's only."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trainer_harness import PY, base_env, failures, kill_tree, process_state, start, tail, wait_for, worker_ranks
+
+from ddp_trainer.runtime.distributed import is_peer_failure
+from ddp_trainer.runtime.frameworks import StallGuard
+from ddp_trainer.runtime.watchdog import StallWatchdog
+
+ROOT = Path(__file__).resolve().parents[2]
+UNBOUNDED = 600  # pytest.ini's timeout: the waits below have no bound of their own
+FROZEN, SILENT_S, STEADY_S = 22, 4.0, 600.0
+EVAL_AT, SAVE_AT = 12, 16  # an evaluation and a save, each longer than SILENT_S, under the steady timeout
+
+# ---------------------------------------------------------------- the rules (pure)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_evaluation_batches_after_a_stop_keep_it_waiting_for_the_next_step_and_a_blocked_one_still_exits():
+    clock = Clock()
+    dog = StallWatchdog(lambda: 0.0, clock=clock, exit=lambda code: None)
+    dog.close()  # the rules only: no thread
+    dog._stop_at = clock.now  # SIGTERM during an evaluation
+    for _ in range(20):
+        clock.now += 1
+        dog.alive()  # an evaluation batch: not blocked, the stop waits for the next step's checkpoint
+        assert dog.check(clock.now) is None
+    clock.now += 5  # the evaluation's collective blocks
+    code, message = dog.check(clock.now)
+    assert code == 143 and "stopped by SIGTERM while blocked" in message
+
+
+def test_the_guard_relaxes_without_shortening_the_first_steps():
+    guard = StallGuard(30.0)
+    guard.close()
+    guard.relax()  # a sanity-check validation before training
+    for _ in range(9):
+        guard.step()
+    assert not guard.timeouts.steady  # still the first 10 steps' long timeout
+    guard.step()
+    assert guard.timeouts.steady and guard.watchdog.steady_s() == 30.0
+    guard.relax()  # an evaluation
+    assert guard.watchdog.steady_s() == 0.0  # the silent-peer rule waits meanwhile
+    guard.step()
+    guard.step()
+    assert guard.watchdog.steady_s() == 30.0
+    with pytest.raises(ValueError):
+        StallGuard(-1.0)
+
+
+# ---------------------------------------------------------------- real torchrun, real frameworks
+
+# argv: the example's path, the mode ("silent": a steady timeout of STEADY_S, the watchdog's silent limit
+# SILENT_S; "stop": the defaults, steady timeout off), the step after which rank 1 freezes.
+COMMON = textwrap.dedent(f"""
+    import importlib.util, os, signal, sys, time
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch, torch.distributed as dist
+
+    path, mode, frozen = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    spec = importlib.util.spec_from_file_location("example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    rank = int(os.environ["RANK"])
+
+
+    def step_end(step):
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        print(f"rank={{rank}} step={{step}} timeout={{backend.options._timeout.total_seconds():g}}", flush=True)
+        if rank == 1 and step == frozen:
+            print("rank=1 frozen", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)  # alive, sockets open, never answering again
+
+
+    def guarded(callback):
+        if mode == "silent":  # the collective (STEADY_S) must not time out by itself: only the watchdog acts
+            callback.guard.watchdog.silent_s = {SILENT_S}
+        return callback
+
+
+    steady = {STEADY_S} if mode == "silent" else 0.0
+""")
+
+HF = COMMON + textwrap.dedent(f"""
+    from transformers import GPT2Config, Trainer, TrainerCallback, TrainingArguments
+    from ddp_trainer.runtime import hf
+
+
+    class Probe(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            step_end(state.global_step)
+
+        def on_prediction_step(self, args, state, control, **kwargs):
+            time.sleep(1)  # 6 batches: an evaluation longer than the silent limit
+
+        def on_save(self, args, state, control, **kwargs):
+            time.sleep({SILENT_S} + 2)  # a save longer than the silent limit
+
+
+    config = GPT2Config(vocab_size=example.VOCAB, n_positions=example.LENGTH, n_embd=8, n_layer=1, n_head=1)
+    args = TrainingArguments(output_dir=hf.output_dir("out"), max_steps=200, per_device_train_batch_size=4,
+                             per_device_eval_batch_size=4, eval_strategy="steps", eval_steps={EVAL_AT},
+                             save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True, seed=0,
+                             logging_steps=1000, ddp_find_unused_parameters=False)
+    trainer = Trainer(model=example.TinyLM(config), args=args, train_dataset=example.Sequences(2048, seed=1),
+                      eval_dataset=example.Sequences(48, seed=2),
+                      callbacks=[guarded(hf.DDPJobCallback(steady_timeout_s=steady)), Probe()])
+    trainer.train()
+""")
+
+LIGHTNING = COMMON + textwrap.dedent(f"""
+    import lightning as L
+    from torch.utils.data import DataLoader
+    from ddp_trainer.runtime import ResumableDistributedSampler
+    from ddp_trainer.runtime import lightning as ddpjob
+
+
+    class Tiny(example.Tiny):
+        def validation_step(self, batch, batch_idx):
+            time.sleep(1)  # 6 batches: a validation longer than the silent limit
+
+
+    class Probe(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            step_end(trainer.global_step)
+
+        def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+            time.sleep({SILENT_S} + 2)  # a save longer than the silent limit
+
+
+    data = example.Points(4096, seed=1)
+    loader = DataLoader(data, batch_size=8, sampler=ResumableDistributedSampler(len(data), rank, 2, seed=0))
+    trainer = L.Trainer(max_steps=200, callbacks=[guarded(ddpjob.DDPJobCallback(steady_timeout_s=steady)), Probe()],
+                        val_check_interval={EVAL_AT}, limit_val_batches=6, num_sanity_val_steps=0,
+                        use_distributed_sampler=False, enable_checkpointing=False, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, **ddpjob.trainer_kwargs("cpu"))
+    trainer.fit(Tiny(1e-2, 1, 200, 0.0), loader, DataLoader(example.Points(48, seed=2), batch_size=8))
+""")
+
+FRAMEWORKS = {"hf": (HF, ("transformers", "accelerate")), "lightning": (LIGHTNING, ("lightning",))}
+STEP = re.compile(r"rank=0 step=(\d+) timeout=(\d+)")  # (both ranks write to one log: lines may run together)
+
+
+def launch(tmp_path: Path, framework: str, mode: str, frozen: int):
+    code, modules = FRAMEWORKS[framework]
+    for module in modules:
+        pytest.importorskip(module)
+    script = tmp_path / f"{framework}_rank.py"
+    script.write_text(code)
+    log = tmp_path / "torchrun.log"
+    env = base_env(tmp_path / "ck", DDPJOB_CHECKPOINT_INTERVAL_STEPS=str(SAVE_AT), HF_HUB_OFFLINE="1")
+    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0",
+           "--monitor-interval=0.2", f"--log-dir={tmp_path / 'torchrun'}",  # the trainers' error files
+           str(script), str(ROOT / "examples" / framework / "train.py"), mode, str(frozen)]
+    proc = start(cmd, env, log)
+    try:
+        ranks = wait_for(lambda: (lambda found: found if len(found) == 2 else None)(worker_ranks(proc.pid)),
+                         "both trainers", UNBOUNDED, explain=lambda: tail(log))
+    except BaseException:
+        kill_tree(proc, signal.SIGKILL)
+        raise
+    return proc, log, ranks
+
+
+def rank0_steps(log: Path) -> dict[int, float]:
+    """Rank 0's collective timeout in force after each step it finished."""
+    return {int(step): float(timeout) for step, timeout in STEP.findall(log.read_text(errors="replace"))}
+
+
+def leaves_while_frozen(ranks: dict[int, int], log: Path) -> None:
+    """Rank 0 exits while rank 1 is still frozen; then rank 1 is ended, as the node controller's verdict
+    would (the agent's own SIGTERM waits for it to thaw, then its SIGKILL comes 30 s later)."""
+    wait_for(lambda: process_state(ranks[0]) in (None, "Z"), "rank 0 to exit", UNBOUNDED, explain=lambda: tail(log))
+    assert process_state(ranks[1]) == "T", tail(log)
+    os.kill(ranks[1], signal.SIGKILL)
+
+
+def frozen_first(log: Path, frozen: int) -> None:
+    """Rank 1 froze after `frozen`, and rank 0 never finished a step after it: it was blocked on rank 1."""
+    text = log.read_text(errors="replace")
+    assert "rank=1 frozen" in text, tail(log)
+    assert max(rank0_steps(log)) == frozen, tail(log)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_a_survivor_blocked_on_a_frozen_peer_leaves_with_a_peer_failure(tmp_path: Path, framework: str) -> None:
+    proc, log, ranks = launch(tmp_path, framework, "silent", FROZEN)
+    try:
+        leaves_while_frozen(ranks, log)
+        code = proc.wait(UNBOUNDED)
+    finally:
+        kill_tree(proc, signal.SIGKILL)
+    assert code != 0, tail(log)
+    frozen_first(log, FROZEN)
+    failed = failures(log)
+    assert 0 in failed, tail(log, 120)
+    rank0_code, message = failed[0]
+    # The watchdog's verdict, not the collective's own error (its 600 s never passed): a peer failure, on
+    # which the launcher waits in place for the next generation.
+    assert rank0_code == 1 and (message or "").startswith("TrainerStalled: Timed out"), failed
+    assert is_peer_failure(RuntimeError(message)), message
+    # The steady timeout: after the first 10 steps; relaxed around the evaluation and the save (each longer
+    # than the silent limit: neither tripped the watchdog), the step that took them not counted as steady.
+    timeouts = rank0_steps(log)
+    relaxed = {"hf": {EVAL_AT + 1, SAVE_AT + 1}, "lightning": {EVAL_AT + 1, SAVE_AT}}[framework]
+    expected = {step: 1800.0 if step < 10 or step in relaxed else STEADY_S for step in range(1, FROZEN + 1)}
+    assert timeouts == expected, timeouts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_sigterm_to_a_survivor_blocked_in_a_collective_exits_143(tmp_path: Path, framework: str) -> None:
+    frozen = 6
+    proc, log, ranks = launch(tmp_path, framework, "stop", frozen)  # the defaults: no steady timeout
+    try:
+        wait_for(lambda: "rank=1 frozen" in log.read_text(errors="replace")
+                 and frozen in rank0_steps(log), "rank 1 frozen, rank 0 past its last step", UNBOUNDED,
+                 explain=lambda: tail(log))
+        os.kill(ranks[0], signal.SIGTERM)  # as torchrun forwards the pod's SIGTERM; rank 0 waits for rank 1
+        leaves_while_frozen(ranks, log)
+        code = proc.wait(UNBOUNDED)
+    finally:
+        kill_tree(proc, signal.SIGKILL)
+    assert code != 0, tail(log)
+    frozen_first(log, frozen)
+    failed = failures(log)
+    assert 0 in failed, tail(log, 120)
+    assert failed[0][0] == 143 and "stopped by SIGTERM while blocked" in (failed[0][1] or ""), failed
