@@ -119,6 +119,22 @@ def test_stall_with_the_budget_spent_fails_the_job():
     assert "no training progress" in failed.message and decision.status.restarts == 3
 
 
+@pytest.mark.parametrize(("restarts", "phase"), [(0, "Restarting"), (1, "Restarting"), (2, "Failed")])
+def test_the_budget_allows_exactly_max_restarts_for_stalls(restarts, phase):
+    """maxRestarts=2: the stalls after 0 and 1 restarts are restarted (the second takes the budget's last
+    restart), the one after 2 fails the job with nothing more charged."""
+    now = T0 + timedelta(seconds=DEADLINE)
+    s = stall_spec(failurePolicy={"maxRestarts": 2})
+    decision = decide(job(s, running_status(restarts=restarts)), observed(report(), now))
+    status = decision.status
+    assert status.phase == phase
+    assert status.restarts == min(restarts + 1, 2)
+    incident = status.incidents[-1]
+    assert (incident.reason, incident.charged) == ("Stalled", phase == "Restarting")
+    if phase == "Failed":
+        assert next(c for c in status.conditions if c.type == "Failed").reason == "RestartBudgetExhausted"
+
+
 def test_stalled_condition_clears_when_the_new_generation_advances():
     now = T0 + timedelta(seconds=DEADLINE)
     stalled = decide(job(stall_spec(), running_status()), observed(report(), now)).status

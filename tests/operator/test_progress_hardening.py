@@ -313,6 +313,8 @@ async def test_a_flood_of_made_up_tokens_cannot_keep_a_hung_job_from_stalling(ha
 
 
 async def test_a_token_of_a_replaced_pod_of_the_same_name_is_refused(harness, operator):
+    """The old pod's token names its uid: once a replacement of the same name is in the operator's index
+    (and its own token is accepted), the old token must still be refused, by the uid and not by the name."""
     await started(harness, "swap", minReplicas=1, failurePolicy={"maxRestarts": 3, "backoff": {
         "initialSeconds": 0, "maxSeconds": 1}})
     old_uid = harness.pods("swap")["swap-worker-0"]["metadata"]["uid"]
@@ -323,18 +325,24 @@ async def test_a_token_of_a_replaced_pod_of_the_same_name_is_refused(harness, op
         await harness.exit("swap-worker-0", 137, "OOMKilled")
         await eventually(lambda: harness.pods("swap").get("swap-worker-0", {}).get("metadata", {}).get("uid")
                          not in (None, old_uid), what="the replacement of worker 0")
+        new_uid = harness.pods("swap")["swap-worker-0"]["metadata"]["uid"]
         controller = operator.controller
         who = progress.Identity(NAMESPACE, "swap-worker-0", old_uid)
-        # The operator's pod index follows the watch: wait until it has seen the old pod go.
-        await eventually(lambda: all(p.uid != old_uid for p in controller.pods.get((NAMESPACE, harness.job("swap")
-                                     ["metadata"]["uid"]), ())), what="the old pod gone from the operator's index")
-        # Its review is still cached (it names the old uid): the pod index refuses it, since the pod of
-        # that name now is another one.
+        job_uid = harness.job("swap")["metadata"]["uid"]
+        # The operator's pod index follows the watch: wait until it holds the replacement (same name, new
+        # uid) and no longer the old pod. Before that the lookup finds no pod of that name at all, and would
+        # refuse the old token even without comparing uids.
+        await eventually(lambda: {p.uid for p in controller.pods.get((NAMESPACE, job_uid), ())
+                                  if p.name == "swap-worker-0"} == {new_uid},
+                         what="the replacement, and only it, in the operator's index")
+        assert controller.progress_server.find_worker(NAMESPACE, "swap", replace(who, pod_uid=new_uid)) is not None
+        # The replacement's own token is accepted: its pod of that name is there to be found.
+        new = harness.cluster.issue_token(NAMESPACE, "swap-worker-0", (AUDIENCE,))
+        assert await post(session, url, new, {"step": 1}) == 204
+        # The old token's review is still cached (it names the old uid): the lookup refuses it, since the
+        # pod of that name now is another one.
         assert await post(session, url, old, {"step": 2}) == 403
         assert controller.progress_server.find_worker(NAMESPACE, "swap", who) is None
-        new_uid = harness.pods("swap")["swap-worker-0"]["metadata"]["uid"]
-        await eventually(lambda: controller.progress_server.find_worker(NAMESPACE, "swap", replace(who, pod_uid=new_uid))
-                         is not None, what="the replacement in the operator's index")
 
 
 # ---------------------------------------------------------------- item 12: the trainer's client

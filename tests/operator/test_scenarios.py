@@ -365,18 +365,24 @@ async def _kubelet_terminate(harness: Harness, nodes: Nodes, pod: str) -> None:
     await harness.cluster.kubelet_terminate(NS, pod)
 
 
-@pytest.mark.parametrize("disrupt", [_evict, _kubectl_delete, _force_delete, _preempt, _taint_manager,
-                                     _kubelet_terminate],
-                         ids=["eviction-api", "kubectl-delete", "force-delete", "preemption", "taint-manager", "kubelet"])
-async def test_disruption_is_uncharged_and_the_job_comes_back(harness, operator, nodes, disrupt):
-    """maxRestarts 0: a single charge would fail the job."""
+@pytest.mark.parametrize("disrupt, reason", [
+    # Without a condition the reason depends on which of the pod's last bodies the operator acted on
+    # (terminating: PodDeleted; its exit: Error; gone: PodVanished), so it is not pinned.
+    (_evict, "EvictionByEvictionAPI"), (_kubectl_delete, None), (_force_delete, None),
+    (_preempt, "PreemptionByScheduler"), (_taint_manager, "DeletionByTaintManager"),
+    (_kubelet_terminate, "TerminationByKubelet"),
+], ids=["eviction-api", "kubectl-delete", "force-delete", "preemption", "taint-manager", "kubelet"])
+async def test_disruption_is_uncharged_and_the_job_comes_back(harness, operator, nodes, disrupt, reason):
+    """maxRestarts 0: a single charge would fail the job. The incident's reason is the one the component
+    wrote on the pod's DisruptionTarget condition (what the user sees of why)."""
     await started(harness, nodes, "dis", failurePolicy={"maxRestarts": 0, **NO_BACKOFF})
     before = uids(harness, "dis")
     await disrupt(harness, nodes, "dis-worker-1")
     await eventually(lambda: harness.status("dis").get("generation") == 1, what="generation 1")
     await nodes.generation_running("dis", 1, 2)
-    assert_outcome(harness, "dis", phase="Running", reason="Running", restarts=0, disruptions=1, generation=1,
-                   incident=("Disruption", False, [1]))
+    status = assert_outcome(harness, "dis", phase="Running", reason="Running", restarts=0, disruptions=1,
+                            generation=1, incident=("Disruption", False, [1]))
+    assert reason is None or status["incidents"][-1]["reason"] == reason, status["incidents"]
     after = uids(harness, "dis")
     # Only the disrupted pod was replaced: the survivor kept its pod and joined generation 1 in place.
     assert after["dis-worker-0"] == before["dis-worker-0"] and after["dis-worker-1"] != before["dis-worker-1"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ddpjob_operator import builders, model, store
+from ddpjob_operator import builders, decisions, model, store
 
 FINISHED = "2026-11-22T00:00:00Z"
 
@@ -58,6 +58,50 @@ def test_a_waiting_container_is_observed_with_its_reason_and_since_when(status, 
     else:
         reason, message, since = expected
         assert waiting == decisions.Waiting(reason, message, decisions.parse_time(since))
+
+
+def disrupted_pod(condition_reason: str, condition_status: str = "True", *, pod_reason: str | None = None,
+                  deleted: bool = False, code: int = 137) -> dict:
+    """A worker pod whose DisruptionTarget condition says who ended it, as the control plane writes it."""
+    pod = worker_pod({"state": terminated(code)}, conditions=[
+        {"type": "Ready", "status": "False"},
+        {"type": "DisruptionTarget", "status": condition_status, "reason": condition_reason,
+         "message": f"{condition_reason}: the message"}])
+    if pod_reason is not None:
+        pod["status"]["reason"] = pod_reason
+    if deleted:
+        pod["metadata"]["deletionTimestamp"] = FINISHED
+    return pod
+
+
+@pytest.mark.parametrize("body, reason, disruption", [
+    # The condition is the only sign: no pod reason, not deleted. Exit 137 alone would be a retryable failure.
+    (disrupted_pod("PreemptionByScheduler"), "PreemptionByScheduler", True),
+    (disrupted_pod("EvictionByEvictionAPI"), "EvictionByEvictionAPI", True),
+    (disrupted_pod("DeletionByTaintManager"), "DeletionByTaintManager", True),
+    (disrupted_pod("TerminationByKubelet"), "TerminationByKubelet", True),
+    # Exit 1 would be the user's permanent error: the condition still makes it a disruption.
+    (disrupted_pod("EvictionByEvictionAPI", code=1), "EvictionByEvictionAPI", True),
+    # The condition's reason wins over the pod's own (the kubelet's node-pressure eviction, its shutdown).
+    (disrupted_pod("TerminationByKubelet", pod_reason="Evicted"), "TerminationByKubelet", True),
+    (disrupted_pod("TerminationByKubelet", pod_reason="Terminated"), "TerminationByKubelet", True),
+    # The Eviction API, the scheduler and the taint manager delete the pod after writing the condition.
+    (disrupted_pod("PreemptionByScheduler", deleted=True), "PreemptionByScheduler", True),
+    (disrupted_pod("DeletionByTaintManager", deleted=True), "DeletionByTaintManager", True),
+    # A condition that is not True (a disruption that was called off) says nothing: the pod's own reason and
+    # the container's tell.
+    (disrupted_pod("PreemptionByScheduler", "False"), "Error", False),
+    (disrupted_pod("EvictionByEvictionAPI", "Unknown", pod_reason="Evicted"), "Evicted", True),
+])
+def test_the_disruption_target_condition_says_it_was_a_disruption_and_why(body, reason, disruption):
+    """The reason the user sees (the rank's lastReason, the incident's and the WorkerDisrupted event's)
+    is the one on the pod's DisruptionTarget condition, and the condition alone makes the exit a
+    disruption: never charged, whatever its exit code."""
+    observed = store.worker_observation(store.summarize_pod(body))
+    assert (observed.reason, observed.disruption) == (reason, disruption)
+    kind = decisions.classify_exit(observed.exit_code, observed.reason, observed.disruption, model.FailurePolicy(),
+                                   observed.message)
+    assert (kind == decisions.DISRUPTION) == disruption
 
 
 # ---------------------------------------------------------------- parse_status: keep every valid field
