@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         ddp_find_unused_parameters=False,
         use_cpu=not torch.cuda.is_available())
     trainer = Trainer(model=model, args=args, train_dataset=Sequences(a.samples, seed=1234),
-                      callbacks=[hf.DDPJobCallback(), StepLine(model, a.step_sleep)])  # DDPJob: one line
+                      # DDPJob: one line (a silent peer ends a collective after 30 s, not HF's 30 min)
+                      callbacks=[hf.DDPJobCallback(steady_timeout_s=30), StepLine(model, a.step_sleep)])
     trainer.train(resume_from_checkpoint=hf.resume_from_checkpoint(args))  # DDPJob: newest complete checkpoint
     return 0
 

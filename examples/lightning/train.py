@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     # DDPJob: a sampler that resumes mid-epoch at any world size; the callback advances it and saves it.
     sampler = ResumableDistributedSampler(len(data), rank, world, seed=a.seed)
     loader = DataLoader(data, batch_size=a.batch_size, sampler=sampler, num_workers=0)
-    trainer = L.Trainer(max_steps=a.max_steps, callbacks=[ddpjob.DDPJobCallback()],  # DDPJob
+    trainer = L.Trainer(max_steps=a.max_steps, callbacks=[ddpjob.DDPJobCallback(steady_timeout_s=30)],  # DDPJob
                         use_distributed_sampler=False, enable_checkpointing=False, logger=False,
                         enable_progress_bar=False, enable_model_summary=False, **ddpjob.trainer_kwargs())  # DDPJob
     model = Tiny(a.lr, a.warmup_steps, a.max_steps, a.step_sleep)
