@@ -1,5 +1,6 @@
 """runtime.hf: the Hugging Face callback's stop on SIGTERM under real torchrun (two trainers, Gloo), which
-checkpoint a resume takes (a partial one, as a worker killed mid-save leaves it, never), and issue 23's
+checkpoint a resume takes (a partial one, as a worker killed mid-save leaves it, never), a resume at another
+world size (two trainers stopped, one resumes: HF's schedule and data order, on the values), and issue 23's
 checkpoint promises with HF's own saves: HF's rotation never deletes the last complete checkpoint before the
 new one is committed (4), a replaced generation commits nothing (5), a full volume exits 75 (6). The in-process
 runs train the example's tiny GPT-2, built from a config, for a few steps."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 import builtins
 import errno
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -19,7 +21,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from trainer_harness import (PY, base_env, kill_tree, read_json, recorded, start, tail,  # noqa: E402
+from trainer_harness import (PY, base_env, kill_tree, read_json, recorded, run, start, tail,  # noqa: E402
                              trainer_pids, trap_exit, wait_for)
 from transformers import GPT2Config, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
@@ -93,6 +95,77 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_complete_checkpoint_and_exi
     assert frameworks.read_marker(ck / "test" / "hf" / f"checkpoint-{step}")["world_size"] == 2
     assert not (ck / "result.json").exists()  # stopped, not finished
 
+
+
+STEP = re.compile(r"^step=(\d+) epoch=\d+ loss=\S+ lr=(\S+) samples=(\[.*\])$", re.MULTILINE)
+RESIZE_STEPS, RESIZE_BATCH = 24, 4
+
+
+def _torchrun(nproc: int, *extra: str) -> list[str]:
+    return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
+            "--monitor-interval=0.2", str(SCRIPT), "--max-steps", str(RESIZE_STEPS), "--batch-size",
+            str(RESIZE_BATCH), "--warmup-steps", "4", *extra]
+
+
+def _steps(log: Path) -> dict[int, tuple[str, list[int]]]:
+    """Rank 0's (learning rate, sample indices) by optimizer step, from the example's step lines."""
+    text = log.read_text(errors="replace")
+    return {int(m.group(1)): (m.group(2), json.loads(m.group(3))) for m in STEP.finditer(text)}
+
+
+@pytest.mark.slow
+def test_a_resume_at_another_world_size_goes_on_from_the_checkpoints_step_with_its_schedule(tmp_path: Path) -> None:
+    """Scale-down, as the operator does it: two trainers stop on SIGTERM at step N with a checkpoint, the next
+    generation has one. It resumes from step N (the first step it trains is N+1), every step's learning rate
+    is the undisturbed run's, and it finishes at max_steps. The data order is HF's (docs/hf-and-lightning.md):
+    one seeded permutation per epoch, whatever the world size, dealt in per-device batches to the ranks in
+    turn; the resumed run skips N steps' batches of its own sharding, so from step N+1 on it trains exactly
+    what an undisturbed one-process run trains at that step, and samples N*b .. 2N*b-1 of the permutation
+    (b = per-device batch), which the two trainers had consumed, are trained a second time."""
+    env = base_env(tmp_path / "reference", HF_HUB_OFFLINE="1", DDPJOB_CHECKPOINT_INTERVAL_STEPS="0")
+    reference_log = tmp_path / "reference.log"
+    assert run(_torchrun(1), env, reference_log, 300) == 0, tail(reference_log)
+    reference = _steps(reference_log)
+    assert sorted(reference) == list(range(1, RESIZE_STEPS + 1)), tail(reference_log)
+    b = RESIZE_BATCH
+    order = [i for s in sorted(reference) for i in reference[s][1]]  # the epoch's permutation (first samples)
+    assert len(set(order)) == len(order) == RESIZE_STEPS * b
+
+    ck = tmp_path / "ck"
+    env = base_env(ck, HF_HUB_OFFLINE="1", DDPJOB_CHECKPOINT_INTERVAL_STEPS="0")
+    two_log, one_log = tmp_path / "two.log", tmp_path / "one.log"
+    proc = start(_torchrun(2, "--step-sleep", "0.25"), env, two_log)
+    try:
+        wait_for(lambda: ((read_json(ck / "progress.json") or {}).get("step") or 0) >= 5, "step 5", 180,
+                 explain=lambda: tail(two_log))
+        for pid in trainer_pids(proc.pid):
+            os.kill(pid, signal.SIGTERM)  # a scale-down: the operator's SIGTERM, forwarded by torchrun
+        proc.wait(120)
+    finally:
+        kill_tree(proc, signal.SIGKILL)
+    text = two_log.read_text(errors="replace")
+    assert sorted(re.findall(r"exitcode\s*: (\d+) \(pid", text)) == ["143", "143"], tail(two_log)
+    stops = {int(s) for s in re.findall(r"stop requested \(signal 15\) at step (\d+)", text)}
+    assert len(stops) == 1, tail(two_log)
+    n = stops.pop()
+    assert 5 <= n < RESIZE_STEPS, tail(two_log)
+    two = _steps(two_log)
+    assert sorted(two) == list(range(1, n + 1)), tail(two_log)
+    for s in two:  # rank 0 of two: batches 0, 2, 4, ... of the permutation; the same learning rate per step
+        assert two[s] == (reference[s][0], order[(2 * s - 2) * b:(2 * s - 1) * b]), (s, two[s], tail(two_log))
+
+    assert run(_torchrun(1), env, one_log, 300) == 0, tail(one_log)
+    text = one_log.read_text(errors="replace")
+    assert f"resumed from checkpoint step={n} (saved at world_size=2, now 1)" in text, tail(one_log)
+    one = _steps(one_log)
+    assert min(one) == n + 1 and sorted(one) == list(range(n + 1, RESIZE_STEPS + 1)), tail(one_log)
+    assert {s: lr for s, (lr, _) in one.items()} == {s: reference[s][0] for s in one}  # the schedule went on
+    assert {s: seen for s, (_, seen) in one.items()} == {s: reference[s][1] for s in one}  # HF's skip: N batches
+    twice = min(2 * n, RESIZE_STEPS)
+    again = {i for s in range(n + 1, twice + 1) for i in one[s][1]}
+    assert again == set(order[n * b:twice * b])  # consumed by the two trainers (rank 1: odd batches), trained again
+    result = read_json(ck / "result.json")
+    assert result["status"] == "completed" and result["step"] == RESIZE_STEPS and result["world_size"] == 1
 
 # ---- issue 23, items 4-6, with HF's own saves -----------------------------------------------------------
 

@@ -26,7 +26,10 @@ What the callback does (docs/hf-and-lightning.md):
   stall watchdog makes a trainer blocked in a collective obey SIGTERM within seconds (exit 143), and
   one whose steps stopped for longer than the steady timeout allows leave with a `Timed out` peer failure;
 - `resume_from_checkpoint()`: the newest complete checkpoint, for HF's `resume_from_checkpoint`, which
-  restores its own data order (it skips the batches already trained in the epoch) and scheduler.
+  restores its own data order (it skips the batches already trained in the epoch) and scheduler. At
+  another world size HF skips that many steps' batches of the new sharding: from the next step on, the run
+  trains what an undisturbed run at the new world size would (scaling down, some samples of the epoch are
+  trained twice; scaling up, some are skipped); the schedule goes on by step (docs/hf-and-lightning.md).
 """
 
 from __future__ import annotations
