@@ -48,7 +48,8 @@ def batch_size_of(batch: Any) -> int:
     """Samples in a batch: the first dimension of its first tensor."""
     if isinstance(batch, torch.Tensor):
         return batch.shape[0] if batch.dim() else 1
-    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else []
+    # Sequences first: isinstance against the Mapping ABC is the slow check, and (x, y) the common batch.
+    values = batch if isinstance(batch, (list, tuple)) else batch.values() if isinstance(batch, Mapping) else []
     for v in values:
         n = batch_size_of(v)
         if n:

@@ -297,6 +297,7 @@ class StallGuard:
         self.timeouts = CollectiveTimeout(long_s, steady_timeout_s)
         self.watchdog = StallWatchdog(lambda: self.timeouts.steady_s if self.timeouts.steady else 0.0,
                                       abort=lambda: abort_process_groups(self.timeouts.groups))
+        self._stop_group: Any = None  # the stop agreement's side group, once added to the timed-out groups
 
     def start(self, long_s: float | None) -> None:
         """Training starts: `long_s` is the timeout the framework gave its process group (what `relax()`
@@ -312,8 +313,9 @@ class StallGuard:
         times out with the others)."""
         self.timeouts.step()
         self.watchdog.step()
-        if stop is not None and stop.group is not None:
-            self.timeouts.add_group(stop.group)
+        if stop is not None and stop.group is not None and stop.group is not self._stop_group:
+            self.timeouts.add_group(stop.group)  # once: comparing process groups costs microseconds a step
+            self._stop_group = stop.group
 
     def relax(self) -> None:
         """Before work that is not a step, on every rank alike (the others may wait for it in a collective).
@@ -356,13 +358,18 @@ class PacedStop(StopRequest):
     next check step from the same result, so all stop at the same step. A stop is seen within about
     2 x `target_s` (at least the next step, at most `max_every` steps)."""
 
-    def __init__(self, target_s: float = 0.25, max_every: int = 50) -> None:
+    def __init__(self, target_s: float = 0.5, max_every: int = 100) -> None:
         super().__init__()
         self.target_s, self.max_every = target_s, max_every
         self.every = 1
         self._countdown = 1
         self._last: float | None = None
         self._step_s: float | None = None
+
+    @property
+    def due(self) -> bool:
+        """The next step() agrees (waits for the others); the steps between only count down."""
+        return self._countdown <= 1
 
     def step(self) -> bool:
         """Once per optimizer step on every rank: True on all of them, at the same step, once any was signalled."""

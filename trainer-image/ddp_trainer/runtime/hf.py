@@ -188,8 +188,9 @@ class DDPJobCallback(TrainerCallback):
             control.should_save = True
         if self.timer is not None:
             self.timer.boundary()
-        with self.timer.waiting() if self.timer is not None else contextlib.nullcontext():
-            stop = self.stop.step()  # every rank, once per step: the same answer at the same step
+        # Every rank, once per step: the same answer at the same step (an agreement is a wait, not training work).
+        with self.timer.waiting() if self.timer is not None and self.stop.due else contextlib.nullcontext():
+            stop = self.stop.step()
         self.guard.step(self.stop)
         if control.should_training_stop:
             self.guard.relax()  # the last step: what follows until on_train_end is not a step

@@ -47,7 +47,7 @@ from .checkpoint import atomic_write_json
 from .data import batch_size_of
 from .distributed import JobEnv, is_peer_failure
 from .job import exit_process
-from .progress import ProgressReporter
+from .progress import REPORT_PACE_S, ProgressReporter
 from .timing import StepTimer
 from .sampler import ResumableDistributedSampler
 
@@ -131,6 +131,9 @@ class DDPJobCallback(Callback):
         self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=20)
         self.timer: StepTimer | None = None  # own time per step (straggler detection)
         self._loss: torch.Tensor | None = None
+        self._world_size, self._total_steps = 1, None  # set when training starts
+        self._unreported: tuple | None = None  # (step, samples, time, loss, epoch) of a step not reported yet
+        self._next_report = 0.0
 
     @property
     def exit_code(self) -> int:
@@ -175,6 +178,10 @@ class DDPJobCallback(Callback):
         if self.timer is None:  # own time per step, apart from waiting for the others (issue 22)
             self.timer = StepTimer(pl_module.device)
             self.timer.watch(pl_module)
+        # Fixed for the fit; Lightning computes both from the strategy and the environment on every read,
+        # which is a noticeable share of a small step's hook.
+        self._world_size = trainer.world_size
+        self._total_steps = trainer.max_steps if trainer.max_steps > 0 else None
         self._restore_sampler(trainer)
 
     def _restore_sampler(self, trainer) -> None:
@@ -197,15 +204,17 @@ class DDPJobCallback(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
+        samples = batch_size_of(batch)
         if self.sampler is not None:
-            self.sampler.advance(batch_size_of(batch))  # what this rank trained on
+            self.sampler.advance(samples)  # what this rank trained on
         if self.timer is not None:
             self.timer.boundary()
         if self.every_steps and step % self.every_steps == 0:
             with self.timer.waiting() if self.timer is not None else contextlib.nullcontext():  # not training work
                 self._save(trainer, step)
-        with self.timer.waiting() if self.timer is not None else contextlib.nullcontext():
-            stop = self.stop.step()  # every rank, once per step: the same answer at the same step
+        # Every rank, once per step: the same answer at the same step (an agreement is a wait, not training work).
+        with self.timer.waiting() if self.timer is not None and self.stop.due else contextlib.nullcontext():
+            stop = self.stop.step()
         self.guard.step(self.stop)
         if stop:
             log.warning("stop requested (signal %s) at step %d: saving a checkpoint", self.stop.signum, step)
@@ -219,15 +228,26 @@ class DDPJobCallback(Callback):
         # The previous step's loss: long computed by now, so reading it never waits for the GPU.
         loss, self._loss = self._loss, loss.detach() if isinstance(loss, torch.Tensor) else None
         if self.reporter is not None and step % self.report_every == 0:
-            rate = None
-            if len(self._times) >= 2 and now > self._times[0][0]:
-                rate = (batch_size_of(batch) * trainer.world_size * (step - self._times[0][1])
-                        / (now - self._times[0][0]))
-            self.reporter.report(step=step, total_steps=trainer.max_steps if trainer.max_steps > 0 else None,
-                                 loss=float(loss) if isinstance(loss, torch.Tensor) else None,
-                                 epoch=trainer.current_epoch, samples_per_second=rate,
-                                 world_size=trainer.world_size, last_checkpoint_step=self.last_checkpoint_step,
-                                 step_seconds=self.timer.take() if self.timer is not None else None)
+            self._unreported = (step, samples, now, loss, trainer.current_epoch)
+            # The reporter publishes at most every FILE_INTERVAL_S: a report per short step would be overwritten
+            # unseen, and building one is most of this hook's cost. Whatever is left is sent when training ends.
+            if now >= self._next_report or stop or step == self._total_steps:
+                self._report()
+
+    def _report(self) -> None:
+        """Send the newest step not reported yet (paced by on_train_batch_end; at the end, whatever is left)."""
+        if self.reporter is None or self._unreported is None:
+            return
+        (step, samples, now, loss, epoch), self._unreported = self._unreported, None
+        self._next_report = now + REPORT_PACE_S
+        rate = None
+        if len(self._times) >= 2 and now > self._times[0][0]:
+            rate = samples * self._world_size * (step - self._times[0][1]) / (now - self._times[0][0])
+        self.reporter.report(step=step, total_steps=self._total_steps,
+                             loss=float(loss) if isinstance(loss, torch.Tensor) else None,
+                             epoch=epoch, samples_per_second=rate,
+                             world_size=self._world_size, last_checkpoint_step=self.last_checkpoint_step,
+                             step_seconds=self.timer.take() if self.timer is not None else None)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self.guard.relax()  # the epoch's end (checkpoints, validation, the end of fit), the next one's data loader
@@ -243,6 +263,7 @@ class DDPJobCallback(Callback):
             self.guard.relax()
 
     def on_train_end(self, trainer, pl_module) -> None:
+        self._report()
         if self.stopped:
             self.guard.close()
             if self.reporter is not None:
@@ -268,6 +289,7 @@ class DDPJobCallback(Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self.guard.rescuing()  # out of the collective: the watchdog waits for this save before exiting
         self.rescue(trainer, exception)
+        self._report()
         if self.reporter is not None:
             self.reporter.flush()  # the last step reached, before the process ends
         if self.guard.verdict is not None:  # a silent peer: its verdict, not the aborted collective's error

@@ -46,6 +46,8 @@ TOKEN_ENV = "DDPJOB_PROGRESS_TOKEN_FILE"
 CA_ENV = "DDPJOB_PROGRESS_CA"
 MAX_BODY = 4096
 FILE_INTERVAL_S = 0.1
+# A loop with short steps need not build a report per step: most would be overwritten before a publish.
+REPORT_PACE_S = FILE_INTERVAL_S / 4
 CORE_KEYS = ("step", "total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "loss",
              "samples_per_second", "step_seconds", "time")
 
