@@ -55,6 +55,27 @@ def test_evaluation_batches_after_a_stop_keep_it_waiting_for_the_next_step_and_a
     assert code == 143 and "stopped by SIGTERM while blocked" in message
 
 
+def test_a_stop_during_a_save_waits_for_it_and_counts_its_grace_from_its_end():
+    clock = Clock()
+    dog = StallWatchdog(lambda: 0.0, clock=clock, exit=lambda code: None)
+    dog.close()  # the rules only: no thread
+    dog.busy()  # a framework's synchronous save starts
+    dog._stop_at = clock.now  # SIGTERM during it
+    clock.now += 60  # a save far longer than the stop's grace: the process is not ended in its middle
+    assert dog.check(clock.now) is None
+    dog.alive()  # saved
+    clock.now += 4
+    assert dog.check(clock.now) is None
+    clock.now += 1  # then blocked (a collective) for the grace: it exits
+    code, message = dog.check(clock.now)
+    assert code == 143 and "stopped by SIGTERM while blocked" in message
+    dog.busy()
+    dog.step()  # a step ends the busy work too
+    dog._stop_at = clock.now  # a later SIGTERM, then blocked past the grace (3 x the recent step here)
+    clock.now += 3 * 65 + 1
+    assert dog.check(clock.now)[0] == 143
+
+
 def test_the_guard_relaxes_without_shortening_the_first_steps():
     guard = StallGuard(30.0)
     guard.close()

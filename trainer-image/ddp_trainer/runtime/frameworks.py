@@ -323,6 +323,7 @@ class StallGuard:
         calm_from = self.timeouts._calm_from
         self.timeouts.relax()
         self.timeouts._calm_from = max(calm_from, self.timeouts._calm_from)
+        self.watchdog.busy()  # a SIGTERM during a save waits for the next step, not the save's middle
 
     def alive(self) -> None:
         """Such work made progress (an evaluation batch): the main thread is not blocked."""

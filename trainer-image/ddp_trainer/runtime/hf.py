@@ -280,8 +280,11 @@ class DDPJobCallback(TrainerCallback):
         if save is not None:
             def save_checkpoint(*a: Any, **k: Any) -> Any:
                 self.guard.relax()
-                return self._guard(lambda: save(*a, **k), args.output_dir,
-                                   f"checkpoint-{trainer.state.global_step}")
+                try:
+                    return self._guard(lambda: save(*a, **k), args.output_dir,
+                                       f"checkpoint-{trainer.state.global_step}")
+                finally:
+                    self.guard.alive()  # saved: a stop asked for meanwhile counts its grace from here
 
             trainer._save_checkpoint = save_checkpoint
         else:

@@ -64,6 +64,7 @@ class StallWatchdog:
         self._exit, self._clock = exit, clock
         self._last_step = clock()
         self._last_alive = float("-inf")  # the last `alive()`: never, for a trainer that only has steps
+        self._busy = False  # `busy()` until the next step: work that is not a step (a framework's save)
         self._durations: deque[float] = deque(maxlen=20)
         self._steady_durations: deque[float] = deque(maxlen=20)  # of steps under the steady timeout
         self._stop_at: float | None = None
@@ -89,13 +90,21 @@ class StallWatchdog:
         if self.steady_s() > 0:  # a step of start-up, a save or an evaluation says nothing of the next ones
             self._steady_durations.append(now - self._last_step)
         self._last_step = now
+        self._busy = False
+
+    def busy(self) -> None:
+        """The main thread starts work that is not a step and may take longer than the stop's grace (a
+        framework's synchronous checkpoint save, an evaluation): a stop asked for meanwhile waits for the next
+        step and its final checkpoint instead of ending the process in the middle of the save."""
+        self._busy = True
 
     def alive(self) -> None:
         """The main thread finished work that is not a step (an evaluation batch): it is not blocked in a
         collective, so a stop asked for now waits for the next step (its final checkpoint) while such work
         goes on. No step's duration, and no bearing on the silent-peer rule (the timeouts are relaxed
-        around such work)."""
+        around such work). Ends `busy()`: the stop's grace counts from here."""
         self._last_alive = self._clock()
+        self._busy = False
 
     def _grace(self) -> float:
         recent = statistics.median(self._durations) if self._durations else 0.0
@@ -112,7 +121,7 @@ class StallWatchdog:
     def check(self, now: float) -> tuple[int, str] | None:
         """The exit to take now, if any (pure: the thread calls it twice a second)."""
         since = now - self._last_step
-        if (self._stop_at is not None and self._last_step <= self._stop_at
+        if (self._stop_at is not None and not self._busy and self._last_step <= self._stop_at
                 and now - max(self._stop_at, self._last_alive) >= self._grace()):
             name = signal.Signals(self._signum).name
             return 128 + self._signum, (f"stopped by {name} while blocked for {since:.0f} s in a collective or "
