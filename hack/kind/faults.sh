@@ -157,7 +157,11 @@ node_up() {
         { "$DOCKER" unpause "$node" >/dev/null && "$DOCKER" kill --signal KILL "$node" >/dev/null; } \
           || die "cannot kill the paused node $node (docker kill: $refused)"
       fi
-      await_state "$node" exited 30 || die "node $node is $(node_state "$node"), not exited, 30s after docker kill"
+      if ! await_state "$node" exited 30; then
+        # A freezer that holds even SIGKILL until thawed (cgroup v1): thaw it, the kill lands at once.
+        "$DOCKER" unpause "$node" >/dev/null 2>&1 || true
+        await_state "$node" exited 30 || die "node $node is $(node_state "$node"), not exited, after docker kill"
+      fi
       start_node "$node"
       ;;
     exited|created) start_node "$node" ;;

@@ -107,7 +107,9 @@ def release_untaken(plan: Plan) -> None:
     if spec is None or held is None or held.status != "True" or status.phase in TERMINAL_PHASES \
             or spec.run_policy.suspend:
         return
-    promoted = {r.index: promoted_into(status, r.index) for r in status.ranks if promoted_to(r, plan.job.name)}
+    # Ranks past a scale-down are not judged here: the resize replaces them.
+    promoted = {r.index: promoted_into(status, r.index) for r in status.ranks
+                if r.index < spec.replicas and promoted_to(r, plan.job.name)}
     promoted = {i: g for i, g in sorted(promoted.items()) if g is not None}
     # Every promoted spare not seen training since its promotion, an earlier one still waiting included. (One
     # that trained long ago and has not reported to this operator process since it started is judged with the
