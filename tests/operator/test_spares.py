@@ -257,6 +257,16 @@ def test_a_released_spare_is_replaced_once_and_charged_never():
     assert again.status.ranks[1].pod == "j-worker-1" and [x.pod for x in again.status.spares] == ["j-spare-1"]
 
 
+def test_a_spare_waiting_in_a_rank_past_a_scale_down_is_left_to_the_resize():
+    """The job scaled below the spare's rank after the bound passed (the operator was down meanwhile):
+    the resize replaces that rank; the bound does not judge it (it looked up a pod the job no longer has)."""
+    s, st = promoted()
+    smaller = spec(replicas=1, minReplicas=1, failurePolicy=SPARES)
+    out = later(smaller, st, 60)
+    assert d.DeleteWorker("j-spare-0", REASON_SPARE_ABANDONED, force=True) not in of(out, d.DeleteWorker)
+    assert taking_over(out.status) != ("False", REASON_SPARE_ABANDONED)
+
+
 def test_never_judged_without_progress_reports():
     s, st = promoted(progress=None)
     out = later(s, st, 10_000)
