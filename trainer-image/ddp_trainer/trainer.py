@@ -22,6 +22,7 @@ from .fault import due as fault_due, hang as fault_hang, hang_due as fault_hang_
 from .fault import slow_down as fault_slow_down, slow_due as fault_slow_due
 from .runtime import (Job, ResumableDistributedSampler, atomic_write_json, check_resume, is_peer_failure, move_to,
                       worker_init_fn)
+from .runtime.data import iter_with_stop_signals_held
 from .workloads import Workload, load_workload
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,8 @@ class Trainer:
                             collate_fn=self.workload.collate_fn, pin_memory=self.device.type == "cuda",
                             worker_init_fn=worker_init_fn() if workers else None)  # workers outlive SIGTERM
         group: list[MicroBatch] = []
-        for indices, batch in zip(index_batches, loader):  # the loader yields in batch_sampler order
+        # The loader yields in batch_sampler order; its workers start with the stop signals held.
+        for indices, batch in zip(index_batches, iter_with_stop_signals_held(loader) if workers else loader):
             group.append((indices, batch))
             if len(group) == self.cfg.optim.grad_accum:
                 yield group

@@ -20,6 +20,22 @@ def ignore_stop_signals(worker_id: int | None = None) -> None:
     agent's SIGKILL after --shutdown-timeout still ends everything)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Forked under `iter_with_stop_signals_held`: a signal held since the fork is discarded now.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def iter_with_stop_signals_held(loader: Any) -> Any:
+    """`iter(loader)` with SIGTERM and SIGINT held while it forks its workers: a worker inherits the hold until
+    its worker_init_fn ignores them. A signal in between (an epoch's workers starting as the pod is stopped)
+    would kill it by the default action; this process gets a held one as soon as the workers exist."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _chained(user: Callable[[int], None] | None, worker_id: int) -> None:
