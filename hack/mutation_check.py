@@ -226,7 +226,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("decisions-hang-not-stalled", ACCOUNTING,
            "            if cause == PEER_FAILURE and stalled(plan, spec):\n                return True\n",
            "",
-           (T + "test_hang_story.py", T + "test_incidents.py"),
+           (T + "test_hang_is_one_stall_incident.py", T + "test_incidents.py"),
            "a hang past the progress deadline is told as a Retryable timeout, not as Stalled (two stories)"),
     Mutant("decisions-refusals-dont-hold-stall", STALLS,
            "        expires = max(expires, p.last_refused + timedelta(seconds=deadline))\n",

@@ -1,4 +1,4 @@
-"""Issue 11, section 3: each finding of the trainer review, as a test that failed before its fix.
+"""Edge cases of the trainer under signals, resizes, restarts and corrupt checkpoints (found in the issue-11 review): each failed before its fix.
 
 Process-free where the finding is in the checkpoint manager; real torchrun (Gloo, CPU) where it is
 in the trainer's behaviour under signals, resizes and restarts.
