@@ -238,6 +238,10 @@ class TokenReviewer:
         """The token's pod; Unauthenticated (with why) when the API server does not vouch for it;
         RateLimited when a budget is spent. Raises the API client's errors when the review itself fails
         (the caller answers 503). `source`: the peer address, for the per-source limit."""
+        if not (token.isascii() and token.isprintable()):
+            # A service-account token is a JWT (printable ASCII). Other bytes (0xff 0xfe arrive as surrogates)
+            # cannot be hashed or sent for review: anyone's, so refused here, costing no review and no stall hold.
+            raise Unauthenticated("the token is not a service-account token (printable ASCII)")
         key = hashlib.sha256(token.encode()).hexdigest()
         now = self.clock()
         valid, refused = self._valid.get(key), self._refused.get(key)
@@ -544,7 +548,7 @@ class ProgressServer:
         self.limiter = TokenBucket(RATE_PER_POD, BURST_PER_POD)
         self.app = aiohttp.web.Application(client_max_size=MAX_BODY_BYTES)
         self.app.router.add_post("/v1/namespaces/{namespace}/ddpjobs/{name}/progress", self.handle)
-        # A warm spare asks which rank's place it takes (launcher.ASSIGNMENT_PATH): 200 with it, 204 not yet.
+        # A warm spare asks which rank's place it takes (contract.ASSIGNMENT_PATH): 200 with it, 204 not yet.
         self.app.router.add_get("/v1/namespaces/{namespace}/ddpjobs/{name}/assignment", self.handle_assignment)
         self.app.router.add_get("/healthz", self.healthz)
         self._runner: aiohttp.web.AppRunner | None = None

@@ -139,6 +139,38 @@ async def test_a_rank_claim_is_attributed_to_the_pod_its_token_names():
         assert seen.loss == 0.5 and {r.index: r.step for r in seen.ranks} == {0: 10, 1: 12}
 
 
+async def raw_request(port: int, method: str, path: str, authorization: bytes, body: bytes = b"") -> int:
+    """One HTTP/1.1 request with exactly these Authorization bytes (a client library would encode them); its
+    status code."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n".encode()
+                     + b"Authorization: " + authorization + b"\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 20)
+        return int(status_line.split()[1])
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("token", [b"\xff\xfe", b"w-0\xff\xfe", b"\xc3\xa9t\xc3\xa9"],
+                         ids=["0xff 0xfe", "a worker's name then 0xff 0xfe", "UTF-8 but not ASCII"])
+async def test_a_token_that_is_not_printable_ascii_is_a_401_that_holds_nothing(token):
+    """Issue 31 item 2: such a token made hashing it raise, taken for a failed review (503) and recorded as
+    a refusal against the job in the URL, holding its stall clock. It is a 401: no review, no refusal."""
+    async with Endpoint(review_workers) as endpoint:
+        port = endpoint.server.port
+        for _ in range(20):
+            assert await raw_request(port, "POST", JOB_URL, b"Bearer " + token, b'{"step": 1}') == 401
+        assert await raw_request(port, "GET", JOB_URL.replace("/progress", "/assignment"), b"Bearer " + token) == 401
+        assert endpoint.calls == [] and endpoint.refusals == []
+        assert endpoint.counts == {"unauthenticated": 21}
+        assert endpoint.tracker.observation("job-uid", datetime.now(timezone.utc)) is None
+        assert endpoint.tracker.jobs == {}  # no last_refused: the stall clock of no job holds
+        assert (await endpoint.post("w-0"))[0] == 204  # and the endpoint still serves the job's workers
+
+
 # ---------------------------------------------------------------- item 1: review budgets
 
 
