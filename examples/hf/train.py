@@ -74,6 +74,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--dropout", type=float, default=0.1, help="GPT-2's default")
     return p.parse_args(argv)
 
 
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     torch.manual_seed(a.seed)
     config = GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=32, n_layer=2, n_head=2,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                        resid_pdrop=a.dropout, embd_pdrop=a.dropout, attn_pdrop=a.dropout)
     model = TinyLM(config)
     args = TrainingArguments(
         output_dir=hf.output_dir("outputs/hf-tiny-lm"),  # DDPJob: the job's checkpoint volume

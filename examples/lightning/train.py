@@ -41,9 +41,9 @@ class Points(Dataset):
 
 
 class Tiny(L.LightningModule):
-    def __init__(self, lr: float, warmup: int, max_steps: int, step_sleep: float) -> None:
+    def __init__(self, lr: float, warmup: int, max_steps: int, step_sleep: float, dropout: float = 0.1) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 2))
         self.lr, self.warmup, self.max_steps, self.step_sleep = lr, warmup, max_steps, step_sleep
 
     def training_step(self, batch, batch_idx):
@@ -76,6 +76,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--dropout", type=float, default=0.1)
     return p.parse_args(argv)
 
 
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = L.Trainer(max_steps=a.max_steps, callbacks=[ddpjob.DDPJobCallback(steady_timeout_s=30)],  # DDPJob
                         use_distributed_sampler=False, enable_checkpointing=False, logger=False,
                         enable_progress_bar=False, enable_model_summary=False, **ddpjob.trainer_kwargs())  # DDPJob
-    model = Tiny(a.lr, a.warmup_steps, a.max_steps, a.step_sleep)
+    model = Tiny(a.lr, a.warmup_steps, a.max_steps, a.step_sleep, a.dropout)
     trainer.fit(model, loader, ckpt_path=ddpjob.resume_from_checkpoint())  # DDPJob: newest complete checkpoint
     return 0
 

@@ -56,18 +56,22 @@ def _complete(out: Path) -> list[str]:
     return sorted(p.name for p in out.glob("checkpoint-*") if frameworks.read_marker(p) is not None)
 
 
-def test_resume_takes_the_newest_complete_checkpoint_and_says_so(tmp_path: Path, capsys) -> None:
+def test_resume_takes_the_newest_complete_checkpoint_and_says_so(tmp_path: Path, capsys, caplog) -> None:
     out = tmp_path / "hf"
-    for step in (10, 20, 30):
+    for step in (10, 20, 30, 40):
         d = out / f"checkpoint-{step}"
         d.mkdir(parents=True)
-        (d / "model.safetensors").write_bytes(b"x" * 100)
+        if step != 40:  # 40: committed without weights, as a rescue by rank 1 was before issue 32
+            (d / "model.safetensors").write_bytes(b"x" * 100)
+        (d / "trainer_state.json").write_text("{}")
         (d / "rng_state_1.pth").write_bytes(b"r")  # another rank's: not waited for
         if step != 20:  # 20: its writer died before the marker
             frameworks.commit(d, step=step, world_size=2, skip=hf.OTHER_RANKS_FILES)
     (out / "checkpoint-30" / "model.safetensors").write_bytes(b"x" * 10)  # 30: truncated after its commit
-    assert hf.resume_from_checkpoint(str(out)) == str(out / "checkpoint-10")
+    assert hf.resume_from_checkpoint(str(out)) == str(out / "checkpoint-10")  # (the old code: 40, then HF failed)
     assert "resumed from checkpoint step=10 (saved at world_size=2, now 1)" in capsys.readouterr().err
+    assert f"skipping checkpoint {out / 'checkpoint-40'}: the framework cannot load it (no model weights)" \
+        in caplog.text
     assert hf.resume_from_checkpoint(str(tmp_path / "none")) is None
 
 

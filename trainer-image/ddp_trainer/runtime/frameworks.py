@@ -31,6 +31,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import stat
@@ -40,6 +41,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -176,18 +178,58 @@ def _checkpoints(directory: Path, pattern: re.Pattern[str]) -> list[tuple[int, P
     return sorted(((int(m.group(1)), p) for p in directory.iterdir() if (m := pattern.match(p.name))), reverse=True)
 
 
-def newest_complete(directory: str | os.PathLike | None, pattern: re.Pattern[str]) -> tuple[int, Path, dict] | None:
+def newest_complete(directory: str | os.PathLike | None, pattern: re.Pattern[str],
+                    unloadable: Callable[[Path], str | None] | None = None) -> tuple[int, Path, dict] | None:
     """(step, path, marker) of the newest complete checkpoint in `directory` whose name matches `pattern`
-    (group 1: the step); partial ones (no marker, a truncated file) are skipped with a warning. An I/O
-    error raises `CheckpointVolumeUnreadable` (after retries): never an older checkpoint, or none, instead."""
+    (group 1: the step); partial ones (no marker, a truncated file) are skipped with a warning, and so are
+    complete ones the framework's own loader cannot take (`unloadable(path)`: why not, or None; e.g. an HF
+    checkpoint without weights, as a rescue by a rank other than 0 wrote before issue 32). An I/O error raises
+    `CheckpointVolumeUnreadable` (after retries): never an older checkpoint, or none, instead."""
     if directory is None or not Path(directory).is_dir():
         return None
     for step, path in _checkpoints(Path(directory), pattern):
         marker = read_marker(path)
-        if marker is not None:
+        if marker is None:
+            log.warning("skipping incomplete checkpoint %s (no commit marker, or its files changed)", path)
+            continue
+        why = unloadable(path) if unloadable is not None else None
+        if why is None:
             return step, path, marker
-        log.warning("skipping incomplete checkpoint %s (no commit marker, or its files changed)", path)
+        log.warning("skipping checkpoint %s: the framework cannot load it (%s)", path, why)
     return None
+
+
+def seed_step(seed: int, step: int, rank: int) -> None:
+    """Every random stream of this process (Python's, NumPy's, torch's on every device) from (seed, step,
+    rank) alone, as the bundled trainer's: called by the callbacks before each optimizer step's forward pass,
+    so dropout's draws at step N+1 do not depend on history and a resume from any checkpoint, a rescue that
+    holds only its survivor's state included, draws what an undisturbed run draws."""
+    derived = (int(seed) + 1_000_003 * int(step) + 7_919 * int(rank)) % (2 ** 32)
+    random.seed(derived)
+    np.random.seed(derived)
+    torch.manual_seed(derived)  # (every CUDA device too)
+
+
+def check_world_size(framework_world_size: int, framework: str, fix: str) -> None:
+    """At the start of training: the framework's world size must be torchrun's (WORLD_SIZE). Otherwise each
+    process trains alone on all the data (HF on CPU without `use_cpu=True`), all writing one checkpoint
+    directory: end every process at once with 1 and a message naming `fix` (to torchrun's error file too,
+    so the pod's termination message and the job's status say it)."""
+    launched = os.environ.get("WORLD_SIZE")
+    if not launched or not launched.isdigit() or int(launched) == int(framework_world_size):
+        return
+    message = (f"DDPJob: {framework} runs at world size {framework_world_size}, but torchrun started "
+               f"{launched} processes (WORLD_SIZE={launched}): each process would train alone on all the data. "
+               f"Fix: {fix}")
+    with contextlib.suppress(OSError, ValueError):
+        print(message, file=sys.stderr, flush=True)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        with contextlib.suppress(OSError):
+            Path(error_file).write_text(json.dumps({"message": {"message": message, "extraInfo": {
+                "py_callstack": message, "timestamp": str(int(time.time()))}}}))
+    from .job import exit_process  # (runtime.job imports this module)
+    exit_process(1)
 
 
 def _remove(checkpoint: Path) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import logging
 import os
 import random
@@ -50,7 +51,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from transformers import TrainerCallback
+from transformers import PreTrainedModel, TrainerCallback
+from transformers.utils import (ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME,
+                                SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME)
 
 from . import frameworks
 from .checkpoint import atomic_write_json
@@ -63,8 +66,29 @@ __all__ = ["DDPJobCallback", "exit_process", "output_dir", "resume_from_checkpoi
 
 log = logging.getLogger(__name__)
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # HF's PREFIX_CHECKPOINT_DIR-<global step>
-OTHER_RANKS_FILES = re.compile(r"^rng_state")  # each rank writes its own: not waited for by rank 0's marker
+# Each rank writes its own RNG state and loss accumulator: not waited for by rank 0's marker.
+OTHER_RANKS_FILES = re.compile(r"^(rng_state|ddpjob_loss_)")
 SUBDIR = "hf"
+# What HF's `_load_from_checkpoint` takes as a checkpoint's weights (one of them must be there).
+WEIGHT_FILES = (WEIGHTS_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_INDEX_NAME, ADAPTER_WEIGHTS_NAME,
+                ADAPTER_SAFE_WEIGHTS_NAME)
+TRAINER_STATE = "trainer_state.json"
+
+
+def _loss_file(rank: int) -> str:
+    return f"ddpjob_loss_{rank}.json"
+
+
+def unloadable(checkpoint: str | os.PathLike) -> str | None:
+    """Why HF's own loader cannot resume from `checkpoint` (no weights: it raises `Can't find a valid checkpoint`;
+    no trainer state: it would start again from step 0 with the weights), or None."""
+    root = Path(checkpoint)
+    if not (any((root / name).is_file() for name in WEIGHT_FILES)
+            or any(p.name.startswith("pytorch_model_fsdp") for p in root.iterdir())):
+        return "no model weights"
+    if not (root / TRAINER_STATE).is_file():
+        return f"no {TRAINER_STATE}"
+    return None
 
 
 def output_dir(default: str | os.PathLike = "outputs") -> str:
@@ -97,7 +121,7 @@ def resume_from_checkpoint(args: Any = None) -> str | None:
         def look() -> tuple[int, Path, dict] | None:
             if rank == 0 and directory is not None:
                 frameworks.start_generation(directory)
-            return frameworks.newest_complete(directory, CHECKPOINT)
+            return frameworks.newest_complete(directory, CHECKPOINT, unloadable)
 
         found = frameworks.guard_volume(look, directory, "a generation fence")
     chosen = [None if found is None else (str(found[1]), found[0], found[2].get("world_size"))]
@@ -141,6 +165,7 @@ class DDPJobCallback(TrainerCallback):
         self.reporter: ProgressReporter | None = None
         self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=20)
         self._refs: dict[str, Any] = {}
+        self._trainer: Any = None
         self._hooked = False
         # Own time per step, apart from waiting for the other ranks (straggler detection, issue 22).
         self.timer: StepTimer | None = None
@@ -153,8 +178,13 @@ class DDPJobCallback(TrainerCallback):
     # ---- HF events ----------------------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+        frameworks.check_world_size(
+            args.world_size, "the Hugging Face Trainer",
+            "TrainingArguments(..., use_cpu=True) when the processes see no GPU (without it, HF on CPU runs each "
+            "process alone), or one GPU per process (torchrun --nproc-per-node = the GPUs)")
         self._refs = {"args": args, "state": state, "model": model, "optimizer": optimizer,
                       "lr_scheduler": lr_scheduler}
+        self._trainer, resumed_from = _calling_trainer()
         self.guard.start(getattr(args, "ddp_timeout", None))  # HF's process group timeout: relax() goes back to it
         if args.save_total_limit is not None:
             # HF's rotation runs inside its save, before on_save commits the new checkpoint, and counts
@@ -177,6 +207,44 @@ class DDPJobCallback(TrainerCallback):
             self._wrap_trainer(args)
         if state.global_step:
             self.last_checkpoint_step = state.global_step  # resumed from it
+            self._restore_loss(resumed_from, state.global_step)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        # This step's dropout (every draw of its forward and backward passes) from (seed, step, rank) alone:
+        # the same after a resume from any checkpoint, a rescue included (HF's RNG files hold one rank's history).
+        frameworks.seed_step(args.seed, state.global_step, self.env.rank if self.env else 0)
+
+    # ---- HF's running loss (the mean of the steps since the last log) travels with the checkpoint ----------
+
+    def _loss_state(self, step: int) -> dict[str, Any] | None:
+        trainer = self._trainer
+        if trainer is None or not hasattr(trainer, "_tr_loss") or not hasattr(trainer, "_globalstep_last_logged"):
+            return None
+        return {"step": step, "tr_loss": float(trainer._tr_loss.item()),  # float32 -> float: exact
+                "total_loss_scalar": float(getattr(trainer, "_total_loss_scalar", 0.0)),
+                "last_logged": int(trainer._globalstep_last_logged)}
+
+    def _save_loss(self, directory: Path, step: int) -> None:
+        """This rank's accumulator, as HF's `rng_state_<rank>.pth`: a plain write (rank 0's commit lists the
+        directory meanwhile), a torn one is ignored at resume."""
+        if (loss := self._loss_state(step)) is not None and directory.is_dir():
+            (directory / _loss_file(self.env.rank if self.env else 0)).write_text(json.dumps(loss))
+
+    def _restore_loss(self, checkpoint: str | None, step: int) -> None:
+        """HF starts its running loss afresh on resume (so the first logged loss after it averages fewer steps);
+        this rank's saved one puts it back. Missing (a rescue by another rank), it stays HF's fresh one."""
+        trainer = self._trainer
+        if checkpoint is None or trainer is None or not hasattr(trainer, "_tr_loss"):
+            return
+        try:
+            saved = json.loads((Path(checkpoint) / _loss_file(self.env.rank if self.env else 0)).read_text())
+            if saved["step"] != step:
+                return
+            trainer._tr_loss = torch.full_like(trainer._tr_loss, saved["tr_loss"])
+            trainer._total_loss_scalar = float(saved["total_loss_scalar"])
+            trainer._globalstep_last_logged = int(saved["last_logged"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and isinstance(logs.get("loss"), (int, float)):
@@ -220,12 +288,16 @@ class DDPJobCallback(TrainerCallback):
         self.guard.alive()  # an evaluation batch: not blocked (a SIGTERM now waits for the next step)
 
     def on_save(self, args, state, control, **kwargs):
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        self._guard(lambda: self._save_loss(path, state.global_step), args.output_dir, path.name)
         if not args.should_save:
             self.last_checkpoint_step = state.global_step
             return
         # The process that wrote the model, optimizer, scheduler and trainer state: commit, then prune.
-        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if not path.is_dir():
+            return
+        if (why := unloadable(path)) is not None:
+            log.warning("checkpoint %s not committed: HF could not resume from it (%s)", path.name, why)
             return
         marker = self._guard(lambda: frameworks.commit(path, step=state.global_step, world_size=args.world_size,
                                                        skip=OTHER_RANKS_FILES), args.output_dir, path.name)
@@ -269,12 +341,7 @@ class DDPJobCallback(TrainerCallback):
         (a full volume there exits 75, `checkpoint volume full: <dir>`, not 1 as the script's bug; the
         collective timeouts are relaxed first: the other ranks wait for rank 0's write), `evaluate` (relaxed
         too: not a step), and, with `rescue`, the epoch loop (below)."""
-        from transformers import Trainer
-
-        frame = sys._getframe(1)
-        while frame is not None and not isinstance(frame.f_locals.get("self"), Trainer):
-            frame = frame.f_back
-        trainer = frame.f_locals["self"] if frame is not None else None
+        trainer = self._trainer
         self._hooked = True
         save = getattr(trainer, "_save_checkpoint", None)
         if save is not None:
@@ -347,6 +414,8 @@ class DDPJobCallback(TrainerCallback):
             if frameworks.read_marker(final) is not None:
                 return False
             self._write_replica(tmp, args, state)
+            if (why := unloadable(tmp)) is not None:
+                raise OSError(f"HF could not resume from it ({why})")
             if final.exists():  # a partial one (its writer died): replace it
                 shutil.rmtree(final, ignore_errors=True)
             os.rename(tmp, final)
@@ -364,15 +433,82 @@ class DDPJobCallback(TrainerCallback):
     def _write_replica(self, directory: Path, args, state) -> None:
         """HF's checkpoint layout (Trainer._save_checkpoint), from any rank and without a collective."""
         directory.mkdir(parents=True)
-        model = self._refs["model"]
-        model.save_pretrained(str(directory), safe_serialization=True, is_main_process=True)
+        self._write_weights(directory)
         torch.save(args, directory / "training_args.bin")
         torch.save(self._refs["optimizer"].state_dict(), directory / "optimizer.pt")
         if self._refs["lr_scheduler"] is not None:
             torch.save(self._refs["lr_scheduler"].state_dict(), directory / "scheduler.pt")
-        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.random.get_rng_state_all()
-        torch.save(rng, directory / f"rng_state_{self.env.rank if self.env else 0}.pth")
-        state.save_to_json(str(directory / "trainer_state.json"))
+        scaler = getattr(getattr(self._trainer, "accelerator", None), "scaler", None)
+        if scaler is not None:
+            torch.save(scaler.state_dict(), directory / "scaler.pt")  # HF's SCALER_NAME
+        self._write_rng_states(directory, args, state.global_step)
+        # No running loss: the dead rank's is gone, so every rank resumes with HF's fresh one (last logged: this
+        # step), which is exact when this step's loss was logged, as with logging_steps=1.
+        trainer = self._trainer
+        if trainer is not None:  # as HF's save: the stateful callbacks' (early stopping's) state in trainer_state
+            from transformers.trainer_callback import ExportableState
 
+            for cb in [*trainer.callback_handler.callbacks, trainer.control]:
+                if isinstance(cb, ExportableState) and cb.__class__.__name__ in state.stateful_callbacks:
+                    name = cb.__class__.__name__
+                    if isinstance(state.stateful_callbacks[name], list):
+                        state.stateful_callbacks[name].append(cb.state())
+                    else:
+                        state.stateful_callbacks[name] = cb.state()
+        state.save_to_json(str(directory / TRAINER_STATE))
+
+    def _write_weights(self, directory: Path) -> None:
+        """The model as HF's save writes it, from whichever rank: `save_pretrained` writes only on rank 0 of an
+        initialized process group (transformers 5), so this rank is made the writer for this one call."""
+        model = self._refs["model"]
+        if isinstance(model, PreTrainedModel):
+            model.should_save_on_this_rank = lambda is_main_process: True  # (an instance attribute, removed below)
+            try:
+                model.save_pretrained(str(directory), is_main_process=True)
+            finally:
+                with contextlib.suppress(AttributeError):
+                    del model.should_save_on_this_rank
+        else:  # HF's save of a plain nn.Module: its state dict, safetensors unless tensors are shared
+            import safetensors.torch
+
+            state_dict = model.state_dict()
+            try:
+                safetensors.torch.save_file(state_dict, str(directory / SAFE_WEIGHTS_NAME), metadata={"format": "pt"})
+            except RuntimeError:  # shared tensors (tied weights)
+                (directory / SAFE_WEIGHTS_NAME).unlink(missing_ok=True)
+                torch.save(state_dict, directory / WEIGHTS_NAME)
+
+    def _write_rng_states(self, directory: Path, args, step: int) -> None:
+        """Every rank's `rng_state_<rank>.pth`, derived from (seed, step, rank) as `seed_step` makes each rank's
+        streams (the dead rank's history is gone; from the next step on, `on_step_begin` seeds them anyway):
+        HF loads one per rank and warns of lost reproducibility where its own is missing."""
+        own = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+        cuda = torch.cuda.random.get_rng_state_all() if torch.cuda.is_available() else None
+        try:
+            for rank in range(args.world_size):
+                frameworks.seed_step(args.seed, step, rank)
+                rng = {"python": random.getstate(), "numpy": np.random.get_state(),
+                       "cpu": torch.random.get_rng_state()}
+                if cuda is not None:
+                    rng["cuda"] = torch.cuda.random.get_rng_state_all()
+                torch.save(rng, directory / (f"rng_state_{rank}.pth" if args.world_size > 1 else "rng_state.pth"))
+        finally:
+            random.setstate(own["python"])
+            np.random.set_state(own["numpy"])
+            torch.random.set_rng_state(own["cpu"])
+            if cuda is not None:
+                torch.cuda.random.set_rng_state_all(cuda)
+
+
+def _calling_trainer() -> tuple[Any, str | None]:
+    """HF passes callbacks no Trainer: it is found as the caller of `on_train_begin` (its training loop, a Trainer
+    method), with the checkpoint that loop resumes from (its `resume_from_checkpoint`); (None, None) elsewhere."""
+    from transformers import Trainer
+
+    frame = sys._getframe(2)
+    while frame is not None and not isinstance(frame.f_locals.get("self"), Trainer):
+        frame = frame.f_back
+    if frame is None:
+        return None, None
+    resumed = frame.f_locals.get("resume_from_checkpoint")
+    return frame.f_locals["self"], resumed if isinstance(resumed, (str, os.PathLike)) else None

@@ -112,8 +112,10 @@ class DDPJobCallback(Callback):
 
     def __init__(self, *, every_steps: int | None = None, keep: int | None = None,
                  directory: str | os.PathLike | None = None, exit_on_stop: bool = True, report_every: int = 1,
-                 steady_timeout_s: float = 0.0) -> None:
+                 steady_timeout_s: float = 0.0, seed: int | None = None) -> None:
         self.env = _env()
+        # Each optimizer step's random streams come from (seed, step, rank): `L.seed_everything`'s seed by default.
+        self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", "0") or 0)
         self.stop = frameworks.PacedStop()  # in the main thread, before training: a SIGTERM now is not lost
         # A hung or silent peer, and SIGTERM while blocked in a collective (main thread: signals' wakeup fd).
         self.guard = frameworks.StallGuard(steady_timeout_s)
@@ -156,6 +158,18 @@ class DDPJobCallback(Callback):
         return None
 
     # ---- Lightning events -----------------------------------------------------------------------
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            frameworks.check_world_size(
+                trainer.world_size, "the Lightning Trainer",
+                "L.Trainer(**ddpjob.trainer_kwargs(), ...) (devices and num_nodes of this generation, strategy ddp)")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if batch_idx % max(1, trainer.accumulate_grad_batches) == 0:  # an optimizer step's first micro-batch
+            # This step's dropout from (seed, step, rank) alone: the same after a resume from any checkpoint,
+            # a rescue included (which holds its survivor's random state only).
+            frameworks.seed_step(self.seed, trainer.global_step, self.env.rank if self.env else 0)
 
     def on_train_start(self, trainer, pl_module) -> None:
         # Lightning's own SIGTERM handling (a broadcast inside the signal handler, then an exception at the
