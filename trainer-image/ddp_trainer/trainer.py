@@ -80,15 +80,24 @@ class Trainer:
                                                    seed=cfg.data.seed, shuffle=cfg.data.shuffle,
                                                    drop_last=cfg.data.drop_last)
         self._resume(model)
-        m = cfg.model
-        self.model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                         find_unused_parameters=m.find_unused_parameters, static_graph=m.static_graph,
-                         gradient_as_bucket_view=m.gradient_as_bucket_view, bucket_cap_mb=m.bucket_cap_mb)
-        job.step_timer.watch(self.model)  # the wait at the end of backward is not this rank's own work
-        self.forward = torch.compile(self.model) if m.compile else self.model
+        self._module = model
+        self._wrap()
+        # DDPJOB_INPROCESS=1: a peer's failure leaves this process training in the next generation.
+        job.carry(state=lambda: self._state(rng=None), load=lambda state: self._load(self._module, state),
+                  rewrap=self._wrap, step=lambda: self.progress.step)
         self._records = open(f"{cfg.record_samples}.rank{self.env.rank}", "a") if cfg.record_samples else None
         self._window = (time.perf_counter(), 0, torch.zeros((), device=self.device), 0)  # start, samples, loss, steps
         self._eval: tuple[int, dict[str, float | None]] | None = None  # (step, metrics) of the last evaluation
+
+    def _wrap(self) -> None:
+        """DDP around the model, in the process group of now (again after an in-process recovery)."""
+        m = self.cfg.model
+        self.optimizer.zero_grad(set_to_none=True)  # a failed step's partial gradients
+        self.model = DDP(self._module, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                         find_unused_parameters=m.find_unused_parameters, static_graph=m.static_graph,
+                         gradient_as_bucket_view=m.gradient_as_bucket_view, bucket_cap_mb=m.bucket_cap_mb)
+        self.job.step_timer.watch(self.model)  # the wait at the end of backward is not this rank's own work
+        self.forward = torch.compile(self.model) if m.compile else self.model
 
     # ---- loop -------------------------------------------------------------------------------
 
@@ -106,25 +115,36 @@ class Trainer:
 
     def _run(self) -> int:
         while not self._finished():
-            for micro_batches in self._step_batches():
-                self._train_step(micro_batches)
-                if self.job.should_stop():
-                    log.warning("stop requested at step %d: writing a final checkpoint (%s)", self.progress.step,
-                                "signalled here" if self.job.stop.requested else "a peer was signalled")
-                    self._save(final=True)
-                    return self.job.stop.exit_code
-                if self._finished():
-                    break
-            else:
-                self.progress.epoch += 1
-                self.progress.epoch_samples = 0
-                self._log_eval()
+            try:
+                code = self._train_epoch()
+            except Exception as e:
+                if self.job.recover(e):  # in process: the epoch goes on from the progress in memory
+                    continue
+                raise
+            if code is not None:
+                return code
         metrics = self.evaluate()
         self._save(final=True)
         self._write_json("result.json", {"status": "completed", "step": self.progress.step,
                                          "epoch": self.progress.epoch, "eval_loss": metrics["loss"],
                                          "eval_accuracy": metrics["accuracy"], "world_size": self.env.world_size})
         return 0
+
+    def _train_epoch(self) -> int | None:
+        """The rest of the current epoch; the exit code when a stop was agreed on."""
+        for micro_batches in self._step_batches():
+            self._train_step(micro_batches)
+            if self.job.should_stop():
+                log.warning("stop requested at step %d: writing a final checkpoint (%s)", self.progress.step,
+                            "signalled here" if self.job.stop.requested else "a peer was signalled")
+                self._save(final=True)
+                return self.job.stop.exit_code
+            if self._finished():
+                return None
+        self.progress.epoch += 1
+        self.progress.epoch_samples = 0
+        self._log_eval()
+        return None
 
     def _finished(self) -> bool:
         p, cfg = self.progress, self.cfg
@@ -320,6 +340,10 @@ class Trainer:
             if self.job.checkpoints is not None and self.env.is_main:
                 log.info("no checkpoint found: starting from scratch")
             return
+        self._load(model, state)
+
+    def _load(self, model: torch.nn.Module, state: dict[str, Any]) -> None:
+        """A checkpoint's state, or a peer's (in-process recovery: `state["ddpjob"]["peer"]`), into this rank."""
         if "data" in state:
             try:
                 check_resume(state["data"], self._data_signature(), what=f"checkpoint of step "
@@ -334,7 +358,11 @@ class Trainer:
             _set_rng_state(state["rng"][self.env.rank])
         else:  # another world, or a rescue checkpoint: no per-rank stream to continue, derive a fresh one
             torch.manual_seed(self.cfg.data.seed + 1_000_003 * self.progress.step + self.env.rank)
-        if self.env.is_main:
+        peer = (state.get("ddpjob") or {}).get("peer")
+        if peer is not None:  # every receiving rank says so: the replacement is not always rank 0
+            log.warning("resumed from peer rank %d by broadcast step=%d epoch=%d epoch_samples=%d (no checkpoint "
+                        "read)", peer, self.progress.step, self.progress.epoch, self.progress.epoch_samples)
+        elif self.env.is_main:
             log.info("resumed from checkpoint step=%d epoch=%d epoch_samples=%d (saved at world_size=%d, now %d)",
                      self.progress.step, self.progress.epoch, self.progress.epoch_samples, state["world_size"],
                      self.env.world_size)

@@ -90,7 +90,7 @@ def barrier(device: torch.device) -> None:
 
 # What Gloo and NCCL say when a peer is gone: its process died, its node vanished, or it stopped
 # answering until the collective timed out. torch raises these as RuntimeError (DistError in newer
-# code). The operator classifies a trainer's exit by the same pattern (ddpjob_operator.launcher).
+# code). The operator classifies a trainer's exit by the same pattern (ddpjob_operator.agent.contract).
 PEER_FAILURE_PATTERN = (r"Connection (closed|reset) by peer|Broken pipe|Connection refused|Timed out|timed out|"
                         r"timeout caused pair closure|NCCL (communicator was aborted|error)|remote process exited|"
                         r"ncclRemoteError|ProcessGroupNCCL.*(Watchdog|abort)|Socket Timeout|Read error")
@@ -139,13 +139,21 @@ class CollectiveTimeout:
         self.long_s, self.steady_s = long_s, steady_s
         self.groups: list[dist.ProcessGroup | None] = [None]  # None: the default group
         self.steady = False
-        self._steps, self._calm_from = 0, after_steps
+        self._steps, self._calm_from, self._after_steps = 0, after_steps, after_steps
 
     def add_group(self, group: dist.ProcessGroup) -> None:
         if group not in self.groups:
             self.groups.append(group)
             if self.steady:
                 self._set(self.steady_s, [group])
+
+    def restart(self) -> None:
+        """In a new process group (in-process recovery): the default group only, long until `after_steps` more
+        steps completed, as at the start."""
+        self.groups = [None]
+        self.steady = False
+        self._calm_from = self._steps + self._after_steps
+        self._set(self.long_s)
 
     def step(self) -> None:
         """Once per optimizer step, on every rank."""
@@ -224,6 +232,11 @@ class StopRequest:
         self._pending = None
         work.wait()
         return bool(flag.item())
+
+    def reset(self) -> None:
+        """The process group it ran on is gone (in-process recovery): forget the flag in flight and the side
+        group; the next `agreed()` starts over in the new group. A signal already received stays."""
+        self._pending, self._group = None, None
 
     def close(self, drain: bool = True) -> None:
         """Restore handlers; on a clean exit first drain the in-flight all_reduce (a failed peer

@@ -10,23 +10,33 @@
             if job.should_stop():                 # SIGTERM anywhere: every rank, same step
                 job.save(step, {...}, final=True)
                 return job.stop.exit_code         # 143
+
+In-process recovery (`DDPJOB_INPROCESS=1`, runtime/inprocess.py): `job.carry(state=..., load=..., rewrap=...,
+step=...)` once the model is wrapped, and around the steps `except Exception as e: if job.recover(e): <go on
+from the progress in memory>`; `resume()` then returns a peer's state where a survivor holds it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from .checkpoint import CheckpointManager, atomic_write_json
+from .checkpoint import CheckpointManager, atomic_write_json, raise_fence
 from .frameworks import announce as announce_line, resume_message
 from .distributed import (CollectiveTimeout, JobEnv, StopRequest, abort_process_groups, barrier,
                           destroy_process_group, init_process_group, select_device)
+from . import inprocess
+from .distributed import is_peer_failure
 from .progress import ProgressReporter
 from .timing import StepTimer
 from .watchdog import StallWatchdog
@@ -51,8 +61,11 @@ class Job:
                  checkpoint_dir: str | os.PathLike | None = None, keep: int | None = None,
                  every_steps: int | None = None, async_save: bool = False,
                  reporter: ProgressReporter | None = None, owns_process_group: bool = False,
-                 timeouts: CollectiveTimeout | None = None) -> None:
+                 timeouts: CollectiveTimeout | None = None, rendezvous: inprocess.Rendezvous | None = None) -> None:
         self.env, self.device, self.stop = env, device, stop
+        self.rendezvous = rendezvous  # in-process recovery: this trainer forms its groups through the job's store
+        self._carried: _Carried | None = None
+        self._group_wedged = False  # the old group could not be left: never touch it again
         self.timeouts = timeouts if timeouts is not None else CollectiveTimeout(1800.0)
         directory = checkpoint_dir if checkpoint_dir is not None else env.checkpoint_dir
         self.checkpoint_dir = str(directory) if directory else None
@@ -88,15 +101,20 @@ class Job:
         first steps (`CollectiveTimeout`), so a hung peer fails the job's collectives in that time."""
         stop = StopRequest()  # first: a SIGTERM during start-up is not lost
         try:
-            env = JobEnv.from_env()
-            dev = select_device(device, env)
+            rendezvous = None
+            if inprocess.enabled() and not dist.is_initialized():
+                env, dev, rendezvous = _join_in_process(device, backend, timeout_s)
+            else:
+                env = JobEnv.from_env()
+                dev = select_device(device, env)
             owns = not dist.is_initialized()
             if owns:
                 init_process_group(env, dev, backend=backend, timeout_s=timeout_s)
+            owns = owns or rendezvous is not None
             try:
                 return cls(env, dev, stop, checkpoint_dir=checkpoint_dir, keep=keep, every_steps=every_steps,
                            async_save=async_save, owns_process_group=owns,
-                           timeouts=CollectiveTimeout(timeout_s, steady_timeout_s))
+                           timeouts=CollectiveTimeout(timeout_s, steady_timeout_s), rendezvous=rendezvous)
             except BaseException:
                 if owns:
                     destroy_process_group()
@@ -110,6 +128,10 @@ class Job:
     def resume(self, *, announce: bool = True) -> dict[str, Any] | None:
         """Every rank: the state of the newest checkpoint that verifies (rank 0 chooses, all load
         the same step), or None. Its `state["ddpjob"]` holds the step and the world size it was saved at."""
+        if self.rendezvous is not None and dist.is_initialized():  # a survivor may hold the state: no volume read
+            state = self._from_peer(announce)
+            if state is not None:
+                return state
         if self.checkpoints is None:
             return None
         found = self.checkpoints.load_latest() if self.env.is_main else None
@@ -168,6 +190,116 @@ class Job:
         if written:
             log.warning("rescue checkpoint: rank %d saved step %d after a peer failed", self.env.rank, step)
         return written
+
+    # ---- in-process recovery (DDPJOB_INPROCESS=1, runtime/inprocess.py) ------------------------------
+
+    def carry(self, *, state: Callable[[], dict[str, Any]], load: Callable[[dict[str, Any]], None],
+              rewrap: Callable[[], None], step: Callable[[], int]) -> None:
+        """What a survivor keeps in memory across a peer's failure: `state()` the replica (as a checkpoint
+        holds it: model, optimizer, scaler, progress), `load(state)` puts a peer's into this process,
+        `rewrap()` builds the DDP wrapper again in the new process group (and drops partial gradients),
+        `step()` the optimizer steps completed. Without DDPJOB_INPROCESS=1 nothing happens with them."""
+        self._carried = _Carried(state, load, rewrap, step)
+
+    def recover(self, error: BaseException) -> bool:
+        """Call it with what a training step raised. True: this process is in the next generation's process
+        group with the newest state (a peer's when it was behind), rewrapped; go on from the progress in
+        memory (the step that failed is trained again). False: not a peer's failure, in-process recovery is
+        off, or it is not possible here (logged with the reason): re-raise, the exit path as before."""
+        if self.rendezvous is None or self._carried is None or not is_peer_failure(error):
+            return False
+        if self.watchdog.verdict is not None:
+            log.warning("in-process recovery not attempted: the stall watchdog's verdict (%s) ends the process",
+                        self.watchdog.verdict[1])
+            return False
+        started = time.monotonic()
+        old = self.env.generation
+        self.watchdog.release()
+        self.timeouts.relax()  # no silent-peer verdict while this rank waits for the next generation
+        carried = self._carried
+        log.warning("rank %d at step %d: a peer failed in generation %d (%s); recovering in process", self.env.rank,
+                    carried.step(), old, str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
+        rescue = self._rescue_in_background(carried)  # durability, overlapping the hand-over
+        try:
+            generation, source, received = self._rejoin(carried, rescue)
+        except inprocess.CannotRecover as e:
+            log.warning("in-process recovery not possible: %s; leaving the process as before", e)
+            rescue.join()
+            return False
+        log.warning("recovered in process: generation %d -> %d, rank %d of %d, state %s, %.2f s after the failure",
+                    old, generation, self.env.rank, self.env.world_size,
+                    f"received from rank {source}" if received else "kept",
+                    time.monotonic() - started)
+        return True
+
+    def _rescue_in_background(self, carried: "_Carried") -> threading.Thread:
+        step, state = carried.step(), carried.state()
+        thread = threading.Thread(target=self.rescue, args=(step, state), name="ddpjob-rescue", daemon=True)
+        thread.start()
+        return thread
+
+    def _rejoin(self, carried: "_Carried", rescue: threading.Thread) -> tuple[int, int | None, bool]:
+        rdzv, generation = self.rendezvous, self.env.generation
+        timeout = float(os.environ.get(inprocess.REJOIN_TIMEOUT_ENV) or inprocess.REJOIN_TIMEOUT_S)
+        while True:
+            if not self._group_wedged:
+                try:
+                    rdzv.leave(self.timeouts.groups)
+                except inprocess.CannotRecover:
+                    self._group_wedged = True
+                    raise
+            self.stop.reset()
+            newer = rdzv.wait_newer(generation, timeout, lambda: self.stop.requested)
+            if newer is None:
+                raise inprocess.CannotRecover(f"stopped by signal {self.stop.signum} while waiting for the next "
+                                              f"generation" if self.stop.requested else
+                                              f"no generation newer than {generation} within {timeout:g} s")
+            try:
+                generation, world = rdzv.join_newest(newer, self.device, self.timeouts.long_s,
+                                                     world=self.env.world_size)
+            except Exception as e:
+                if not is_peer_failure(e):
+                    raise
+                generation = newer
+                continue
+            self._enter(generation, world)
+            try:
+                received, source = rdzv.exchange(carried.state, carried.step(), self.device)
+            except Exception as e:  # a second failure during the hand-over: the next generation
+                if not is_peer_failure(e):
+                    raise
+                continue
+            rescue.join()  # its tensors are about to change
+            if received is not None:
+                carried.load(received)
+            carried.rewrap()
+            return generation, source, received is not None
+
+    def _enter(self, generation: int, world: int) -> None:
+        """This process is in `generation`'s group now: its environment, checkpoint fence and timeouts say so."""
+        self.env = dataclasses.replace(self.env, generation=generation, world_size=world)
+        _publish_environ(self.rendezvous, generation, world)
+        self.timeouts.restart()
+        if self.checkpoints is not None:
+            self.checkpoints.generation = generation
+            if self.checkpoints.is_writer:  # from now on the failed generation commits nothing
+                c = self.checkpoints
+                raise_fence(c.root, c.run, generation, (c.marker(step) for step in c.committed_steps()))
+
+    def _from_peer(self, announce: bool) -> dict[str, Any] | None:
+        """A fresh process of an in-process job (a replacement): the newest state a survivor holds, by
+        broadcast, or None when nobody holds one (the volume then)."""
+        started = time.monotonic()
+        state, source = self.rendezvous.exchange(None, -1, self.device)
+        if state is None:
+            return None
+        progress = state.get("progress") or {}
+        state[META] = {"step": progress.get("step"), "world_size": self.env.world_size, "peer": source,
+                       "generation": self.env.generation}
+        if announce and self.env.is_main:
+            announce_line(f"resumed from peer rank {source} step={progress.get('step')} by broadcast in "
+                          f"{time.monotonic() - started:.2f} s (no checkpoint read)")
+        return state
 
     @property
     def last_checkpoint_step(self) -> int | None:
@@ -247,7 +379,7 @@ class Job:
             finally:
                 if self.watchdog.verdict is not None:
                     self.watchdog.exit()  # a silent peer: its verdict, not the aborted collective's error
-                if self._owns_pg:
+                if self._owns_pg and not self._group_wedged:
                     destroy_process_group()
 
     def __enter__(self) -> "Job":
@@ -255,3 +387,29 @@ class Job:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(clean=exc_type is None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Carried:
+    state: Callable[[], dict[str, Any]]
+    load: Callable[[dict[str, Any]], None]
+    rewrap: Callable[[], None]
+    step: Callable[[], int]
+
+
+def _join_in_process(device: str, backend: str, timeout_s: float) -> tuple[JobEnv, torch.device, inprocess.Rendezvous]:
+    """Form the first group of an in-process job through the job's store (runtime/inprocess.py)."""
+    rdzv, generation = inprocess.Rendezvous.from_env(os.environ, backend)
+    seat = rdzv.seat
+    dev = select_device(device, JobEnv(rank=seat.rank, local_rank=seat.local_rank, world_size=1))
+    generation, world = rdzv.join_newest(generation, dev, timeout_s)
+    _publish_environ(rdzv, generation, world)
+    return JobEnv.from_env(), dev, rdzv
+
+
+def _publish_environ(rdzv: inprocess.Rendezvous, generation: int, world: int) -> None:
+    """What this process is now, where scripts and the runtime read it (torchrun's names)."""
+    seat = rdzv.seat
+    os.environ.update(RANK=str(seat.rank), WORLD_SIZE=str(world), LOCAL_RANK=str(seat.local_rank),
+                      LOCAL_WORLD_SIZE=str(seat.nproc), GROUP_RANK=str(seat.replica_index),
+                      DDPJOB_GENERATION=str(generation), TORCHELASTIC_RUN_ID=f"{rdzv.uid}-g{generation}")

@@ -1,0 +1,148 @@
+"""In-process recovery (issue 29, DDPJOB_INPROCESS=1): real trainer processes, real Gloo, the job's real
+TCPStore. Each trainer is started as the launcher starts one for a generation (the seat and generation in its
+environment, the generation published in the store); a rank is killed; the survivors keep their processes
+and state, and the replacement gets the state by broadcast from a survivor, not from the volume."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddp_trainer.runtime.inprocess import GENERATION_KEY, NNODES_KEY
+from trainer_harness import PY, StoreServer, base_env, kill_tree, start, steps_dir, tail, wait_for
+
+pytestmark = pytest.mark.slow
+
+UID = "uid-inprocess"
+STEPS = 30
+# No dropout in the digits MLP: every rank's arithmetic is deterministic. DDP sums the gradients in its bucket
+# layout, which it rebuilds once, in the first step after it is built (the order gradients became ready): the
+# survivors' new wrapper reduces its first step in the construction layout, and three ranks' float sums in
+# another order differ in the last bit (1e-8 seen). find_unused_parameters keeps the construction layout
+# throughout (DDP never rebuilds then), in both runs, so the recovered run is bit-identical.
+ARGS = ["--workload", "digits", "--batch-size", "16", "--max-steps", str(STEPS), "--checkpoint-every", "10",
+        "--log-every", "5", "--epochs", "5", "--ddp-find-unused-parameters"]
+KILL_AT = 12  # after this optimizer step (the fault injection: after the step, before any checkpoint of it)
+
+
+class Gang:
+    """One job: its rendezvous store and the trainers of each generation, by (replica index, generation)."""
+
+    def __init__(self, tmp_path: Path, name: str) -> None:
+        self.dir, self.name = tmp_path, name
+        self.ckpt = tmp_path / f"{name}-ckpt"
+        self.store = StoreServer()
+        self.client = dist.TCPStore("127.0.0.1", self.store.port, is_master=False)
+        self.procs: dict[tuple[int, int], subprocess.Popen] = {}
+
+    def publish(self, generation: int, nodes: int) -> None:
+        """What the launcher of a generation's first new pod does (operator's launcher.Generations.publish)."""
+        self.client.set(NNODES_KEY.format(uid=UID, generation=generation), f"{nodes}:{nodes}")
+        self.client.set(GENERATION_KEY.format(uid=UID), str(generation))
+
+    def start(self, replica: int, generation: int, nodes: int, args: list[str] = ()) -> subprocess.Popen:
+        env = base_env(self.ckpt, DDPJOB_INPROCESS="1", PET_RDZV_ENDPOINT=self.store.endpoint,
+                       TORCHELASTIC_RUN_ID=f"{UID}-g{generation}", DDPJOB_GENERATION=str(generation),
+                       DDPJOB_REPLICA_INDEX=str(replica), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                       RANK=str(replica), WORLD_SIZE=str(nodes), DDPJOB_REJOIN_TIMEOUT_SECONDS="60")
+        proc = start([PY, "-m", "ddp_trainer", *ARGS, *args], env, self.log(replica, generation))
+        self.procs[replica, generation] = proc
+        return proc
+
+    def log(self, replica: int, generation: int) -> Path:
+        return self.dir / f"{self.name}-r{replica}-g{generation}.log"
+
+    def text(self, replica: int, generation: int) -> str:
+        return self.log(replica, generation).read_text(errors="replace")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {r}/g{g}\n{tail(self.log(r, g), 25)}" for r, g in self.procs)
+
+    def wait(self, proc: subprocess.Popen, timeout: float = 60) -> int:
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"trainer still running after {timeout} s:\n{self.logs()}") from None
+
+    def saw(self, replica: int, generation: int, text: str, timeout: float = 60) -> None:
+        wait_for(lambda: text in self.text(replica, generation), f"{text!r} in {replica}/g{generation}", timeout,
+                 explain=self.logs)
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            kill_tree(proc, signal.SIGKILL)
+            proc.wait(10)
+        self.store.close()
+
+
+@pytest.fixture
+def gangs(tmp_path: Path):
+    made: list[Gang] = []
+    yield lambda name: made.append(Gang(tmp_path, name)) or made[-1]
+    for gang in made:
+        gang.close()
+
+
+def final_state(gang: Gang) -> dict:
+    return torch.load(steps_dir(gang.ckpt) / f"step-{STEPS:08d}.pt", map_location="cpu", weights_only=True)
+
+
+def assert_bit_identical(got: dict, want: dict) -> None:
+    for part in ("model", "optimizer"):
+        flat_got, flat_want = _tensors(got[part]), _tensors(want[part])
+        assert flat_got.keys() == flat_want.keys(), part
+        different = [k for k in flat_want if not torch.equal(flat_got[k], flat_want[k])]
+        assert not different, f"{part}: {different[:5]} differ from the undisturbed run's at step {STEPS}"
+    assert got["progress"] == want["progress"]
+
+
+def _tensors(obj, key: str = "") -> dict[str, torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return {key: obj}
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    return {k: t for name, v in items for k, t in _tensors(v, f"{key}/{name}").items()}
+
+
+def undisturbed(gangs, nodes: int = 3) -> Gang:
+    gang = gangs("undisturbed")
+    gang.publish(1, nodes)
+    for replica in range(nodes):
+        gang.start(replica, 1, nodes)
+    return gang
+
+
+def corrupt_checkpoints(gang: Gang) -> None:
+    """Every checkpoint on the volume unusable (same size, other bytes): a trainer that reads one finds none."""
+    for path in steps_dir(gang.ckpt).glob("step-*.pt"):
+        path.write_bytes(bytes(path.stat().st_size))
+
+
+def test_killed_rank_0_survivors_keep_their_processes_and_the_replacement_gets_the_state_by_broadcast(gangs) -> None:
+    reference = undisturbed(gangs)
+    gang = gangs("killed")
+    gang.publish(1, 3)
+    fault = ["--fault-at-step", str(KILL_AT), "--fault-rank", "0", "--fault-exit-code", "139", "--fault-generation", "1"]
+    survivors = {replica: gang.start(replica, 1, 3, fault) for replica in range(3)}
+    assert gang.wait(survivors.pop(0)) == -signal.SIGSEGV  # a crash in native code
+    for replica in survivors:  # ...each saved its replica in the background (one of them commits it)
+        gang.saw(replica, 1, f"at step {KILL_AT}: a peer failed in generation 1")
+    wait_for(lambda: (steps_dir(gang.ckpt) / f"step-{KILL_AT:08d}.committed").exists(), "the rescue checkpoint", 30,
+             explain=gang.logs)
+    corrupt_checkpoints(gang)  # the replacement must not need the volume
+    gang.publish(2, 3)
+    replacement = gang.start(0, 2, 3)
+
+    for replica, proc in survivors.items():
+        assert gang.wait(proc) == 0, gang.logs()
+        assert "recovered in process: generation 1 -> 2" in gang.text(replica, 1)
+    assert gang.wait(replacement) == 0, gang.logs()
+    assert f"resumed from peer rank 1 by broadcast step={KILL_AT}" in gang.text(0, 2)
+    assert "resumed from checkpoint" not in gang.text(0, 2) and "skipping unreadable" not in gang.text(0, 2)
+    for replica in range(3):
+        assert gang.wait(reference.procs[replica, 1]) == 0, reference.logs()
+    assert_bit_identical(final_state(gang), final_state(reference))

@@ -1,0 +1,345 @@
+"""In-process recovery (issue 29, `DDPJOB_INPROCESS=1`): a survivor of a peer's failure keeps its process and
+its state; the replacement gets the state from a peer, not from the volume.
+
+The trainers form their process group themselves, per rendezvous generation, through the job's rendezvous
+store (the standalone TCPStore that outlives every worker, `PET_RDZV_ENDPOINT`), under a prefix of the
+generation: `ddpjob/<uid>/inprocess/g<N>/`. A rank is a fixed function of the seat, replica index x
+processes per node + local rank, so a replaced rank keeps its number and its shard of the data; the world
+size is the generation's node count (the maximum of its `--nnodes`, which the launcher publishes as
+`ddpjob/<uid>/nnodes/<N>` next to the newest generation `ddpjob/<uid>/generation`) x processes per node.
+
+When a collective fails because a peer did, a survivor leaves the old group (NCCL: abort; Gloo: destroy it,
+which torch 2.13 allows once the collective has raised; bounded by LEAVE_TIMEOUT_S, past which the group
+cannot be left and the process takes today's exit path), waits for a newer generation in the store, joins
+it, and then every rank of the new group takes part in one exchange: each says whether it holds the
+training state and at which step; the lowest rank holding the newest step broadcasts its state (model,
+optimizer, scaler, progress) to the ranks that do not hold it (a replacement, a survivor a step behind),
+over a group of just those ranks. Nobody holding state (the whole gang was replaced) means the volume.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+INPROCESS_ENV = "DDPJOB_INPROCESS"
+ENDPOINT_ENV = "PET_RDZV_ENDPOINT"  # the job's rendezvous store, as torchrun's --rdzv-endpoint
+REJOIN_TIMEOUT_ENV = "DDPJOB_REJOIN_TIMEOUT_SECONDS"
+REJOIN_TIMEOUT_S = 120.0
+# The launcher's keys (operator/ddpjob_operator launcher): the newest generation and its node range.
+GENERATION_KEY = "ddpjob/{uid}/generation"
+NNODES_KEY = "ddpjob/{uid}/nnodes/{generation}"
+GROUP_PREFIX = "ddpjob/{uid}/inprocess/g{generation}/"
+JOIN_TIMEOUT_S = 600.0  # every rank of a generation arrives within this (a pod's start: image pull, scheduling)
+CONNECT_TIMEOUT_S = 60.0  # every rank has arrived: the group's own connections take this at most
+LEAVE_TIMEOUT_S = 10.0
+POLL_S = 0.05
+BUCKET_BYTES = 64 << 20  # the state travels in buckets of this size: one extra bucket of memory, not a replica
+_ALIGN = 64
+_RUN_ID = re.compile(r"^(?P<uid>.+)-g(?P<generation>\d+)$")
+
+
+class CannotRecover(RuntimeError):
+    """In-process recovery is not possible here; the message says why (the trainer exits as before)."""
+
+
+class Superseded(Exception):
+    """A newer generation was published while this one was forming."""
+
+    def __init__(self, generation: int) -> None:
+        super().__init__(f"generation {generation} was published")
+        self.generation = generation
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    return (os.environ if environ is None else environ).get(INPROCESS_ENV, "") == "1"
+
+
+def max_nodes(nnodes: str) -> int:
+    """The generation's size from its node range: "2:3" -> 3, "3" -> 3."""
+    try:
+        value = int(nnodes.rsplit(":", 1)[-1])
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"node range {nnodes!r} is not MIN:MAX or N with N >= 1")
+    return value
+
+
+def split_run_id(run_id: str) -> tuple[str, int]:
+    """(job uid, generation) of the operator's rendezvous id `<uid>-g<N>`."""
+    m = _RUN_ID.match(run_id)
+    if not m:
+        raise ValueError(f"rendezvous id {run_id!r} is not <job uid>-g<generation>")
+    return m["uid"], int(m["generation"])
+
+
+@dataclass(frozen=True)
+class Seat:
+    """Where a trainer sits in every generation: its pod's replica index and its local rank."""
+
+    replica_index: int
+    local_rank: int
+    nproc: int
+
+    @property
+    def rank(self) -> int:
+        return self.replica_index * self.nproc + self.local_rank
+
+
+def choose_source(table: list[tuple[bool, int]]) -> tuple[int, list[int]] | None:
+    """From each rank's (holds the state, its step): the rank that sends (the lowest holding the newest
+    step) and the ranks that receive (all others but those holding that same step); None: nobody holds it."""
+    held = [(step, rank) for rank, (has, step) in enumerate(table) if has]
+    if not held:
+        return None
+    newest = max(step for step, _ in held)
+    source = min(rank for step, rank in held if step == newest)
+    receivers = [rank for rank, (has, step) in enumerate(table) if not (has and step == newest)]
+    return source, receivers
+
+
+# ---- the state as a skeleton (pickled) plus its tensors (sent as bytes, in buckets) ---------------------
+
+@dataclass(frozen=True)
+class _Slot:
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def flatten(state: Any, tensors: list[torch.Tensor] | None = None) -> tuple[Any, list[torch.Tensor]]:
+    """`state` with every tensor replaced by a `_Slot`, and the tensors in slot order."""
+    tensors = [] if tensors is None else tensors
+    if isinstance(state, torch.Tensor):
+        tensors.append(state.detach())
+        return _Slot(len(tensors) - 1, tuple(state.shape), state.dtype), tensors
+    if isinstance(state, dict):
+        return {k: flatten(v, tensors)[0] for k, v in state.items()}, tensors
+    if isinstance(state, (list, tuple)) and not hasattr(state, "_fields"):
+        return type(state)(flatten(v, tensors)[0] for v in state), tensors
+    return state, tensors
+
+
+def unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(skeleton, _Slot):
+        return tensors[skeleton.index]
+    if isinstance(skeleton, dict):
+        return {k: unflatten(v, tensors) for k, v in skeleton.items()}
+    if isinstance(skeleton, (list, tuple)) and not hasattr(skeleton, "_fields"):
+        return type(skeleton)(unflatten(v, tensors) for v in skeleton)
+    return skeleton
+
+
+def slots_of(skeleton: Any) -> list[_Slot]:
+    if isinstance(skeleton, _Slot):
+        return [skeleton]
+    values = skeleton.values() if isinstance(skeleton, dict) else \
+        skeleton if isinstance(skeleton, (list, tuple)) and not hasattr(skeleton, "_fields") else ()
+    return sorted((s for v in values for s in slots_of(v)), key=lambda s: s.index)
+
+
+def nbytes(slot: _Slot) -> int:
+    return int(torch.Size(slot.shape).numel()) * torch.empty((), dtype=slot.dtype).element_size()
+
+
+def buckets(sizes: list[int], limit: int = BUCKET_BYTES) -> list[list[tuple[int, int]]]:
+    """Consecutive tensors grouped into buckets of at most `limit` bytes (a larger tensor alone in its
+    own): each bucket a list of (tensor index, byte offset), offsets aligned for any dtype's view."""
+    out: list[list[tuple[int, int]]] = []
+    current: list[tuple[int, int]] = []
+    offset = 0
+    for i, size in enumerate(sizes):
+        if current and offset + size > limit:
+            out.append(current)
+            current, offset = [], 0
+        current.append((i, offset))
+        offset += -(-size // _ALIGN) * _ALIGN
+    if current:
+        out.append(current)
+    return out
+
+
+def broadcast_state(state: dict[str, Any] | None, source: int, group: dist.ProcessGroup | None,
+                    device: torch.device) -> dict[str, Any]:
+    """Every member of `group`: `state` of global rank `source` (its own elsewhere ignored)."""
+    mine = dist.get_rank() == source
+    skeleton, tensors = flatten(state) if mine else (None, [])
+    box = [skeleton]
+    dist.broadcast_object_list(box, src=source, group=group, device=device if device.type == "cuda" else None)
+    skeleton = box[0]
+    slots = slots_of(skeleton)
+    sizes = [nbytes(s) for s in slots]
+    received: list[torch.Tensor] = [torch.empty(0)] * len(slots)
+    for bucket in buckets(sizes):
+        last, last_offset = bucket[-1]
+        total = last_offset + sizes[last]
+        buf = torch.empty(total, dtype=torch.uint8, device=device)
+        if mine:
+            for i, offset in bucket:
+                if sizes[i]:
+                    buf[offset:offset + sizes[i]].copy_(tensors[i].contiguous().reshape(-1).view(torch.uint8))
+        dist.broadcast(buf, src=source, group=group)
+        if not mine:
+            for i, offset in bucket:
+                received[i] = buf[offset:offset + sizes[i]].view(slots[i].dtype).reshape(slots[i].shape)
+    return state if mine else unflatten(skeleton, received)
+
+
+# ---- the job's store: generations and the group of each ------------------------------------------------
+
+class Rendezvous:
+    """This trainer's seat and the job's store: publishes nothing (the launchers do), reads the newest
+    generation, forms and leaves the default process group of one generation."""
+
+    def __init__(self, store: dist.Store, uid: str, seat: Seat, *, backend: str) -> None:
+        self.store, self.uid, self.seat, self.backend = store, uid, seat, backend
+        self.generation: int | None = None  # the one whose group this process is in
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], backend: str) -> tuple["Rendezvous", int]:
+        """(rendezvous, the generation this process was started for) from the launch contract's variables."""
+        endpoint = environ.get(ENDPOINT_ENV, "")
+        host, _, port = endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            raise CannotRecover(f"{INPROCESS_ENV}=1 needs {ENDPOINT_ENV}=<host>:<port> (the job's rendezvous store), "
+                                f"got {endpoint!r}")
+        run_id = environ.get("TORCHELASTIC_RUN_ID") or environ.get("PET_RDZV_ID", "")
+        try:
+            uid, generation = split_run_id(run_id)
+            replica = int(environ.get("DDPJOB_REPLICA_INDEX", ""))
+            seat = Seat(replica, int(environ.get("LOCAL_RANK", "0")), int(environ.get("LOCAL_WORLD_SIZE", "1")))
+        except ValueError as e:
+            raise CannotRecover(f"{INPROCESS_ENV}=1 needs TORCHELASTIC_RUN_ID (or PET_RDZV_ID) <uid>-g<N>, "
+                                f"DDPJOB_REPLICA_INDEX, LOCAL_RANK and LOCAL_WORLD_SIZE: {e}") from None
+        if replica < 0 or not 0 <= seat.local_rank < seat.nproc:
+            raise CannotRecover(f"no seat for replica index {replica}, local rank {seat.local_rank} of {seat.nproc}")
+        store = dist.TCPStore(host, int(port), is_master=False,
+                              timeout=datetime.timedelta(seconds=CONNECT_TIMEOUT_S))
+        return cls(store, uid, seat, backend=backend), generation
+
+    def newest(self) -> int | None:
+        key = GENERATION_KEY.format(uid=self.uid)
+        return int(self.store.get(key)) if self.store.check([key]) else None
+
+    def world_size(self, generation: int) -> int:
+        key = NNODES_KEY.format(uid=self.uid, generation=generation)
+        if not self.store.check([key]):
+            raise CannotRecover(f"generation {generation} has no node range in the store ({key})")
+        return max_nodes(self.store.get(key).decode()) * self.seat.nproc
+
+    def wait_newer(self, generation: int, timeout_s: float, stopped: Callable[[], bool]) -> int | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not stopped():
+            newest = self.newest()
+            if newest is not None and newest > generation:
+                return newest
+            time.sleep(POLL_S)
+        return None
+
+    def join(self, generation: int, device: torch.device, timeout_s: float, world: int | None = None) -> int:
+        """Form generation `generation`'s default group once every rank of it arrived; its world size.
+        Superseded when a newer one is published first; CannotRecover past JOIN_TIMEOUT_S, or when the
+        generation's world size is not `world` (a survivor's state is for its own world size: the volume)."""
+        size = self.world_size(generation)
+        if world is not None and size != world:
+            raise CannotRecover(f"generation {generation} has {size} ranks, not {world}: the state is resumed "
+                                f"from the volume")
+        world = size
+        if self.seat.rank >= world:
+            raise CannotRecover(f"rank {self.seat.rank} has no place in generation {generation} of {world} ranks")
+        prefix = GROUP_PREFIX.format(uid=self.uid, generation=generation)
+        self.store.set(f"{prefix}arrived/{self.seat.rank}", str(os.getpid()))
+        everyone = [f"{prefix}arrived/{r}" for r in range(world)]
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        while not self.store.check(everyone):
+            newest = self.newest()
+            if newest is not None and newest > generation:
+                raise Superseded(newest)
+            if time.monotonic() > deadline:
+                raise CannotRecover(f"not every rank of generation {generation} arrived within {JOIN_TIMEOUT_S:g} s")
+            time.sleep(POLL_S)
+        backend = self.backend if self.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend=backend, store=dist.PrefixStore(f"{prefix}group/", self.store),
+                                rank=self.seat.rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=min(timeout_s, CONNECT_TIMEOUT_S)),
+                                device_id=device if device.type == "cuda" else None)
+        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout_s), None)
+        self.generation = generation
+        return world
+
+    def join_newest(self, generation: int, device: torch.device, timeout_s: float,
+                    world: int | None = None) -> tuple[int, int]:
+        """Join `generation` or the newest one published while it formed: (generation, world size)."""
+        newest = self.newest()
+        generation = max(generation, newest or 0)
+        while True:
+            try:
+                return generation, self.join(generation, device, timeout_s, world)
+            except Superseded as newer:
+                generation = newer.generation
+
+    def leave(self, groups: list[dist.ProcessGroup | None]) -> None:
+        """Out of the failed generation's groups (`groups`: side groups, None the default group). NCCL: abort
+        first, which fails whatever is still queued on them; then destroy. A destroy that does not return
+        within LEAVE_TIMEOUT_S (a Gloo wait nothing can cut short) raises CannotRecover."""
+        if not dist.is_initialized():
+            return
+        from .distributed import abort_process_groups
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def destroy() -> None:
+            try:
+                abort_process_groups(groups)
+                dist.destroy_process_group()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller below
+                errors.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=destroy, name="ddpjob-leave-group", daemon=True).start()
+        if not done.wait(LEAVE_TIMEOUT_S):
+            raise CannotRecover(f"the process group of generation {self.generation} could not be left within "
+                                f"{LEAVE_TIMEOUT_S:g} s (a wait inside it cannot be cut short)")
+        if errors:
+            raise CannotRecover(f"leaving the process group of generation {self.generation} failed: "
+                                f"{type(errors[0]).__name__}: {errors[0]}")
+
+    def exchange(self, held: Callable[[], dict[str, Any]] | None, step: int,
+                 device: torch.device) -> tuple[dict[str, Any] | None, int | None]:
+        """Every rank of the new group: (the state received, or None where this rank holds the newest one
+        or nobody holds any; the rank it came from, None: nobody holds it, the volume)."""
+        world, rank = dist.get_world_size(), dist.get_rank()
+        mine = torch.tensor([1 if held is not None else 0, step if held is not None else -1], dtype=torch.int64,
+                            device=device)
+        rows = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(rows, mine)
+        choice = choose_source([(bool(r[0]), int(r[1])) for r in torch.stack(rows).tolist()])
+        if choice is None:
+            return None, None
+        source, receivers = choice
+        if not receivers:
+            return None, source
+        members = sorted([source, *receivers])
+        group = dist.new_group(members) if len(members) < world else None  # every rank calls new_group
+        if rank not in members:
+            return None, source
+        try:
+            state = broadcast_state(held() if rank == source else None, source, group, device)
+        finally:
+            if group is not None:
+                dist.destroy_process_group(group)
+        return (state if rank in receivers else None), source
