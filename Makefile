@@ -17,8 +17,12 @@ $(STAMP): operator/pyproject.toml trainer-image/pyproject.toml
 	$(BIN)/pip install -q -e 'operator[test]' -e 'trainer-image[test]'
 	touch $(STAMP)
 
-test: venv
+test: venv lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# pyflakes' findings and syntax errors in every Python file (ruff.toml); clean before any test runs.
+lint: venv
+	$(BIN)/ruff check .
 
 # The chart ships a byte-identical copy of the CRD (a test checks it).
 crds: venv

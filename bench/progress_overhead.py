@@ -91,7 +91,7 @@ async def operator_bench(a: argparse.Namespace) -> None:
     import aiohttp
     import kmock
 
-    from ddpjob_operator import builders, model
+    from ddpjob_operator import builders
     from tests.operator.conftest import FAST, NAMESPACE, Harness, OperatorProcess, eventually
     from tests.operator.emulator import Cluster
 

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from ddpjob_operator import decisions as d
 
-from .test_decisions import T0, failed, job, running_status, seen, spec, w
+from .test_decisions import T0, failed, job, running_status, spec, w
 
 TIMED_OUT = ("rank 0 (local rank 0) exited with code 1: RuntimeError: [../third_party/gloo/gloo/transport/tcp/"
              "pair.cc:534] Timed out waiting 30000ms for recv operation to complete [generation 0] [rendezvous closed]")

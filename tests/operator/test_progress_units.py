@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 

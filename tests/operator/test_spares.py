@@ -20,7 +20,7 @@ from ddpjob_operator.decisions.spares import REASON_SPARE_ABANDONED, REASON_SPAR
 from ddpjob_operator.validation import InvalidJob, parse_spec
 
 from .conftest import eventually, passes
-from .test_decisions import T0, UID, failed, job, of, running_status, seen, spec, w
+from .test_decisions import T0, UID, failed, job, of, running_status, spec, w
 from .test_scenarios import (NO_BACKOFF, NS, PODS, assert_outcome, creations, deletions,  # noqa: F401
                              dies_after_the_charge, nodes, operator, reconciled_past, started, uids)
 

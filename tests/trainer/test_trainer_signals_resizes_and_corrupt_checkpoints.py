@@ -6,7 +6,6 @@ in the trainer's behaviour under signals, resizes and restarts.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re

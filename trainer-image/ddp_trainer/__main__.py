@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 

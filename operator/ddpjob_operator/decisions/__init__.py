@@ -18,7 +18,7 @@ from __future__ import annotations
 from .. import builders, model
 from .accounting import (account_incident, backoff_seconds, classify_exit, rendezvous_closed,
                          rendezvous_failed)
-from .common import (MESSAGE_LIMIT, Plan, parse_time, rfc3339, set_condition, set_phase, short_message)
+from .common import (MESSAGE_LIMIT, Plan, parse_time, rfc3339, set_condition, short_message)
 from .completion import cannot_start, deadline_passed, finished, invalid_spec, rejected, succeeded
 from . import spares
 from .generations import replace_and_create, resized, store_lost, suspend

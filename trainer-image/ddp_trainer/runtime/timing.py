@@ -29,7 +29,6 @@ import time
 from typing import Any, Callable, Iterator
 
 import torch
-import torch.distributed as dist
 
 
 class StepTimer:
