@@ -426,7 +426,10 @@ class Controller:
         now = self.clock()
         pods = await self._with_mount_failures(key[0], tuple(self.pods.get((key[0], uid), ())), now)
         observed = store.observe(pods, now, tuple(self.rejected.get(uid, {}).values()), job_uid=uid)
-        observed = dataclasses.replace(observed, progress=self.progress.observation(uid, now))
+        # A worker that finished sent its last report before it exited: published now, so the write that
+        # may say Succeeded carries the final step.
+        finished = any(w.phase == "Succeeded" for w in observed.workers)
+        observed = dataclasses.replace(observed, progress=self.progress.observation(uid, now, final=finished))
         decision = decisions.decide(view, observed, self.options)
         decision = dataclasses.replace(decision, status=self._heartbeat(decision.status, now))
         # Diff against what the server holds: our last write, or the stored status after a restart.

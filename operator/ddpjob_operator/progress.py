@@ -105,9 +105,13 @@ class Report:
     last_checkpoint_step: int | None = None
     rank: int | None = None  # the global rank that sent it; rank 0's values are the job's
     step_seconds: float | None = None  # this pod's own time per step, apart from waiting in collectives
+    # The rendezvous generation the sending trainer runs in: a survivor's old trainer may report after its pod
+    # was carried into the next generation (its last report at exit, a heartbeat): it only ever lowers the
+    # generation the report is attributed to (attributed_generation), never raises it.
+    generation: int | None = None
 
 
-_INTS = ("total_steps", "epoch", "world_size", "last_checkpoint_step", "rank")
+_INTS = ("total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "generation")
 _FLOATS = ("loss", "samples_per_second", "step_seconds")
 MAX_STEP_SECONDS = 86400.0  # one step of a day: beyond it a report is wrong, not slow
 MAX_INT = 2**53
@@ -336,6 +340,7 @@ class JobProgress:
     published_at: datetime | None = None
     dirty: bool = False
     rank0_index: int | None = None  # the pod (replica index) whose reports say rank 0 in this generation
+    rank0_claimed: datetime | None = None  # that pod's newest report saying rank 0
     last_refused: datetime | None = None  # the operator last could not take a report for this job
     timings: decisions.TimingHistory = field(default_factory=decisions.TimingHistory)  # straggler detection
 
@@ -361,19 +366,28 @@ class ProgressTracker:
             return  # a pod of a generation left behind (still stopping): its rank's silence is all it tells
         if generation > job.generation:
             job.generation, job.step, job.last_advance, job.latest = generation, -1, None, None
-            job.rank0_index = None
+            job.rank0_index = job.rank0_claimed = None
             job.history.clear()
+        if report.step_seconds is not None:
+            job.dirty = True  # stepTimes follow every worker's reports, not only rank 0's
         if report.step > job.step:
             job.step, job.last_advance = report.step, now
             job.history.append((now, report.step))
         # Rank 0's values are the job's (its loss is already averaged over ranks); otherwise the newest step.
-        # The body's rank is only a claim: the first pod making it in a generation keeps it while it
-        # reports, so another pod saying `rank: 0` never takes over the job's values.
-        holder = job.ranks.get(job.rank0_index) if job.rank0_index is not None else None
-        if report.rank == 0 and (holder is None or holder.generation != generation
-                                 or (now - holder.last_seen).total_seconds() > RANK0_CLAIM_SECONDS):
-            job.rank0_index = index  # unclaimed, or its pod went silent (a re-rendezvous moved rank 0)
-        if report.rank == 0 and job.rank0_index != index:
+        # The body's rank is only a claim: the first pod making it in a generation keeps it while it says so,
+        # so another pod saying `rank: 0` never takes over the job's values. The claim ends when its pod
+        # reports another rank (a re-rendezvous gave rank 0 to another pod: a promoted spare, a replacement)
+        # or stops saying rank 0 for RANK0_CLAIM_SECONDS, even while it goes on reporting as another rank.
+        if job.rank0_index == index and report.rank is not None and report.rank != 0:
+            job.rank0_index = job.rank0_claimed = None
+            if job.latest is not None and job.latest.rank == 0:
+                job.latest = dataclasses.replace(job.latest, rank=None)  # no longer rank 0's: the newest step wins
+        if report.rank == 0 and (job.rank0_index is None or job.rank0_claimed is None
+                                 or (now - job.rank0_claimed).total_seconds() > RANK0_CLAIM_SECONDS):
+            job.rank0_index = index  # unclaimed, or its claim lapsed
+        if report.rank == 0 and job.rank0_index == index:
+            job.rank0_claimed = now
+        elif report.rank == 0:
             report = dataclasses.replace(report, rank=None)
         if job.latest is None or report.rank == 0 or (job.latest.rank != 0 and report.step >= job.latest.step):
             job.latest, job.received_at, job.dirty = report, now, True
@@ -392,13 +406,14 @@ class ProgressTracker:
             return 0.0
         return max(0.0, (job.published_at + timedelta(seconds=self.write_seconds) - now).total_seconds())
 
-    def observation(self, uid: str, now: datetime) -> decisions.ProgressObservation | None:
+    def observation(self, uid: str, now: datetime, final: bool = False) -> decisions.ProgressObservation | None:
         """What the decision layer sees: the job-level values as last published (a publish happens here,
-        at most every write_seconds), with the live clock of the stall rule."""
+        at most every write_seconds, and at once when `final`: a worker finished, so the status write that
+        may say Succeeded carries the trainers' last report), with the live clock of the stall rule."""
         job = self.jobs.get(uid)
         if job is None or job.last_advance is None or job.latest is None:
             return None
-        if job.dirty and (self.due_in(uid, now) or 0.0) <= 0.0:
+        if job.dirty and (final or (self.due_in(uid, now) or 0.0) <= 0.0):
             latest = job.latest
             job.published = decisions.ProgressObservation(
                 generation=job.generation, step=latest.step, last_advance=job.last_advance,
@@ -676,9 +691,17 @@ class ProgressServer:
             report = parse_report(raw)
         except BadReport as exc:
             return self._answer(exc.status, "invalid", str(exc))
-        self.tracker.record(worker.uid, (namespace, name), worker.index, worker.generation, report, self.clock())
+        self.tracker.record(worker.uid, (namespace, name), worker.index, attributed_generation(worker, report), report,
+                            self.clock())
         self.accepted(namespace, name, worker.uid)
         return self._answer(204, "accepted")
+
+
+def attributed_generation(worker: Worker, report: Report) -> int:
+    """The generation a report counts for: the one the operator says its pod serves, or an older one its
+    trainer says it runs in (a survivor's trainer of the generation before, reporting once more as it stops).
+    The body can only lower it: a pod never speaks for a generation the operator has not given it."""
+    return worker.generation if report.generation is None else min(worker.generation, report.generation)
 
 
 def _own_pod(pods: Mapping[tuple[str, str], Any], body: Mapping[str, Any], namespace: str,

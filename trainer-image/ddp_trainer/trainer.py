@@ -123,6 +123,8 @@ class Trainer:
                 raise
             if code is not None:
                 return code
+        if self.progress.step % self.cfg.log_every:
+            self._log_progress()  # the final step reported (sent before exit: the status shows it with Succeeded)
         metrics = self.evaluate()
         self._save(final=True)
         self._write_json("result.json", {"status": "completed", "step": self.progress.step,

@@ -20,7 +20,13 @@ process with none configured does nothing. Transports (docs/launch-contract.md, 
   killed worker's incident quotes. A refused token or report (another 4xx) is a misconfiguration:
   warned once.
 
-`flush()` (also called by `close()`) writes the newest report synchronously, for the end of a run.
+`flush()` (also called by `close()`) writes the newest report synchronously, for the end of a run: a
+trainer's last report is taken before its process exits, so the operator's status write that says
+Succeeded carries the final step.
+
+Every report names the rendezvous generation its trainer runs in (`generation`, from torchrun's run id): a
+survivor's trainer that reports once more as it stops, after the operator carried its pod into the next
+generation, is then not taken for the new generation's.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ MAX_BODY = 4096
 FILE_INTERVAL_S = 0.1
 # A loop with short steps need not build a report per step: most would be overwritten before a publish.
 REPORT_PACE_S = FILE_INTERVAL_S / 4
-CORE_KEYS = ("step", "total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "loss",
+CORE_KEYS = ("step", "total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "generation", "loss",
              "samples_per_second", "step_seconds", "time")
 
 
@@ -56,13 +62,15 @@ class ProgressReporter:
     def __init__(self, directory: str | os.PathLike | None = None, url: str | None = None, *,
                  enabled: bool = True, http_enabled: bool | None = None, token_file: str | None = None,
                  rank: int | None = None, http_timeout_s: float = 2.0, heartbeat_s: float = 5.0,
-                 min_interval_s: float = 1.0, ca_pem: str | None = None) -> None:
+                 min_interval_s: float = 1.0, ca_pem: str | None = None, generation: int | None = None) -> None:
         """`enabled` switches the file transport (global rank 0), `http_enabled` the HTTP one (local
-        rank 0 of each pod; defaults to `enabled`)."""
+        rank 0 of each pod; defaults to `enabled`). `generation`: the rendezvous generation reports name
+        (None: this process's at each report, from its environment, which in-process recovery updates)."""
         self.path = Path(directory) / PROGRESS_FILE if directory and enabled else None
         http = enabled if http_enabled is None else http_enabled
         self.url = (url or None) if http else None
         self.token_file, self.rank = token_file, rank
+        self.generation = generation
         self._warned: set[str] = set()
         self._ssl: ssl.SSLContext | None = None
         if self.url is not None and ca_pem:
@@ -93,7 +101,7 @@ class ProgressReporter:
         return cls(e.get("DDPJOB_CHECKPOINT_DIR") or None, e.get(URL_ENV) or None,
                    enabled=e.get("RANK", "0") == "0", http_enabled=e.get("LOCAL_RANK", "0") == "0",
                    token_file=e.get(TOKEN_ENV) or None, rank=int(e.get("RANK", "0") or 0),
-                   ca_pem=e.get(CA_ENV) or None)
+                   ca_pem=e.get(CA_ENV) or None, generation=None if env is None else _generation(e))
 
     def report(self, *, step: int, total_steps: int | None = None, loss: float | None = None,
                **fields: Any) -> None:
@@ -102,7 +110,8 @@ class ProgressReporter:
         if not self.enabled:
             return
         values = {"step": int(step), "total_steps": total_steps, "loss": None if loss is None else float(loss),
-                  "rank": self.rank, **fields, "time": time.time()}
+                  "rank": self.rank, "generation": _generation(os.environ) if self.generation is None else self.generation,
+                  **fields, "time": time.time()}
         with self._cond:
             self._latest = values
             if self._thread is None and not self._closed:
@@ -194,6 +203,17 @@ class ProgressReporter:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+def _generation(environ: Mapping[str, str]) -> int | None:
+    """This trainer's rendezvous generation (checkpoint.rendezvous_generation); None outside a DDPJob or when
+    the environment cannot say (progress is advisory: never an error here)."""
+    from .checkpoint import rendezvous_generation  # torch: imported by the trainer that reports anyway
+    try:
+        run, generation = rendezvous_generation(environ)
+    except ValueError:
+        return None
+    return generation if run or environ.get("DDPJOB_GENERATION") else None
 
 
 def _replace_json(path: Path, values: dict[str, Any]) -> None:
