@@ -23,7 +23,7 @@ pytest.importorskip("accelerate")
 
 from trainer_harness import (PY, base_env, kill_tree, read_json, recorded, run, start, tail,  # noqa: E402
                              trainer_pids, trap_exit, wait_for)
-from transformers import GPT2Config, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+from transformers import GPT2Config, Trainer, TrainerCallback, TrainingArguments, set_seed  # noqa: E402
 
 from ddp_trainer.runtime import frameworks  # noqa: E402
 from ddp_trainer.runtime import hf  # noqa: E402
@@ -44,6 +44,7 @@ EXAMPLE = _example()  # its TinyLM (GPT-2 from a config) and synthetic Sequences
 
 def _train(out: Path, max_steps: int, *, resume: str | None = None, callbacks: tuple = (), **args) -> None:
     """A single-process HF run of the example's model: DDPJob's callback saves every 2 steps into `out`."""
+    set_seed(0)  # the same initial weights in every run
     config = GPT2Config(vocab_size=EXAMPLE.VOCAB, n_positions=EXAMPLE.LENGTH, n_embd=8, n_layer=1, n_head=1)
     args = TrainingArguments(output_dir=str(out), max_steps=max_steps, per_device_train_batch_size=2,
                              save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True, seed=0, **args)
@@ -228,3 +229,35 @@ def test_6_a_full_volume_while_hf_saves_exits_75_naming_the_directory(tmp_path, 
     monkeypatch.setattr(builtins, "open", real_open)
     assert _complete(out) == ["checkpoint-2"]
     assert hf.resume_from_checkpoint(str(out)) == str(out / "checkpoint-2")
+
+
+# ---- issue 32, item 2: HF's logged loss after a resume --------------------------------------------------------
+
+class _Losses(TrainerCallback):
+    """Every loss HF logs, by step; with `stop_at`, training stops there (as the callback's stop does)."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.logged: dict[int, float] = {}
+        self.stop_at = stop_at
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.logged[state.global_step] = logs["loss"]
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.stop_at:
+            control.should_save = control.should_training_stop = True
+
+
+def test_hfs_running_loss_and_dropout_resume_exactly_between_logging_steps(tmp_path: Path) -> None:
+    """logging_steps=3 and a checkpoint at step 4: HF starts its running loss afresh on resume, so its log at
+    step 6 averaged steps 5-6 instead of 4-6 (and dropout drew other masks: the model has GPT-2's 0.1); the
+    running loss now travels with the checkpoint and each step's draws come from (seed, step, rank)."""
+    settings = {"logging_steps": 3, "lr_scheduler_type": "constant"}
+    undisturbed, stopped, resumed = _Losses(), _Losses(stop_at=4), _Losses()
+    _train(tmp_path / "a", 9, callbacks=(undisturbed,), **settings)
+    _train(tmp_path / "b", 9, callbacks=(stopped,), **settings)
+    assert _complete(tmp_path / "b")[-1] == "checkpoint-4"
+    _train(tmp_path / "b", 9, resume=hf.resume_from_checkpoint(str(tmp_path / "b")), callbacks=(resumed,), **settings)
+    assert sorted(undisturbed.logged) == [3, 6, 9] and stopped.logged == {3: undisturbed.logged[3]}
+    assert resumed.logged == {6: undisturbed.logged[6], 9: undisturbed.logged[9]}
