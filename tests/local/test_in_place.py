@@ -19,7 +19,7 @@ from ddpjob_operator.local.processes import marked_pids
 from ddpjob_operator.local.runner import DELETE, KILL, FaultInjection, LocalRunner, RunOptions
 
 from .harness import TimelineView
-from .test_semantics import Outcome, expect, expect_completed, expect_resumed, spec
+from .test_semantics import MAX_STEPS, Outcome, expect, expect_completed, expect_resumed, spec
 
 pytestmark = pytest.mark.slow
 
@@ -118,3 +118,6 @@ def test_a_warm_spare_takes_the_killed_workers_place(tmp_path):
     assert "spare: taking the place of worker 1 in rendezvous generation 1" in log
     expect_resumed(o, world_size=2, lost=1)
     expect_completed(o)
+    # The progress followed the generation the spare trains in to the last step (issue 31 item 1).
+    progress = o.status.progress
+    assert progress is not None and (progress.step, progress.percent) == (MAX_STEPS, 100), o.describe()
