@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -45,12 +46,14 @@ class Gang:
         self.client.set(NNODES_KEY.format(uid=UID, generation=generation), f"{nodes}:{nodes}")
         self.client.set(GENERATION_KEY.format(uid=UID), str(generation))
 
-    def start(self, replica: int, generation: int, nodes: int, args: list[str] = ()) -> subprocess.Popen:
+    def start(self, replica: int, generation: int, nodes: int, args: list[str] = (),
+              command: list[str] | None = None) -> subprocess.Popen:
         env = base_env(self.ckpt, DDPJOB_INPROCESS="1", PET_RDZV_ENDPOINT=self.store.endpoint,
                        TORCHELASTIC_RUN_ID=f"{UID}-g{generation}", DDPJOB_GENERATION=str(generation),
                        DDPJOB_REPLICA_INDEX=str(replica), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                        RANK=str(replica), WORLD_SIZE=str(nodes), DDPJOB_REJOIN_TIMEOUT_SECONDS="60")
-        proc = start([PY, "-m", "ddp_trainer", *ARGS, *args], env, self.log(replica, generation))
+        command = command or [PY, "-m", "ddp_trainer", *ARGS, *args]
+        proc = start(command, env, self.log(replica, generation))
         self.procs[replica, generation] = proc
         return proc
 
@@ -86,6 +89,12 @@ def gangs(tmp_path: Path):
     yield lambda name: made.append(Gang(tmp_path, name)) or made[-1]
     for gang in made:
         gang.close()
+
+
+def fault(rank: int) -> list[str]:
+    """Global rank `rank` crashes (SIGSEGV) right after optimizer step KILL_AT of generation 1."""
+    return ["--fault-at-step", str(KILL_AT), "--fault-rank", str(rank), "--fault-exit-code", "139",
+            "--fault-generation", "1"]
 
 
 def final_state(gang: Gang) -> dict:
@@ -126,8 +135,7 @@ def test_killed_rank_0_survivors_keep_their_processes_and_the_replacement_gets_t
     reference = undisturbed(gangs)
     gang = gangs("killed")
     gang.publish(1, 3)
-    fault = ["--fault-at-step", str(KILL_AT), "--fault-rank", "0", "--fault-exit-code", "139", "--fault-generation", "1"]
-    survivors = {replica: gang.start(replica, 1, 3, fault) for replica in range(3)}
+    survivors = {replica: gang.start(replica, 1, 3, fault(0)) for replica in range(3)}
     assert gang.wait(survivors.pop(0)) == -signal.SIGSEGV  # a crash in native code
     for replica in survivors:  # ...each saved its replica in the background (one of them commits it)
         gang.saw(replica, 1, f"at step {KILL_AT}: a peer failed in generation 1")
@@ -146,3 +154,60 @@ def test_killed_rank_0_survivors_keep_their_processes_and_the_replacement_gets_t
     for replica in range(3):
         assert gang.wait(reference.procs[replica, 1]) == 0, reference.logs()
     assert_bit_identical(final_state(gang), final_state(reference))
+
+
+def test_a_second_failure_during_the_hand_over_moves_everyone_to_the_next_generation(gangs) -> None:
+    reference = undisturbed(gangs)
+    gang = gangs("twice")
+    gang.publish(1, 3)
+    survivors = {replica: gang.start(replica, 1, 3, fault(0)) for replica in range(3)}
+    assert gang.wait(survivors.pop(0)) == -signal.SIGSEGV
+    for replica in survivors:
+        gang.saw(replica, 1, f"at step {KILL_AT}: a peer failed in generation 1")
+    kill_tree(survivors.pop(2), signal.SIGKILL)  # the second failure: a survivor, while it waits
+    gang.publish(2, 3)  # the first incident's replacement...
+    first = gang.start(0, 2, 3)
+    arrived = [f"ddpjob/{UID}/inprocess/g2/arrived/{rank}" for rank in (0, 1)]
+    wait_for(lambda: gang.client.check(arrived), "ranks 0 and 1 in generation 2", 60, explain=gang.logs)
+    gang.publish(3, 3)  # ...and the second's, whose generation the others leave theirs for
+    second = gang.start(2, 3, 3)
+
+    for proc in (survivors[1], first, second):
+        assert gang.wait(proc) == 0, gang.logs()
+    assert "recovered in process: generation 1 -> 3, rank 1 of 3, state kept" in gang.text(1, 1)
+    for replica, generation in ((0, 2), (2, 3)):
+        assert f"resumed from peer rank 1 by broadcast step={KILL_AT}" in gang.text(replica, generation)
+    for replica in range(3):
+        assert gang.wait(reference.procs[replica, 1]) == 0, reference.logs()
+    assert_bit_identical(final_state(gang), final_state(reference))
+
+
+def test_a_changed_world_size_takes_the_volume_path(gangs) -> None:
+    gang = gangs("resized")
+    gang.publish(1, 3)
+    survivors = {replica: gang.start(replica, 1, 3, fault(2)) for replica in range(3)}
+    assert gang.wait(survivors.pop(2)) == -signal.SIGSEGV
+    wait_for(lambda: (steps_dir(gang.ckpt) / f"step-{KILL_AT:08d}.committed").exists(), "the rescue checkpoint", 60,
+             explain=gang.logs)
+    gang.publish(2, 2)  # a scale-down to two nodes instead of a replacement
+    for replica, proc in survivors.items():
+        assert gang.wait(proc) == 1, gang.logs()  # today's exit: the launcher starts it again at the new size
+        assert "in-process recovery not possible: generation 2 has 2 ranks, not 3" in gang.text(replica, 1)
+    resized = [gang.start(replica, 2, 2) for replica in range(2)]
+    for proc in resized:
+        assert gang.wait(proc) == 0, gang.logs()
+    assert f"resumed from checkpoint step={KILL_AT}" in gang.text(0, 2)
+    assert "(saved at world_size=3, now 2)" in gang.text(0, 2)
+
+
+def test_a_group_that_cannot_be_left_falls_back_to_the_exit_path_and_says_why(gangs) -> None:
+    gang = gangs("wedged")
+    gang.publish(1, 2)
+    script = str(Path(__file__).with_name("inprocess_frozen_peer.py"))
+    procs = [gang.start(replica, 1, 2, command=[PY, script]) for replica in range(2)]
+    gang.saw(1, 1, "rank 1 freezing")
+    started = time.monotonic()
+    assert gang.wait(procs[0], 30) == 3, gang.logs()
+    assert time.monotonic() - started < 20  # not the group's 60 s: the bounded leave, then the exit at once
+    text = gang.text(0, 1)
+    assert "in-process recovery not possible: the process group of generation 1 could not be left within 2 s" in text

@@ -249,7 +249,10 @@ class Job:
                     self._group_wedged = True
                     raise
             self.stop.reset()
-            newer = rdzv.wait_newer(generation, timeout, lambda: self.stop.requested)
+            try:
+                newer = rdzv.wait_newer(generation, timeout, lambda: self.stop.requested)
+            except RuntimeError as e:  # DistStoreError: the store is lost too, and its generations with it
+                raise inprocess.CannotRecover(f"the job's rendezvous store cannot be read: {e}") from e
             if newer is None:
                 raise inprocess.CannotRecover(f"stopped by signal {self.stop.signum} while waiting for the next "
                                               f"generation" if self.stop.requested else

@@ -1,0 +1,64 @@
+"""The pure parts of in-process recovery (runtime/inprocess.py): who sends the state, the seat, the node range,
+the state's skeleton and buckets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddp_trainer.runtime.inprocess import (Seat, buckets, choose_source, flatten, max_nodes, nbytes, slots_of,
+                                           split_run_id, unflatten)
+
+
+@pytest.mark.parametrize("table, expected", [
+    ([(False, -1), (True, 12), (True, 12)], (1, [0])),  # the replacement of rank 0 gets it from rank 1
+    ([(True, 12), (True, 12), (False, -1)], (0, [2])),
+    ([(True, 12), (True, 13), (True, 13), (False, -1)], (1, [0, 3])),  # a survivor a step behind receives too
+    ([(True, 5), (True, 5)], (0, [])),  # everyone holds it: nothing travels
+    ([(False, -1), (False, -1)], None),  # nobody: the volume
+    ([], None),
+])
+def test_the_lowest_rank_holding_the_newest_step_sends_to_every_rank_without_it(table, expected) -> None:
+    assert choose_source(table) == expected
+
+
+def test_a_rank_is_its_seat_whoever_holds_it() -> None:
+    assert Seat(replica_index=0, local_rank=0, nproc=1).rank == 0
+    assert Seat(replica_index=2, local_rank=1, nproc=4).rank == 9
+    assert Seat(replica_index=3, local_rank=0, nproc=1).rank == 3
+
+
+@pytest.mark.parametrize("text, size", [("3:3", 3), ("2:4", 4), ("5", 5)])
+def test_a_generations_size_is_the_maximum_of_its_node_range(text: str, size: int) -> None:
+    assert max_nodes(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "a:b", "2:0", "x"])
+def test_a_node_range_that_is_not_one_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="node range"):
+        max_nodes(text)
+
+
+def test_the_run_id_names_the_job_and_the_generation() -> None:
+    assert split_run_id("1234-abcd-g7") == ("1234-abcd", 7)
+    with pytest.raises(ValueError, match="<job uid>-g<generation>"):
+        split_run_id("test")
+
+
+def test_a_state_becomes_a_skeleton_and_its_tensors_and_back() -> None:
+    state = {"model": {"w": torch.arange(6.0).reshape(2, 3), "b": torch.zeros(3, dtype=torch.float16)},
+             "optimizer": {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 0.1, "params": [0]}]},
+             "progress": {"step": 12}, "pair": (1, torch.ones(1, dtype=torch.int64)), "rng": None}
+    skeleton, tensors = flatten(state)
+    assert len(tensors) == 4 and [s.index for s in slots_of(skeleton)] == [0, 1, 2, 3]
+    assert skeleton["progress"] == {"step": 12} and skeleton["rng"] is None
+    back = unflatten(skeleton, [t.clone() for t in tensors])
+    assert torch.equal(back["model"]["w"], state["model"]["w"]) and back["model"]["b"].dtype == torch.float16
+    assert back["pair"][0] == 1 and isinstance(back["pair"], tuple)
+    assert [nbytes(s) for s in slots_of(skeleton)] == [24, 6, 4, 8]
+
+
+def test_buckets_hold_at_most_the_limit_with_aligned_offsets() -> None:
+    assert buckets([10, 10, 100, 3], limit=128) == [[(0, 0), (1, 64)], [(2, 0)], [(3, 0)]]
+    assert buckets([500], limit=128) == [[(0, 0)]]  # a larger tensor alone in its own bucket
+    assert buckets([]) == []
