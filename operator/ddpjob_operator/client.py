@@ -24,9 +24,9 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from . import builders, model, validation
+from . import builders, function_job, model, validation
 from .kube import SERVICE_ACCOUNT_DIR, Connection
 from .validation import FieldError
 
@@ -327,6 +327,30 @@ class Client:
                                   f"install the chart (docs/install.md) or create the namespace") from None
             raise
 
+    def submit_function(self, fn: Callable[..., Any], namespace: str | None = None, **options: Any) -> Job:
+        """A Python function as a job (function_job.build, `options` as for it): creates the ConfigMap, then
+        the job, then makes the job own the ConfigMap (deleting the job deletes it)."""
+        ns = namespace or self.namespace
+        fj = function_job.build(fn, namespace=ns, **options)
+        maps = f"/api/v1/namespaces/{ns}/configmaps"
+        config_map = f"{maps}/{fj.config_map['metadata']['name']}"
+        try:
+            self._call("POST", maps, body=fj.config_map)
+        except ApiError as exc:
+            if exc.status == 409:
+                raise JobExists(ns, fj.name) from None
+            raise
+        try:
+            job = self.create(fj.manifest, ns)
+        except Exception:
+            self._call("DELETE", config_map)
+            raise
+        owner = {"apiVersion": model.API_VERSION, "kind": model.KIND, "name": job.name, "uid": job.uid,
+                 "controller": True, "blockOwnerDeletion": True}
+        self._call("PATCH", config_map, content_type="application/merge-patch+json",
+                   body={"metadata": {"ownerReferences": [owner]}})
+        return job
+
     def get(self, name: str, namespace: str | None = None) -> Job:
         return Job(self._job_call("GET", name, namespace))
 
@@ -517,8 +541,7 @@ class Client:
         return None
 
 
-def submit(train_fn: Any, **kwargs: Any) -> Job:
-    """A Python function as a job (function_job.submit): see docs/python-api.md."""
-    from . import function_job
-
-    return function_job.submit(train_fn, **kwargs)
+def submit(train_fn: Callable[..., Any], *, client: Client | None = None, namespace: str | None = None,
+           **options: Any) -> Job:
+    """A Python function as a job (Client.submit_function): see docs/python-api.md."""
+    return (client or Client(namespace=namespace)).submit_function(train_fn, namespace, **options)

@@ -5,7 +5,7 @@
         dist.init_process_group("gloo")
         ...
 
-    job = function_job.submit(train, replicas=2, kwargs={"epochs": 5})
+    job = ddpjob.submit(train, replicas=2, kwargs={"epochs": 5})   # client.submit: sends what build() makes
 
 The function's source (`inspect.getsource`) and its keyword arguments (JSON) become a small program in a
 ConfigMap `<job>-function`, mounted into every worker at MOUNT_PATH; the job's entrypoint is that program,
@@ -201,33 +201,6 @@ def build(fn: Callable[..., Any], *, name: str | None = None, replicas: int = 1,
                                "labels": {f"{model.GROUP}/job-name": name}},
                   "data": {PROGRAM: text}}
     return FunctionJob(manifest=manifest, config_map=config_map)
-
-
-def submit(fn: Callable[..., Any], *, client: Any = None, namespace: str | None = None, **options: Any) -> Any:
-    """Create the ConfigMap, then the job, then make the job own the ConfigMap (deleting the job deletes it).
-    Returns the client's Job. `options` as for build()."""
-    from . import client as client_module
-
-    api = client or client_module.Client(namespace=namespace)
-    ns = namespace or api.namespace
-    fj = build(fn, namespace=ns, **options)
-    maps = f"/api/v1/namespaces/{ns}/configmaps"
-    try:
-        api._call("POST", maps, body=fj.config_map)
-    except client_module.ApiError as exc:
-        if exc.status == 409:
-            raise client_module.JobExists(ns, fj.name) from None
-        raise
-    try:
-        job = api.create(fj.manifest, ns)
-    except Exception:
-        api._call("DELETE", f"{maps}/{fj.config_map['metadata']['name']}")
-        raise
-    owner = {"apiVersion": model.API_VERSION, "kind": model.KIND, "name": job.name, "uid": job.uid,
-             "controller": True, "blockOwnerDeletion": True}
-    api._call("PATCH", f"{maps}/{fj.config_map['metadata']['name']}", content_type="application/merge-patch+json",
-              body={"metadata": {"ownerReferences": [owner]}})
-    return job
 
 
 def local_job(fj: FunctionJob, directory: Path) -> model.DDPJob:
