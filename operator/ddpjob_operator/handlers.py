@@ -217,7 +217,8 @@ class Controller:
                 try:  # reports go to the next leader only
                     await asyncio.wait_for(self._label_own_pod(False), self.settings.lease_retry_period_seconds)
                 except (*RETRYABLE_ERRORS, OSError) as exc:
-                    logger.warning("could not remove the progress label from this pod: %s", exc)
+                    log = logger.info if leader.permission_withdrawn(exc) else logger.warning  # an uninstall
+                    log("could not remove the progress label from this pod: %s", exc)
             await self.elector.stop()  # hand the Lease over at once (SIGTERM)
         self.metrics.stop()
         await self.api.close()
@@ -246,7 +247,10 @@ class Controller:
                         logger.error("progress routing: pod %s/%s not found (POD_NAME must name this pod); reports "
                                      "reach every replica", self.settings.lease_namespace, self.settings.identity)
                         return
-                    logger.warning("progress routing: could not label pod %s: %s", self.settings.identity, exc)
+                    # Refused with the Lease too: an uninstall took the Role (leader.py); alone: a missing rule.
+                    uninstall = leader.permission_withdrawn(exc) and self.elector.withdrawn_since is not None
+                    (logger.info if uninstall else logger.warning)(
+                        "progress routing: could not label pod %s: %s", self.settings.identity, exc)
                 except (*RETRYABLE_ERRORS, OSError) as exc:
                     logger.warning("progress routing: could not label pod %s: %s", self.settings.identity, exc)
             try:

@@ -20,6 +20,12 @@ The rules are controller-runtime's (client-go `leaderelection`), in three parts:
 
 On SIGTERM the holder releases the Lease (empty holderIdentity, as client-go's ReleaseOnCancel),
 so a standby takes over at its next poll instead of waiting for the Lease to expire.
+
+At `helm uninstall` the chart's Role and RoleBinding go while the replicas are still stopping (Helm deletes
+the Deployment first, but its pods stop within their grace period): the API server then answers 401/403
+for the Lease, the progress label and the release. That is expected, and logged at info level
+(`permission_withdrawn`); only a replica that keeps running that way for WITHDRAWN_WARN_SECONDS (its
+Role or RoleBinding is missing) warns.
 """
 
 from __future__ import annotations
@@ -37,6 +43,13 @@ from . import kube
 logger = logging.getLogger("ddpjob_operator.leader")
 
 LEASES = kube.Kind("coordination.k8s.io/v1", "leases")
+WITHDRAWN_WARN_SECONDS = 120.0  # longer than any replica takes to stop (the chart's grace period is 30 s)
+
+
+def permission_withdrawn(exc: BaseException) -> bool:
+    """The API server no longer lets this replica in (401/403): its RBAC or credentials were removed, as at
+    `helm uninstall` while it stops."""
+    return isinstance(exc, kube.ApiError) and exc.status in (401, 403)
 
 
 class NotLeader(kube.ApiError):
@@ -153,6 +166,8 @@ class Elector:
         self.on_start: Callable[[], None] = lambda: None
         self.on_stop: Callable[[], None] = lambda: None
         self.on_change: Callable[[str], None] = lambda holder: None  # the holder changed (we may be it)
+        self.withdrawn_since: float | None = None  # rounds refused 401/403 since then (an uninstall, or no RBAC)
+        self._warned_withdrawn = False
 
     # ------------------------------------------------------------ what the operator asks
 
@@ -184,8 +199,8 @@ class Elector:
                 await asyncio.wait_for(self._write(body, create=False), self.timing.retry_period * 2)
                 logger.info("released Lease %s/%s", self.namespace, self.name)
             except (kube.ApiError, OSError, asyncio.TimeoutError) as exc:
-                logger.warning("could not release Lease %s/%s (it expires on its own): %s",
-                               self.namespace, self.name, exc)
+                log = logger.info if permission_withdrawn(exc) else logger.warning
+                log("could not release Lease %s/%s (it expires on its own): %s", self.namespace, self.name, exc)
         await self.api.close()
 
     # ------------------------------------------------------------ the loop
@@ -194,15 +209,32 @@ class Elector:
         while True:
             try:
                 await self._round()
+                self.withdrawn_since, self._warned_withdrawn = None, False
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # an API error: try again next period; fencing holds meanwhile
-                logger.warning("leader election round failed: %s", exc)
+                self._round_failed(exc)
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.timing.retry_period)
             except asyncio.TimeoutError:
                 pass
+
+    def _round_failed(self, exc: Exception) -> None:
+        if not permission_withdrawn(exc):
+            self.withdrawn_since = None
+            logger.warning("leader election round failed: %s", exc)
+            return
+        now = self.clock()
+        if self.withdrawn_since is None:
+            self.withdrawn_since = now
+            logger.info("leader election: the API server refuses Lease %s/%s (%s): expected while the chart is "
+                        "uninstalled; standing by", self.namespace, self.name, exc)
+        elif now - self.withdrawn_since >= WITHDRAWN_WARN_SECONDS and not self._warned_withdrawn:
+            self._warned_withdrawn = True
+            logger.warning("leader election: the API server has refused Lease %s/%s for %.0fs (%s): this "
+                           "replica's Role or RoleBinding is missing", self.namespace, self.name,
+                           now - self.withdrawn_since, exc)
 
     async def _round(self) -> None:
         if not (self._lease is not None and self.leading() and self._lease.holder == self.identity):
@@ -277,8 +309,9 @@ class Elector:
 
     def _check_expiry(self) -> None:
         if not self.leading():
-            logger.warning("could not renew Lease %s/%s within %ss: stopped acting", self.namespace, self.name,
-                           self.timing.renew_deadline)
+            log = logger.info if self.withdrawn_since is not None else logger.warning  # an uninstall: expected
+            log("could not renew Lease %s/%s within %ss: stopped acting", self.namespace, self.name,
+                self.timing.renew_deadline)
             self._set_leader(False)
 
     def _set_leader(self, leading: bool) -> None:
