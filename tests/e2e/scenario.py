@@ -29,6 +29,9 @@ MAX_STEPS = 4000  # a run of a few minutes at kind's speed, long enough to injec
 # without (measured by bench/recovery.py --setups cluster, docs/benchmarks.md). A test bounds it, not
 # benchmarks it: scheduling, a container start and the trainer's 4-5 s of imports vary on a test cluster.
 RECOVERED_WITHIN = 60
+# A new generation's trainers log their start, then load the checkpoint and log the resume: the line comes
+# after the pods run (0.8 s after the start line was seen on a v1.36 cluster), within this.
+RESUME_WITHIN = 2 * RECOVERED_WITHIN
 
 # A silent node (node-down; docs/operator.md, "When a node stops answering"). The survivors' collectives
 # time out after the trainer's --dist-steady-timeout, or its stall watchdog fires at that + the longest
@@ -355,11 +358,14 @@ class Training:
         assert got == want, f"expected {want}, got {got}; message: {end[2] if end else self.status.get('message')!r}"
 
     def assert_resumed(self, generation: int, *, world: int, not_before: int, not_after: int | None = None,
-                       skip: int = 0, lost: int | None = None) -> Resume:
+                       skip: int = 0, lost: int | None = None, timeout: float = RESUME_WITHIN) -> Resume:
         """Training resumed in `generation` at `world` from a checkpoint at most `lost` steps (default:
         one checkpoint interval) behind not_before, the newest step seen before the fault, and <=
         not_after when the fault's step is known. `skip`: resume lines of that generation that came
-        before the fault."""
+        before the fault. While the job runs, its trainers may have started without having resumed yet
+        (loading the checkpoint takes a while after the pods run): the line is awaited, within `timeout`."""
+        self.wait(lambda: self.resumes(generation)[skip:] or self.status.get("phase") in TERMINAL,
+                  f"a 'resumed from checkpoint' line in generation {generation}", timeout, until_terminal=True)
         resumes = self.resumes(generation)[skip:]
         assert resumes, (f"no 'resumed from checkpoint' line in the logs of generation {generation}'s workers "
                          f"(training restarted from scratch, or never resumed): {self.describe()}")

@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
-import urllib.request
+from pathlib import Path
 
 import pytest
+
+from ddpjob_operator.model import TRAINER_CONTAINER
 
 from . import cluster
 from .scenario import FAULT_AT, Training, digits_job
@@ -56,29 +57,41 @@ def test_hung_rank_stalls_restarts_once_and_succeeds(namespace, operator):
     assert any(e["type"] == "Warning" and "no training progress for 60s" in e["message"] for e in events), events
 
 
-def _post(port: int, job: str, token: str, namespace: str, body: dict) -> int:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/namespaces/{namespace}/ddpjobs/{job}/progress",
-                                     data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status
-    except urllib.error.HTTPError as e:
-        return e.code
+POST_PROGRESS = Path(__file__).with_name("post_progress.py")
 
 
-def _reports(port: int) -> dict[str, float]:
-    """ddpjob_progress_reports_total by result, from the operator's /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-        text = response.read().decode()
+def _post_from_pod(namespace: str, pod: str, reports: list[tuple[str, str, dict]]) -> list[int]:
+    """POST each (job, token, body) to the operator's progress endpoint from inside `pod`, through the
+    operator's Service and with the pod's CA, as a trainer does (post_progress.py run by the pod's Python);
+    the answers' status codes."""
+    spec = cluster.get_json("pod", "-n", namespace, pod)["spec"]
+    trainer = next(c for c in spec["containers"] if c["name"] == TRAINER_CONTAINER)
+    url = next((e.get("value") for e in trainer.get("env", ()) if e["name"] == "DDPJOB_PROGRESS_URL"), None)
+    if not url:
+        pytest.skip("the operator gives its workers no DDPJOB_PROGRESS_URL (installed without a progress endpoint)")
+    args = [a for job, token, body in reports
+            for a in (re.sub(r"/ddpjobs/[^/]+/progress$", f"/ddpjobs/{job}/progress", url), token, json.dumps(body))]
+    out = cluster.kubectl("exec", "-i", "-n", namespace, pod, "-c", TRAINER_CONTAINER, "--", "python", "-", *args,
+                          stdin=POST_PROGRESS.read_text(), timeout=300).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _reports(operator_pod: str) -> dict[str, float]:
+    """ddpjob_progress_reports_total by result, from the acting operator's /metrics, read through the API
+    server's pod proxy (no port-forward: not every test cluster serves one)."""
+    port = int(cluster.operator_setting("DDPJOB_OPERATOR_METRICS_PORT", "9090"))
+    result = cluster.raw_get(f"/api/v1/namespaces/{cluster.OPERATOR_NAMESPACE}/pods/{operator_pod}:{port}/proxy/metrics",
+                             check=False)
+    if result.returncode != 0:
+        pytest.skip(f"cannot read the operator's /metrics through the API server's pod proxy: {result.stderr.strip()}")
     return {m.group(1): float(m.group(2)) for m in re.finditer(
-        r'^ddpjob_progress_reports_total\{result="([a-z_]+)"\} (\S+)$', text, re.MULTILINE)}
+        r'^ddpjob_progress_reports_total\{result="([a-z_]+)"\} (\S+)$', result.stdout, re.MULTILINE)}
 
 
 def test_a_report_with_another_jobs_token_is_refused(namespace, operator):
-    """Sent to the acting replica through the test's own port-forward (a report through the Service may
-    reach the standby, which answers 503), from outside any pod: the token alone says who reports.
-    Refusals are read from the operator's counters, and a refused report's values never reach a status."""
+    """Sent from a pod in the cluster (one of mine's workers) through the operator's Service, as a trainer
+    sends its reports: the token alone says who reports. Refusals are read from the acting operator's
+    counters, and a refused report's values never reach a status."""
     a = Training(namespace, digits_job("mine")).start()
     b = Training(namespace, digits_job("theirs")).start()
     for t in (a, b):
@@ -90,18 +103,15 @@ def test_a_report_with_another_jobs_token_is_refused(namespace, operator):
                               "--bound-object-uid", uid_b).stdout.strip()
     api_token = cluster.kubectl("create", "token", "default", "-n", namespace, "--bound-object-kind", "Pod",
                                 "--bound-object-name", pod_b, "--bound-object-uid", uid_b).stdout.strip()
-    progress_port = int(cluster.operator_setting("DDPJOB_OPERATOR_PROGRESS_PORT", "8090"))
-    metrics_port = int(cluster.operator_setting("DDPJOB_OPERATOR_METRICS_PORT", "9090"))
     forged_step = 987_654_321  # far beyond the digits run: only a refused report could carry it
-    with cluster.port_forward(cluster.OPERATOR_NAMESPACE, cluster.acting_operator_pod(),
-                              progress_port, metrics_port) as local:
-        port = local[progress_port]
-        before = _reports(local[metrics_port])
-        answers = [_post(port, "mine", token_b, namespace, {"step": forged_step}),  # theirs' token on mine
-                   _post(port, "mine", api_token, namespace, {"step": forged_step}),  # not our audience
-                   _post(port, "mine", "forged", namespace, {"step": forged_step}),
-                   _post(port, "theirs", token_b, namespace, {"step": 1})]  # the token's own job
-        after = _reports(local[metrics_port])
+    acting = cluster.acting_operator_pod()
+    before = _reports(acting)
+    answers = _post_from_pod(namespace, "mine-worker-0", [
+        ("mine", token_b, {"step": forged_step}),  # theirs' token on mine
+        ("mine", api_token, {"step": forged_step}),  # not our audience
+        ("mine", "forged", {"step": forged_step}),
+        ("theirs", token_b, {"step": 1})])  # the token's own job
+    after = _reports(acting)
     assert answers == [403, 401, 401, 204], answers
     grew = {k: after.get(k, 0) - before.get(k, 0) for k in ("forbidden", "unauthenticated")}
     assert grew == {"forbidden": 1, "unauthenticated": 2}, (before, after)
