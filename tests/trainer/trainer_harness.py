@@ -141,12 +141,12 @@ def trap_exit(monkeypatch, tmp_path: Path) -> Path:
     """For code that ends the trainer with the runtime's `exit_process(code)` (no interpreter teardown: it
     would end pytest), run in-process: it raises SystemExit(code) instead. Returns torchrun's error file
     ($TORCHELASTIC_ERROR_FILE), where `CheckpointVolumeError.record()` puts the message; `recorded()` reads it."""
-    from ddp_trainer.runtime import job
+    from ddp_trainer.runtime import frameworks
 
     def exit_process(code: int) -> None:
         raise SystemExit(code)
 
-    monkeypatch.setattr(job, "exit_process", exit_process)
+    monkeypatch.setattr(frameworks, "exit_process", exit_process)  # the callbacks' failure paths call it there
     error_file = tmp_path / "torchelastic-error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
     return error_file

@@ -28,9 +28,9 @@ from .checkpoint import (CHECKPOINT_VOLUME_EXIT_CODE, CHECKPOINT_VOLUME_FULL_EXI
                          CheckpointVolumeError, CheckpointVolumeFull, CheckpointVolumeUnreadable, CorruptCheckpoint,
                          atomic_write_bytes, atomic_write_json, check_writable, rendezvous_generation)
 from .data import batch_size_of, ignore_stop_signals, move_to, worker_init_fn
-from .distributed import (JobEnv, StopRequest, barrier, destroy_process_group, init_process_group,
+from .distributed import (JobEnv, StopRequest, barrier, destroy_process_group, exit_process, init_process_group,
                           is_peer_failure, select_device)
-from .job import Job, exit_process
+from .job import Job
 from .progress import ProgressReporter, default_reporter, report
 from .sampler import ResumableDistributedSampler, ResumeMismatch, check_resume
 

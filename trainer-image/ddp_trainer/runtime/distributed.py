@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import re
 import signal
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -251,3 +253,14 @@ class StopRequest:
 
 
 StopSignal = StopRequest  # the 0.1 name
+
+
+def exit_process(code: int) -> None:
+    """End a trainer that has closed its `Job` (checkpoint committed, process group destroyed) without
+    interpreter teardown: C++ objects torch leaves to static destructors (process-group and store
+    threads) can abort there ("terminate called without an active exception"), and a SIGABRT after
+    a clean finish would make the operator restart a finished job. Flushes logging and stdio first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

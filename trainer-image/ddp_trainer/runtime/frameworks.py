@@ -47,7 +47,7 @@ import torch.distributed as dist
 
 from .checkpoint import (CheckpointVolumeError, atomic_write_json, newer_generation, prune_fences, raise_fence,
                          rendezvous_generation, retry_reads, volume_full)
-from .distributed import CollectiveTimeout, StopRequest, abort_process_groups
+from .distributed import CollectiveTimeout, StopRequest, abort_process_groups, exit_process
 from .watchdog import StallWatchdog
 
 log = logging.getLogger(__name__)
@@ -228,7 +228,6 @@ def check_world_size(framework_world_size: int, framework: str, fix: str) -> Non
         with contextlib.suppress(OSError):
             Path(error_file).write_text(json.dumps({"message": {"message": message, "extraInfo": {
                 "py_callstack": message, "timestamp": str(int(time.time()))}}}))
-    from .job import exit_process  # (runtime.job imports this module)
     exit_process(1)
 
 
@@ -296,7 +295,6 @@ def guard_volume(write: Callable[[], T], directory: str | os.PathLike | None, wh
             with contextlib.suppress(Exception):
                 before_exit()
         log.error("exiting with code %d: %s", failure.exit_code, failure)
-        from .job import exit_process  # (runtime.job imports this module)
         exit_process(failure.record())
         raise  # (exit_process does not return)
 

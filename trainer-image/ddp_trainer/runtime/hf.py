@@ -58,7 +58,7 @@ from transformers.utils import (ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME,
 from . import frameworks
 from .checkpoint import atomic_write_json
 from .distributed import JobEnv, barrier, is_peer_failure
-from .job import exit_process
+from .distributed import exit_process
 from .progress import ProgressReporter
 from .timing import StepTimer
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -43,17 +42,6 @@ from .watchdog import StallWatchdog
 
 log = logging.getLogger(__name__)
 META = "ddpjob"  # key of the runtime's own entry in every checkpoint dict
-
-
-def exit_process(code: int) -> None:
-    """End a trainer that has closed its `Job` (checkpoint committed, process group destroyed) without
-    interpreter teardown: C++ objects torch leaves to static destructors (process-group and store
-    threads) can abort there ("terminate called without an active exception"), and a SIGABRT after
-    a clean finish would make the operator restart a finished job. Flushes logging and stdio first."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 class Job:

@@ -46,7 +46,7 @@ from . import frameworks
 from .checkpoint import atomic_write_json
 from .data import batch_size_of
 from .distributed import JobEnv, is_peer_failure
-from .job import exit_process
+from .distributed import exit_process
 from .progress import REPORT_PACE_S, ProgressReporter
 from .timing import StepTimer
 from .sampler import ResumableDistributedSampler
