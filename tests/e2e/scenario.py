@@ -344,7 +344,22 @@ class Training:
         assert seen(), (f"status.worldSize {world} while Running in generation {generation} was never observed; "
                         f"observed (generation, phase, worldSize): {observed}")
 
+    def wait_progress_past(self, step: int, timeout: float = RESUME_WITHIN) -> None:
+        """status.progress follows the training past `step` (a step the trainers' logs showed in the
+        generation in use): whichever pod holds rank 0 now, a promoted spare included, and whichever
+        operator replica acts."""
+        self.wait(lambda: ((self.status.get("progress") or {}).get("step") or 0) > step,
+                  f"status.progress past step {step} in generation {self.generation}", timeout)
+
     # ---- the contract's assertions
+
+    def assert_final_progress(self) -> None:
+        """A Succeeded job shows its last step at 100 %: the trainers' final report comes before they exit,
+        and the operator publishes it with the status that says Succeeded."""
+        progress = self.status.get("progress") or {}
+        last = self.max_steps or self.latest_step()
+        assert (progress.get("step"), progress.get("percent")) == (last, 100), (
+            f"the job ended {self.status.get('phase')} at step {last}, its status.progress shows {progress}")
 
     def assert_outcome(self, *, phase: str, reason: str, restarts: int, disruptions: int,
                        generation: int | None = None) -> None:

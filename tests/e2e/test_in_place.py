@@ -78,6 +78,7 @@ def test_a_warm_spare_takes_the_killed_workers_place(faults, namespace, operator
     t.wait(lambda: next(r for r in t.status.get("ranks", []) if r["index"] == 1)["pod"] == spare,
            f"{spare} in worker 1's place", 60)
     t.wait_running_world(g0 + 1, 2)
+    t.wait_progress_past(t.latest_step(g0 + 1))  # the spare's reports are taken (issue 31: progress froze)
     t.wait(lambda: t.status.get("readySpares") == 1 and t.status["spares"][0]["pod"] != spare,
            "the pool refilled", 600)
     assert t.containers()["warm-worker-0"] == survivor
@@ -85,4 +86,5 @@ def test_a_warm_spare_takes_the_killed_workers_place(faults, namespace, operator
         "a worker pod was created for the rank the spare took"
     t.wait_terminal()
     t.assert_outcome(phase="Succeeded", reason="Succeeded", restarts=1, disruptions=0, generation=g0 + 1)
+    t.assert_final_progress()
     t.assert_resumed(g0 + 1, world=2, not_before=before, lost=0)

@@ -78,6 +78,7 @@ def test_losing_the_leaders_node_hands_over_and_a_worker_crash_is_still_handled(
             print(f"leader {leader} on {leader_node} lost: {new_leader} took over after {took_over:.1f}s; "
                   f"training went on {recovered:.1f}s after the worker was killed")
             assert t.status.get("restarts") == 1 and t.status.get("disruptions", 0) == 0, t.describe()
+            t.wait_progress_past(t.latest_step(t.generation))  # the new leader takes the reports (issue 31)
             # The new leader refreshes status.lastReconcileTime (every DDPJOB_OPERATOR_HEARTBEAT_SECONDS at most):
             # a time after the old leader was lost.
             heartbeat = float(cluster.operator_setting("DDPJOB_OPERATOR_HEARTBEAT_SECONDS", "60"))
@@ -87,6 +88,7 @@ def test_losing_the_leaders_node_hands_over_and_a_worker_crash_is_still_handled(
 
         t.wait_terminal()
         t.assert_outcome(phase="Succeeded", reason="Succeeded", restarts=1, disruptions=0, generation=g0 + 1)
+        t.assert_final_progress()
         t.assert_resumed(g0 + 1, world=2, not_before=before)
         assert not t.overlaps, f"two pods of one index at the same time: {t.overlaps}"
     finally:
