@@ -348,11 +348,15 @@ class LocalRunner:
 
     def _observe_progress(self, now: datetime) -> decisions.ProgressObservation | None:
         """The trainer's progress.json as the decision layer's ProgressObservation: a new report (its
-        `time` changed) belongs to the generation in use; the clock of hang detection is this runner's.
-        Locally there are no per-worker reports (only global rank 0 writes the file)."""
+        `time` changed) belongs to the generation in use, unless it names an older one (a survivor's trainer
+        writing once more as it stops); the clock of hang detection is this runner's. Locally there are no
+        per-worker reports (only global rank 0 writes the file)."""
         raw = read_report(self.checkpoint_dir, "progress.json")
         stamp = raw.get("time") if isinstance(raw, dict) else None
+        named = raw.get("generation") if isinstance(raw, dict) else None
+        left_behind = isinstance(named, int) and not isinstance(named, bool) and named < self.status.generation
         if isinstance(raw, dict) and isinstance(raw.get("step"), int) and stamp != self._progress_stamp \
+                and not left_behind \
                 and not (isinstance(stamp, (int, float)) and stamp < self.created_at.timestamp()):
             self._progress_stamp = stamp
             generation, step, advanced = self._progress
