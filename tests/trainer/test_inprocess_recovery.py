@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from ddp_trainer.runtime.inprocess import GENERATION_KEY, NNODES_KEY
-from trainer_harness import PY, StoreServer, base_env, kill_tree, start, steps_dir, tail, wait_for
+from ddpjob_operator.agent import WORKER_PROGRAM
+from trainer_harness import PY, StoreServer, base_env, descendants, kill_tree, start, steps_dir, tail, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +41,7 @@ class Gang:
         self.store = StoreServer()
         self.client = dist.TCPStore("127.0.0.1", self.store.port, is_master=False)
         self.procs: dict[tuple[int, int], subprocess.Popen] = {}
+        self.extra_env: dict[str, str] = {}
 
     def publish(self, generation: int, nodes: int) -> None:
         """What the launcher of a generation's first new pod does (operator's launcher.Generations.publish)."""
@@ -51,7 +53,8 @@ class Gang:
         env = base_env(self.ckpt, DDPJOB_INPROCESS="1", PET_RDZV_ENDPOINT=self.store.endpoint,
                        TORCHELASTIC_RUN_ID=f"{UID}-g{generation}", DDPJOB_GENERATION=str(generation),
                        DDPJOB_REPLICA_INDEX=str(replica), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                       RANK=str(replica), WORLD_SIZE=str(nodes), DDPJOB_REJOIN_TIMEOUT_SECONDS="60")
+                       RANK=str(replica), WORLD_SIZE=str(nodes), DDPJOB_REJOIN_TIMEOUT_SECONDS="60",
+                       **self.extra_env)
         command = command or [PY, "-m", "ddp_trainer", *ARGS, *args]
         proc = start(command, env, self.log(replica, generation))
         self.procs[replica, generation] = proc
@@ -211,3 +214,36 @@ def test_a_group_that_cannot_be_left_falls_back_to_the_exit_path_and_says_why(ga
     assert time.monotonic() - started < 20  # not the group's 60 s: the bounded leave, then the exit at once
     text = gang.text(0, 1)
     assert "in-process recovery not possible: the process group of generation 1 could not be left within 2 s" in text
+
+
+def test_the_pods_agents_leave_survivors_training_and_start_a_replacement_that_joins_them(gangs, tmp_path) -> None:
+    """The worker agent (WORKER_PROGRAM, the pod's command) with DDPJOB_INPROCESS=1: each pod's torchrun only
+    starts and watches its own trainer; the survivors' trainers keep their PIDs through the incident, and the
+    replacement's agent publishes generation 2 and starts a trainer that joins them."""
+    gang = gangs("agents")
+
+    def agent(replica: int, generation: int, args: list[str] = ()) -> subprocess.Popen:
+        flags = ["--nnodes=3:3", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={gang.store.endpoint}",
+                 f"--rdzv-id={UID}-g{generation}", "--rdzv-conf=is_host=false,join_timeout=60,last_call_timeout=1",
+                 "--local-addr=127.0.0.1", "--max-restarts=0", "--monitor-interval=0.2"]
+        command = [PY, "-c", WORKER_PROGRAM, *flags, "-m", "ddp_trainer", *ARGS, *args]
+        proc = gang.start(replica, generation, 3, command=command)
+        return proc
+
+    # The launcher's own environment (the operator's for a pod): it publishes the generation itself.
+    for name, value in {"DDPJOB_REJOIN": "1", "DDPJOB_TERMINATION_LOG": str(tmp_path / "termination-log")}.items():
+        gang.extra_env[name] = value
+    agents = {replica: agent(replica, 1, fault(0)) for replica in range(3)}
+    trainers = {replica: wait_for(lambda: descendants(agents[replica].pid), f"worker {replica}'s trainer", 60,
+                                  explain=gang.logs) for replica in (1, 2)}
+    assert gang.wait(agents.pop(0)) == 139, gang.logs()  # the crashed trainer's own code
+    for replica in agents:
+        gang.saw(replica, 1, f"at step {KILL_AT}: a peer failed in generation 1")
+    replacement = agent(0, 2)
+    for replica, proc in agents.items():
+        gang.saw(replica, 1, "recovered in process: generation 1 -> 2")
+        assert descendants(proc.pid) == trainers[replica]  # the same trainer process trains on
+    for proc in (*agents.values(), replacement):
+        assert gang.wait(proc) == 0, gang.logs()
+    assert f"resumed from peer rank 1 by broadcast step={KILL_AT}" in gang.text(0, 2)
+    assert "joining rendezvous generation" not in gang.text(1, 1) + gang.text(2, 1)  # no torchrun run again

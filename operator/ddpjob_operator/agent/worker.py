@@ -260,6 +260,21 @@ def generation_of(rdzv_id):
     return int(match.group(1)) if match else None
 
 
+# DDPJOB_INPROCESS=1: the trainers form their process group themselves, per generation, through the job's
+# store, and a survivor's trainer outlives a peer's failure in process (the trainer runtime's inprocess.py).
+# torchrun then only starts and watches this pod's trainers, in a rendezvous of the pod's own: no agent
+# waits for another pod's, so the survivors' agents go on running their trainers while a replacement's
+# agent starts one that joins their next generation. The generation published in the store keeps the
+# job's node range (the trainers read their world size there).
+INPROCESS_ENV = "DDPJOB_INPROCESS"
+
+
+def torchrun_args(args):
+    if os.environ.get(INPROCESS_ENV) != "1":
+        return args
+    return with_flags(args, nnodes="1", rdzv_endpoint="127.0.0.1:0", rdzv_conf="is_host=true")
+
+
 def run_generation(args, generation, generations):
     # One generation under torchrun: (code, message, closed, by_a_peer) for a failure, None when superseded.
     # by_a_peer: a peer's failure or stop ended it (this pod can take part in the next generation).
@@ -269,7 +284,7 @@ def run_generation(args, generation, generations):
         WATCHING.append((thread, stop))
         thread.start()
     try:
-        torchrun.main(args)
+        torchrun.main(torchrun_args(args))
         finish(0)
     except ChildFailedError as failed:
         rank, failure = failed.get_first_failure()
