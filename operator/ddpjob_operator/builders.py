@@ -638,7 +638,7 @@ def checkpoint_claim(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any] | No
     template = spec.checkpoint.claim_template
     claim_spec: dict[str, Any] = {"accessModes": list(template.access_modes),
                                   "resources": {"requests": {"storage": template.size}}}
-    if template.storage_class_name:
+    if template.storage_class_name is not None:  # "" binds a volume of no class; omitted, the default class's
         claim_spec["storageClassName"] = template.storage_class_name
     name = checkpoint_claim_name(job.name, spec)
     assert name is not None
