@@ -20,7 +20,7 @@ from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
 
 from . import k8s_fields as k8s
-from .launcher import FORK_TRAINER_ENV
+from .agent.contract import FORK_TRAINER_ENV
 
 GROUP = "elastic.ddp.dev"
 VERSION = "v1alpha1"
@@ -1031,6 +1031,9 @@ class JobMetadata(APIModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", strict=True)
     name: str = Field(min_length=1, max_length=MAX_JOB_NAME_LENGTH, pattern=DNS_1035_PATTERN,
                       description="DNS-1035 label: lowercase letters, digits and '-', starting with a letter.")
+    # Read by `ddpjob validate` and `render` (the worker FQDN's length depends on it); the API server sets it.
+    namespace: str | None = Field(default=None, min_length=1, max_length=63, pattern=k8s.DNS_1123_LABEL,
+                                  description="Namespace of the job (a DNS-1123 label).")
 
 
 # ---------------------------------------------------------------- status
@@ -1227,3 +1230,17 @@ class DDPJob(APIModel):
     kind: Literal["DDPJob"]
     metadata: JobMetadata
     spec: DDPJobSpec
+
+    @model_validator(mode="after")
+    def _check_fqdn_in_namespace(self) -> "DDPJob":
+        """The rule above assumes the shortest namespace; a manifest that names its own is checked in it."""
+        pod_spec, namespace = self.spec.template.pod_spec, self.metadata.namespace
+        if namespace is None or pod_spec is None or not pod_spec.set_hostname_as_fqdn:
+            return self
+        longest = worker_fqdn_length(self.metadata.name, namespace, self.spec.max_nodes)
+        if longest > MAX_FQDN_LENGTH:
+            raise CelRuleError({"rule": "", "fieldPath": ".metadata.name", "message": (
+                f"with spec.template.podSpec.setHostnameAsFQDN the FQDN of worker {self.spec.max_nodes - 1} in "
+                f"namespace {namespace} has {longest} characters (the kubelet starts none over {MAX_FQDN_LENGTH}): "
+                f"shorten metadata.name or metadata.namespace, or remove setHostnameAsFQDN")})
+        return self

@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-import yaml
-
-from . import builders, model, validation
+from . import builders, kubeyaml, model, validation
 from .settings import Settings
 
 # Where the operator's progress Service is, known to the operator (its settings), not to the manifest.
@@ -43,22 +41,31 @@ def cmd_render(args: argparse.Namespace) -> int:
                                                                         ca)
     manifests, failed = [], False
     for job in jobs:
+        # As kubectl: the manifest's namespace, unless -n names another (an error), else -n, else default.
+        namespace = job.metadata.namespace or args.namespace or "default"
+        if args.namespace and job.metadata.namespace and args.namespace != job.metadata.namespace:
+            print(f"{args.file}: metadata.namespace: {job.metadata.name} is in namespace {job.metadata.namespace}, not "
+                  f"{args.namespace} (kubectl refuses the mismatch too). Fix: pass -n {job.metadata.namespace} or "
+                  "remove metadata.namespace", file=sys.stderr)
+            failed = True
+            continue
         pod_spec = job.spec.template.pod_spec
-        longest = model.worker_fqdn_length(job.metadata.name, args.namespace, job.spec.max_nodes)
+        longest = model.worker_fqdn_length(job.metadata.name, namespace, job.spec.max_nodes)
         if pod_spec is not None and pod_spec.set_hostname_as_fqdn and longest > model.MAX_FQDN_LENGTH:
             # The model checks the shortest namespace; the real one is known here.
             print(f"{args.file}: metadata.name: with setHostnameAsFQDN the FQDN of worker {job.spec.max_nodes - 1} "
-                  f"in namespace {args.namespace} has {longest} characters (at most {model.MAX_FQDN_LENGTH}). "
+                  f"in namespace {namespace} has {longest} characters (at most {model.MAX_FQDN_LENGTH}). "
                   f"Fix: shorten metadata.name or remove spec.template.podSpec.setHostnameAsFQDN", file=sys.stderr)
             failed = True
             continue
-        ref = builders.JobRef.preview(job.metadata.name, args.namespace)
+        ref = builders.JobRef.preview(job.metadata.name, namespace)
         if args.uid:
             ref = builders.JobRef(ref.name, ref.namespace, args.uid)
         manifests += builders.all_manifests(ref, job.spec, progress=progress)
     if failed:
         return validation.EXIT_INVALID
-    sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False, width=120))
+    # Quoted wherever kubectl would read a string as something else (`y`, `1e1`, `0o17`).
+    sys.stdout.write(kubeyaml.dump_all(manifests, sort_keys=False, width=120))
     return 0
 
 
@@ -66,7 +73,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("render", help="print the Services, store pod and worker pods the operator "
                                              "would create for a DDPJob")
     p.add_argument("file", metavar="FILE", help="manifest with one or more DDPJobs")
-    p.add_argument("--namespace", "-n", default="default", help="namespace to render into (default: default)")
+    p.add_argument("--namespace", "-n", help="namespace to render into (default: the manifest's metadata.namespace, "
+                                               "else default)")
     p.add_argument("--uid", help="job uid to use instead of the stable stand-in (it appears in --rdzv-id)")
     p.add_argument("--progress-url", default=PROGRESS_URL_PLACEHOLDER,
                    help="the operator's progress endpoint base URL (its DDPJOB_OPERATOR_PROGRESS_URL; default: "

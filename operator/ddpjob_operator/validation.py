@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from . import k8s_fields, model
+from . import k8s_fields, kubeyaml, model
 
 # Exit status of every `ddpjob` command that refuses its input (validate, render, run).
 EXIT_INVALID = 2
@@ -56,10 +56,36 @@ def parse_job(doc: Any) -> model.DDPJob:
     if not isinstance(doc, dict):
         raise InvalidJob([FieldError("", "a manifest must be a YAML mapping",
                                      "start from examples/cpu-digits.yaml")])
+    unknown = unknown_fields(doc)
+    if unknown:
+        raise InvalidJob(unknown)
     try:
         return model.DDPJob.model_validate(plain(doc))
     except ValidationError as exc:
         raise InvalidJob(describe(exc, model.DDPJob)) from None
+
+
+# What the API server knows at a custom resource's root and in its metadata (ObjectMeta): anything else is refused
+# by kubectl's default strict field validation (`unknown field "metadata.lables"`).
+ROOT_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
+METADATA_FIELDS = ("name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
+                   "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations",
+                   "ownerReferences", "finalizers", "managedFields")
+
+
+def unknown_fields(doc: dict[str, Any]) -> list[FieldError]:
+    """Unknown fields at the root and in metadata, as the API server's strict field validation names them."""
+    found = [(key, ROOT_FIELDS) for key in doc if key not in ROOT_FIELDS]
+    metadata = doc.get("metadata")
+    if isinstance(metadata, dict):
+        found += [(f"metadata.{key}", METADATA_FIELDS) for key in metadata if key not in METADATA_FIELDS]
+    errors = []
+    for path, known in found:
+        field = str(path).rpartition(".")[2]
+        close = difflib.get_close_matches(field, known, n=1)
+        fix = f"did you mean `{close[0]}`?" if close else f"remove it; known fields: {', '.join(known)}"
+        errors.append(FieldError(str(path), f'unknown field "{path}" (the API server refuses it)', fix))
+    return errors
 
 
 def parse_spec(spec: Any, *, prefix: str = "spec") -> model.DDPJobSpec:
@@ -196,76 +222,33 @@ class Document:
     source: str
     index: int
     body: Any
+    item: int | None = None  # its index in a `kind: List` document's items
 
     @property
     def label(self) -> str:
         name = self.body.get("metadata", {}).get("name") if isinstance(self.body, dict) else None
         where = f"{self.source}#{self.index}" if self.index else self.source
-        return f"{where} ({name})" if name else where
+        if self.item is not None:
+            where += f" items[{self.item}]"
+        return f"{where} ({name})" if isinstance(name, str) and name else where
 
 
-# The API server's limits: a request body of at most 3 MiB, and aliases that cannot expand a small file into
-# a huge object ("billion laughs"). Counted in YAML nodes after expanding every alias; nesting is bounded too.
+# The API server's limits: a request body of at most 3 MiB; and no file a DDPJob fits in needs more values (after
+# expanding aliases: "billion laughs") or deeper nesting than these.
 MAX_YAML_BYTES = 3 * 1024 * 1024
 MAX_YAML_NODES = 100_000
 MAX_YAML_DEPTH = 100
 
 
-class _YAMLLimit(yaml.YAMLError):
-    def __init__(self, problem: str, mark: Any = None):
-        super().__init__(problem)
-        self.problem, self.problem_mark = problem, mark
-
-
-class StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys and documents whose aliases expand beyond MAX_YAML_NODES."""
-
-    def construct_document(self, node: yaml.Node) -> Any:
-        _check_expansion(node)
-        return super().construct_document(node)
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
-        seen: dict[Any, int] = {}
-        first_lines: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # `<<: *base` entries are meant to be overridden
-            key = self.construct_object(key_node, deep=True)
-            # The key's offset, not its line: `{replicas: 1, replicas: 200}` is two keys on one line.
-            offset = key_node.start_mark.index
-            try:
-                first = seen.setdefault(key, offset)
-            except TypeError:
-                continue  # an unhashable key: SafeLoader reports it
-            if first != offset:
-                raise _YAMLLimit(f"duplicate key {key!r} (first at line {first_lines[key]})", key_node.start_mark)
-            first_lines.setdefault(key, key_node.start_mark.line + 1)
-        return super().construct_mapping(node, deep)
-
-
-def _check_expansion(root: yaml.Node) -> None:
-    sizes: dict[int, int] = {}  # id(node) -> expanded size: shared (aliased) nodes are counted once each
-
-    def size(node: yaml.Node, depth: int) -> int:
-        if depth > MAX_YAML_DEPTH:
-            raise _YAMLLimit(f"nested deeper than {MAX_YAML_DEPTH} levels", node.start_mark)
-        if id(node) in sizes:
-            return sizes[id(node)]
-        total = 1
-        if isinstance(node, yaml.SequenceNode):
-            total += sum(size(item, depth + 1) for item in node.value)
-        elif isinstance(node, yaml.MappingNode):
-            total += sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
-        if total > MAX_YAML_NODES:
-            raise _YAMLLimit(f"aliases expand to more than {MAX_YAML_NODES} values", node.start_mark)
-        sizes[id(node)] = total
-        return total
-
-    size(root, 0)
+def _is_list(body: Any) -> bool:
+    """A `kind: List` (or any *List) document, which kubectl unpacks into its items."""
+    return (isinstance(body, dict) and isinstance(body.get("kind"), str) and body["kind"].endswith("List")
+            and isinstance(body.get("items"), list))
 
 
 def load_documents(path: str | Path) -> Iterator[Document]:
-    """Every non-empty YAML document in a file; a YAML syntax error becomes InvalidJob."""
+    """Every non-empty YAML document in a file, read as kubectl reads it (kubeyaml), a List's items one by
+    one; a YAML error or a value kubectl cannot send becomes InvalidJob."""
     source = str(path)
     try:
         with open(path, "rb") as file:
@@ -281,7 +264,8 @@ def load_documents(path: str | Path) -> Iterator[Document]:
         raise InvalidJob([FieldError("", f"{source} is not UTF-8 text (byte {exc.start})",
                                      "save it as UTF-8")]) from None
     try:
-        docs = [d for d in yaml.load_all(text, Loader=StrictLoader) if d is not None]
+        docs = [d for d in kubeyaml.load_all(text, max_values=MAX_YAML_NODES, max_depth=MAX_YAML_DEPTH)
+                if d is not None]
     except RecursionError:
         raise InvalidJob([FieldError("", f"not valid YAML: nested deeper than {MAX_YAML_DEPTH} levels",
                                      "flatten the document")]) from None
@@ -289,12 +273,14 @@ def load_documents(path: str | Path) -> Iterator[Document]:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        fix = "fix the indentation or quoting there"
-        if isinstance(exc, _YAMLLimit):
-            fix = "remove one of the two" if problem.startswith("duplicate key") else "write the values out"
+        fix = getattr(exc, "fix", "") or "fix the indentation or quoting there"
         raise InvalidJob([FieldError("", f"not valid YAML{where}: {problem}", fix)]) from None
     for index, body in enumerate(docs):
-        yield Document(source, index, body)
+        if _is_list(body):
+            for item, entry in enumerate(body["items"]):
+                yield Document(source, index, entry, item)
+        else:
+            yield Document(source, index, body)
 
 
 def load_jobs(path: str | Path) -> list[model.DDPJob]:

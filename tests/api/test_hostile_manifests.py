@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from ddpjob_operator import builders, cli, crd, model, validation
+from ddpjob_operator.agent import contract
 from ddpjob_operator.settings import Settings
 
 from .apiserver_rules import object_errors
@@ -150,13 +151,13 @@ def test_the_operators_env_wins_over_a_user_entry_of_the_same_name():
 
 
 def _launcher_and_trainer_names() -> set[str]:
-    """Every DDPJOB_ variable the worker's launcher and the trainer runtime read (from their sources, so a
+    """Every DDPJOB_ variable the worker's agent and the trainer runtime read (from their sources, so a
     new one is covered), but the user's (DDPJOB_FORK_TRAINER) and the local zygote's."""
-    sources = [ROOT / "operator" / "ddpjob_operator" / "launcher.py", *(ROOT / "trainer-image" / "ddp_trainer").rglob(
-        "*.py")]
+    sources = [*(ROOT / "operator" / "ddpjob_operator" / "agent").glob("*.py"),
+               *(ROOT / "trainer-image" / "ddp_trainer").rglob("*.py")]
     names = {n for path in sources for n in re.findall(r"\bDDPJOB_[A-Z0-9_]+\b", path.read_text())
              if not n.endswith("_")}
-    return names - set(model.USER_SETTABLE_ENV_NAMES) - {builders.PRELOAD_ENV}
+    return names - set(model.USER_SETTABLE_ENV_NAMES) - {contract.PRELOAD_ENV}
 
 
 def _kubelet_env(container: dict, config_maps: dict[str, dict[str, str]]) -> dict[str, str | None]:
@@ -175,9 +176,9 @@ def test_an_env_from_without_prefix_cannot_set_the_operators_variables(tmp_path,
     """validate cannot see a ConfigMap's keys: every variable the launcher or trainer reads is the pod's own
     explicit entry (off as ""), which Kubernetes puts over envFrom, in workers and spares alike."""
     names = _launcher_and_trainer_names()
-    assert {builders.SPARE_ENV, builders.REJOIN_ENV, builders.ASSIGNMENT_FILE_ENV, builders.PROGRESS_URL_ENV,
-            builders.TERMINATION_LOG_ENV, "DDPJOB_CHECKPOINT_DIR"} <= names
-    hostile = {name: "/tmp/hostile" for name in names} | {builders.SPARE_ENV: "1", builders.REJOIN_ENV: "1"}
+    assert {contract.SPARE_ENV, contract.REJOIN_ENV, contract.ASSIGNMENT_FILE_ENV, contract.PROGRESS_URL_ENV,
+            contract.TERMINATION_LOG_ENV, "DDPJOB_CHECKPOINT_DIR"} <= names
+    hostile = {name: "/tmp/hostile" for name in names} | {contract.SPARE_ENV: "1", contract.REJOIN_ENV: "1"}
     doc = manifest({"checkpoint": None, "failurePolicy": {"restartScope": "All"},
                     "template": {"trainer": {"envFrom": [{"configMapRef": {"name": "settings"}}]}}})
     assert validate(tmp_path, doc, capsys)[0] == 0
@@ -190,16 +191,16 @@ def test_an_env_from_without_prefix_cannot_set_the_operators_variables(tmp_path,
         assert names <= explicit, sorted(names - explicit)
         seen = _kubelet_env(container, {"settings": hostile})
         assert not [n for n in names if seen[n] == hostile[n]], seen
-        assert seen[builders.SPARE_ENV] == "" and seen[builders.REJOIN_ENV] == "0"
-        assert seen[builders.TERMINATION_LOG_ENV] == builders.TERMINATION_LOG_PATH
+        assert seen[contract.SPARE_ENV] == "" and seen[contract.REJOIN_ENV] == "0"
+        assert seen[contract.TERMINATION_LOG_ENV] == contract.TERMINATION_LOG_PATH
     spare_spec = validation.parse_job(manifest({"failurePolicy": {"restartScope": "Pod", "spares": 1},
                                                 "template": doc["spec"]["template"]})).spec
     spare = builders.spare_pod(job, spare_spec, serial=0, generation=0, progress=builders.ProgressEndpoint(
         "http://p:8090", "a"))
     [container] = spare["spec"]["containers"]
-    assert [e["name"] for e in container["env"]].count(builders.SPARE_ENV) == 1
+    assert [e["name"] for e in container["env"]].count(contract.SPARE_ENV) == 1
     seen = _kubelet_env(container, {"settings": dict.fromkeys(names, "hostile")})
-    assert seen[builders.SPARE_ENV] == "1" and "hostile" not in seen.values()
+    assert seen[contract.SPARE_ENV] == "1" and "hostile" not in seen.values()
 
 
 # ---------------------------------------------------------------- 8: resource names
@@ -324,8 +325,9 @@ def test_nested_aliases_are_refused_without_expanding_them(tmp_path, capsys):
 
 
 def test_a_small_alias_still_works(tmp_path, capsys):
-    text = ("apiVersion: elastic.ddp.dev/v1alpha1\nkind: DDPJob\nmetadata: {name: ok}\n"
-            "defaults: &args [--lr, '0.1']\nspec: {replicas: 1, image: t, entrypoint: m, args: *args}\n")
+    # Inside known fields: an unknown root key holding the anchor would be refused, as by the API server.
+    text = ("apiVersion: elastic.ddp.dev/v1alpha1\nkind: DDPJob\nmetadata: {name: ok, labels: &labels {team: a}}\n"
+            "spec: {replicas: 1, image: t, entrypoint: m, template: {labels: *labels}}\n")
     code, err = validate(tmp_path, text, capsys)
     assert code == 0, err
 
@@ -390,7 +392,7 @@ def test_render_shows_the_progress_token_volume_and_env_as_the_operator_creates_
                                     progress=builders.ProgressEndpoint(url, audience)) for i in range(2)]
     assert workers == expected
     env = {e["name"] for e in workers[0]["spec"]["containers"][0]["env"]}
-    assert {builders.PROGRESS_URL_ENV, builders.PROGRESS_TOKEN_ENV} <= env
+    assert {contract.PROGRESS_URL_ENV, contract.PROGRESS_TOKEN_ENV} <= env
     assert builders.PROGRESS_TOKEN_VOLUME in {v["name"] for v in workers[0]["spec"]["volumes"]}
     # Without --progress-url the base is a visible placeholder, never a made-up address.
     assert cli.main(["render", str(path)]) == 0
@@ -412,7 +414,7 @@ def test_render_shows_the_progress_ca_of_an_https_endpoint(tmp_path, capsys):
     operator = builders.ProgressEndpoint(url, audience, handlers._read_ca(str(ca)))
     assert workers == [builders.worker_pod(ref, spec, index=i, generation=0, progress=operator) for i in range(2)]
     env = {e["name"]: e.get("value") for e in workers[0]["spec"]["containers"][0]["env"]}
-    assert env[builders.PROGRESS_CA_ENV] == ca.read_text().strip()
+    assert env[contract.PROGRESS_CA_ENV] == ca.read_text().strip()
     # A CA that cannot be read is said, naming the option, never rendered as "no CA".
     assert cli.main(["render", str(path), "--progress-url", url, "--progress-ca", str(tmp_path / "none")]) == \
         validation.EXIT_INVALID
@@ -422,7 +424,7 @@ def test_render_shows_the_progress_ca_of_an_https_endpoint(tmp_path, capsys):
 def test_the_model_knows_the_operators_volume_and_paths():
     assert builders.PROGRESS_TOKEN_VOLUME.startswith(model.OPERATOR_VOLUME_PREFIX)
     assert builders.PROGRESS_TOKEN_DIR.startswith(model.OPERATOR_SECRETS_DIR + "/")
-    assert builders.TERMINATION_LOG_PATH == model.TERMINATION_LOG
+    assert contract.TERMINATION_LOG_PATH == model.TERMINATION_LOG
 
 
 def test_validate_is_fast_to_refuse_in_a_fresh_process(tmp_path):
