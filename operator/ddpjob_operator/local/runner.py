@@ -155,6 +155,18 @@ class WorkerProcess:
     ready_seen: bool = False
 
 
+def refuse_links(*paths: Path) -> None:
+    """The run's own directories are emptied and written: none may be a symbolic link (one committed in a
+    cloned repository would have the run delete and overwrite whatever it points to)."""
+    errors = [FieldError(str(p), f"is a symbolic link (to {os.readlink(p)}): the local run empties and writes its "
+                                 f"own directories and never does so through a link",
+                         f"remove the link (`rm {p}`: what it points to is left alone) and run again, or give "
+                         f"--checkpoint-dir DIR for checkpoints kept elsewhere")
+              for p in paths if p.is_symlink()]
+    if errors:
+        raise InvalidJob(errors)
+
+
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -225,6 +237,7 @@ class LocalRunner:
         self.run_id = f"{self.name}-{self.uid[:8]}"
         self.run_marker = marker_for(self.run_id)
         root = options.state_dir / self.name
+        refuse_links(options.state_dir, root, root / "logs", *([] if options.checkpoint_dir else [root / "checkpoints"]))
         self.log_dir = (root / "logs").resolve()
         self.checkpoint_dir: Path | None = None
         if job.spec.checkpoint is not None:
@@ -310,7 +323,7 @@ class LocalRunner:
         # its logs (the logs of the run whose checkpoints are kept, with --resume or --checkpoint-dir, go on).
         fresh = self.options.checkpoint_dir is None and not self.options.resume
         if fresh and self.log_dir.exists():
-            shutil.rmtree(self.log_dir)
+            shutil.rmtree(self.log_dir)  # not a link (refuse_links); rmtree removes links inside, not their targets
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.checkpoint_dir is None:
             return
