@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("lightning")
 
 import lightning as L  # noqa: E402
+import torch  # noqa: E402
 from lightning.fabric.plugins import TorchCheckpointIO  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from trainer_harness import (PY, base_env, kill_tree, read_json, recorded, start, tail,  # noqa: E402
@@ -58,16 +59,21 @@ def _complete(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.glob("step-*.ckpt") if frameworks.read_marker(p) is not None)
 
 
-def test_resume_takes_the_newest_complete_checkpoint_and_says_so(tmp_path: Path, capsys) -> None:
+def test_resume_takes_the_newest_complete_checkpoint_and_says_so(tmp_path: Path, capsys, caplog) -> None:
     out = tmp_path / "lightning"
     out.mkdir()
-    for step in (10, 20, 30):
+    for step in (10, 20, 30, 40):
         path = out / f"step-{step:08d}.ckpt"
-        path.write_bytes(b"x" * 100)
+        if step == 40:  # committed, but nothing torch.load reads
+            path.write_bytes(b"x" * 100)
+        else:
+            torch.save({"step": step, "pad": b"x" * 100}, path)
         if step != 20:  # 20: its writer died before the marker
             frameworks.commit(path, step=step, world_size=2)
     (out / "step-00000030.ckpt").write_bytes(b"x" * 10)  # 30: truncated after its commit
     assert lightning.resume_from_checkpoint(out) == str(out / "step-00000010.ckpt")
+    assert f"skipping checkpoint {out / 'step-00000040.ckpt'}: the framework cannot load it (not a torch.save " \
+        "archive)" in caplog.text
     assert "resumed from checkpoint step=10 (saved at world_size=2, now 1)" in capsys.readouterr().err
     assert lightning.resume_from_checkpoint(tmp_path / "none") is None
 

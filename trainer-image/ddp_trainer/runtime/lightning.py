@@ -36,6 +36,7 @@ import re
 import signal
 import time
 import uuid
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,12 @@ def trainer_kwargs(accelerator: str = "auto") -> dict[str, Any]:
             "strategy": "ddp" if world > 1 else "auto"}
 
 
+def unloadable(checkpoint: str | os.PathLike) -> str | None:
+    """Why Lightning's loader (`torch.load`) cannot read `checkpoint`, or None: it must be a `torch.save` archive
+    (a zip; its end record is read, not the whole file)."""
+    return None if zipfile.is_zipfile(checkpoint) else "not a torch.save archive"
+
+
 def _env() -> JobEnv | None:
     try:
         return JobEnv.from_env()
@@ -91,7 +98,7 @@ def resume_from_checkpoint(directory: str | os.PathLike | None = None) -> str | 
     def look() -> tuple[int, Path, dict] | None:
         if (env is None or env.is_main) and directory is not None:
             frameworks.start_generation(directory)
-        return frameworks.newest_complete(directory, CHECKPOINT)
+        return frameworks.newest_complete(directory, CHECKPOINT, unloadable)
 
     found = frameworks.guard_volume(look, directory, "a generation fence")
     if found is None:
@@ -353,6 +360,8 @@ class DDPJobCallback(Callback):
             finally:
                 self._rescuing = False
             torch.save(checkpoint, tmp)
+            if (why := unloadable(tmp)) is not None:
+                raise OSError(f"Lightning could not resume from it ({why})")
             os.replace(tmp, final)
             if frameworks.commit(final, step=step, world_size=trainer.world_size,
                                  rescued_by_rank=self.env.rank if self.env else 0) is None:
