@@ -103,6 +103,7 @@ def test_a_finished_worker_publishes_the_last_report_at_once():
 # ---------------------------------------------------------------- the real operator
 
 FOLLOW = {**PROGRESS, "progress_write_seconds": 0.2, "cannot_start_seconds": 30.0}
+LOADED = 30.0  # s: a wait's bound on a loaded CI machine (each passes in well under a second idle)
 
 
 class Trainers:
@@ -135,11 +136,11 @@ class Trainers:
             for rank_, pod in sorted(holders.items()):
                 await self.report(pod, step, rank_, generation, loss=1.0 / (1 + step))
         await eventually(lambda: (self.harness.status(self.job).get("progress") or {}).get("step") == steps[-1],
-                         what=f"status.progress at step {steps[-1]} in generation {generation}")
+                         LOADED, f"status.progress at step {steps[-1]} in generation {generation}")
         await eventually(lambda: {r["index"] for r in (self.harness.status(self.job).get("stepTimes") or {})
                                   .get("ranks", ())} == set(range(len(holders)))
                          and self.harness.status(self.job)["stepTimes"]["generation"] == generation,
-                         what=f"every rank's step time in generation {generation}")
+                         LOADED, f"every rank's step time in generation {generation}")
 
 
 def indices(harness, job: str) -> dict[int, str]:
@@ -150,7 +151,7 @@ async def promote(harness, nodes, job: str, killed: str, spare: str, generation:
     await nodes.exit(killed, 137)
     index = int(killed.rsplit("-", 1)[1])
     await eventually(lambda: rank(harness, job, index)["pod"] == spare and harness.status(job)["generation"]
-                     == generation, what=f"{spare} in worker {index}'s place in generation {generation}")
+                     == generation, LOADED, f"{spare} in worker {index}'s place in generation {generation}")
 
 
 @pytest.mark.settings(**FOLLOW)
