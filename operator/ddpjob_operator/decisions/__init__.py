@@ -10,7 +10,8 @@ Vocabulary: a *rank* is a replica index i (`<job>-worker-i`); the *generation* i
 generation (rdzv id `<uid>-g<generation>`); an *incident* is one failure or disruption of a
 generation with every exit it causes. The concerns live in their own modules: `accounting`
 (incidents and the budget), `generations` (fresh rendezvous, replacement, scaling, suspend),
-`completion` (success, deadlines, pods that cannot start, refused objects, finished jobs).
+`completion` (success, deadlines, pods that cannot start, refused objects, finished jobs), `warnings`
+(what the trainer's reports say about the script: a foreign world size, no reports or checkpoints).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .progress import format_eta, progress_status, record_progress, stalled
 from .nodes import avoid_nodes, record_node_failures
 from .stragglers import TimingHistory, detect_stragglers
 from .volumes import checkpoint_volume
+from .warnings import not_reporting, refuse_foreign_world_size
 from .types import *  # noqa: F403 - the layer's vocabulary is part of its interface
 from .types import (CONDITION_SPEC_REJECTED, PHASE_CONDITIONS, REASON_RESUMED, TERMINAL_PHASES, CreateWorker,
                     Decision, DeleteStore, DeleteWorker, JobView, Observed, Options)
@@ -47,6 +49,8 @@ def decide(job: JobView, observed: Observed, options: Options = Options()) -> De
     if job.deleting:
         return Decision(status=job.status)  # ownerReferences garbage-collect the children
     spares.forget_vanished(plan)
+    if job.spec is not None and job.status.phase not in TERMINAL_PHASES:
+        refuse_foreign_world_size(plan, job.spec)  # such reports are not progress
     record_progress(plan)
     if job.spec is None:
         invalid_spec(plan)
@@ -60,6 +64,7 @@ def decide(job: JobView, observed: Observed, options: Options = Options()) -> De
         _prepare(plan)
         checkpoint_volume(plan, job.spec)
         _active(plan, job.spec)
+        not_reporting(plan, job.spec)
         avoid_nodes(plan)
     spares.keep_pool(plan, job.spec)
     return _finish(plan)

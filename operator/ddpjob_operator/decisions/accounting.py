@@ -28,10 +28,11 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from .. import builders, model
-from ..launcher import (CHECKPOINT_VOLUME_EXIT_CODE, CHECKPOINT_VOLUME_PREFIXES, GENERATION_MARK_PATTERN,
-                        PEER_FAILURE_PATTERN, REJOIN_FAILED_PREFIX)
-from .common import Plan, describe_failure, fail, parse_time, record_failure, rfc3339
+from .. import model
+from ..agent.contract import (CHECKPOINT_VOLUME_EXIT_CODE, CHECKPOINT_VOLUME_PREFIXES, GENERATION_MARK_PATTERN,
+                              PEER_FAILURE_PATTERN, REJOIN_FAILED_PREFIX, RENDEZVOUS_CLOSED_MARK,
+                              RENDEZVOUS_FAILED_PREFIX)
+from .common import Plan, describe_failure, fail, launcher_message, parse_time, record_failure, rfc3339
 from .progress import stalled
 from .spares import promote
 from .types import (CONSEQUENCE, DISRUPTION, MISSING, PEER_FAILURE, PERMANENT, REASON_BUDGET_EXHAUSTED,
@@ -50,12 +51,12 @@ GENERATION_MARK = re.compile(GENERATION_MARK_PATTERN)
 def rendezvous_failed(message: str | None) -> bool:
     """The launcher's word that torchrun never formed the group (not the trainer's failure)."""
     message = original_failure(message)
-    return bool(message) and message.startswith(builders.RENDEZVOUS_FAILED_PREFIX)
+    return bool(message) and message.startswith(RENDEZVOUS_FAILED_PREFIX)
 
 
 def rendezvous_closed(message: str | None) -> bool:
     """The launcher's word that its exit closed the generation's rendezvous for every agent."""
-    return bool(message) and message.rstrip().endswith(builders.RENDEZVOUS_CLOSED_MARK)
+    return bool(message) and message.rstrip().endswith(RENDEZVOUS_CLOSED_MARK)
 
 
 def original_failure(message: str | None) -> str | None:
@@ -214,6 +215,13 @@ def _settle_seconds(plan: Plan, cause: FailureClass, members: list[tuple[WorkerO
     return plan.options.silent_peer_settle_seconds if silent_peer else plan.options.incident_settle_seconds
 
 
+def _own_error(members: list[tuple[WorkerObservation, FailureClass]]) -> bool:
+    """A permanent exit in the launcher's own words (the trainer's traceback, no peer's error): the user's
+    program failed by itself. No exit still on its way can change that verdict, so it fails the job at once;
+    a log tail or no message at all (the launcher itself was killed) may hide a kill whose exit is coming."""
+    return any(kind == PERMANENT and launcher_message(w.message) for w, kind in members)
+
+
 def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
     """Charge the generation's open incident once. True when there is nothing more to do in this
     pass: the job failed, or the incident is still gathering the exits it causes."""
@@ -236,7 +244,7 @@ def account_incident(plan: Plan, spec: model.DDPJobSpec) -> bool:
     in_place = not gang and bool(survivors) and cause in (RETRYABLE, DISRUPTION, CONSEQUENCE) \
         and not store_lost
     finished = [w.finished_at for w, _ in members]
-    if survivors and None not in finished and cause in (PERMANENT, PEER_FAILURE):
+    if survivors and None not in finished and cause in (PERMANENT, PEER_FAILURE) and not _own_error(members):
         # The exit that caused these may still be on its way (a peer's failure reaches the operator
         # after the survivors' own), and survivors may be about to follow.
         settle = _settle_seconds(plan, cause, members, survivors)

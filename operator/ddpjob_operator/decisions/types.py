@@ -62,6 +62,12 @@ REASON_STRAGGLER = "Straggler"  # a worker's own step time stays above the thres
 REASON_NO_STRAGGLER = "NoStraggler"
 REASON_STRAGGLER_REPLACED = "StragglerReplaced"  # failurePolicy.stragglers Replace: moved off its node
 REASON_NODE_AVOIDED = "NodeAvoided"  # status.avoidedNodes gained a node
+# The trainer's reports (decisions/warnings.py): conditions and one Warning event each, never a failure.
+REASON_WORLD_SIZE_MISMATCH = "WorldSizeMismatch"  # reports of a world size no rendezvous of the job has
+REASON_WORLD_SIZE_AGREES = "WorldSizeAgrees"
+REASON_NO_PROGRESS_REPORTS = "NoProgressReports"  # running a while with a checkpoint interval, no report
+REASON_NO_CHECKPOINTS = "NoCheckpointsReported"  # reports, steps past two intervals, no checkpoint
+REASON_REPORTING = "Reporting"
 
 # Container waiting reasons that never clear by themselves (a wrong image, a missing secret); a pod
 # stuck in one past Options.cannot_start_seconds fails the job instead of leaving it Pending forever.
@@ -87,6 +93,10 @@ CONDITION_CHECKPOINT_SHARED = "CheckpointVolumeShared"
 CONDITION_STALLED = "Stalled"
 # Straggler detection (decisions/stragglers.py): True while a worker is named a straggler.
 CONDITION_STRAGGLER = "Straggler"
+# True while the trainer reports a world size that no rendezvous of the job has (decisions/warnings.py).
+CONDITION_WORLD_SIZE_MISMATCH = "WorldSizeMismatch"
+# True while a job with a checkpoint interval runs without reports or checkpoints (decisions/warnings.py).
+CONDITION_NOT_REPORTING = "ProgressNotReported"
 # Pod phases of a worker that has stopped on its own.
 EXITED = ("Succeeded", "Failed")
 MISSING = "Missing"
@@ -260,6 +270,11 @@ class Options:
     spares_enabled: bool = True
     # Failures on one node within failurePolicy.avoidNodeSeconds that mark it avoided.
     node_failures_to_avoid: int = 2
+    # A generation whose workers have all run this long with a checkpoint interval and no progress report
+    # yet is warned of (the HF/Lightning callback or job.report missing: a kill would restart from step 0).
+    unreported_warning_seconds: float = 180.0
+    # Every worker runs on one machine (a local run): a ReadWriteOnce checkpoint claim cannot bite.
+    one_node: bool = False
 
 
 # ---------------------------------------------------------------- actions

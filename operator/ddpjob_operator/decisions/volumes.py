@@ -12,6 +12,8 @@ from .types import CONDITION_CHECKPOINT_SHARED
 def checkpoint_volume(plan: Plan, spec: model.DDPJobSpec) -> None:
     status = plan.status
     verdict = checkpoint_sharing(spec)
+    if verdict is not None and not verdict[0] and plan.options.one_node:
+        verdict = (True, "OneNode", "every worker runs on this machine, which holds the checkpoint directory")
     if verdict is None:
         status.conditions = [c for c in status.conditions if c.type != CONDITION_CHECKPOINT_SHARED]
         return
