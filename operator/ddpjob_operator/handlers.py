@@ -1,10 +1,11 @@
 """Thin kopf wiring: watch DDPJobs and their pods, run `decide()`, apply its actions.
 
-Level-based like a controller-runtime work queue: every DDPJob event, every event of a pod it
-owns, a per-job requeue timer (backoff, deadline, TTL) and a periodic resync all *trigger* the
-same reconcile of that job; one reconcile per job runs at a time and a trigger during a run
-makes it run once more. Pods are read from a kopf index, which kopf fills completely before it
-calls any handler, so a restarted operator never acts on a half-listed cluster.
+Level-based like a controller-runtime work queue (workqueue.py): every DDPJob event, every event
+of a pod it owns, a per-job requeue timer (backoff, deadline, TTL) and a periodic resync all
+*trigger* the same reconcile of that job; one reconcile per job runs at a time, a trigger during a
+run makes it run once more, and a job not yet reconciled in its current spec goes first. Pods are
+read from a kopf index, which kopf fills completely before it calls any handler, so a restarted
+operator never acts on a half-listed cluster.
 
 Handlers return nothing (kopf would store results in the strict status) and never sleep; waits
 are timers. kopf adds no finalizers (no timers, daemons or deletion handlers are registered).
@@ -28,6 +29,7 @@ import kopf
 from . import builders, decisions, kube, leader, model, progress, store
 from .metrics import Metrics
 from .settings import Settings
+from .workqueue import WorkQueue
 
 logger = logging.getLogger("ddpjob_operator")
 
@@ -131,10 +133,9 @@ class Controller:
         # Creations the API server refused, per job uid and object name, until one succeeds.
         self.rejected: dict[str, dict[str, decisions.CreateRejected]] = {}
         self._specs: dict[str, tuple[tuple[str, Any], bytes]] = {}  # uid -> (generation, parsed and pickled)
-        self._running: dict[JobKey, asyncio.Task[None]] = {}
-        self._reconcile_slots = asyncio.Semaphore(settings.max_concurrent_reconciles)
-        self._dirty: set[JobKey] = set()
-        self._timers: dict[JobKey, tuple[float, asyncio.TimerHandle]] = {}
+        self.queue: WorkQueue[JobKey] = WorkQueue(
+            self._reconcile_safely, concurrency=settings.max_concurrent_reconciles,
+            settle_seconds=settings.coalesce_seconds, urgent=self._first_in_line)
         self._resync: asyncio.TimerHandle | None = None
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._failures: dict[JobKey, int] = {}  # consecutive unexpected reconcile errors, for the backoff
@@ -195,19 +196,13 @@ class Controller:
         self.metrics.leader.set(0)
         if self._routing_wake is not None:
             self._routing_wake.set()
-        for _, handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
-        for task in list(self._running.values()):
-            task.cancel()
+        self.queue.clear()
 
     async def stop(self) -> None:
         if self._resync is not None:
             self._resync.cancel()
-        for _, handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
-        pending = list(self._running.values()) + list(self._side_tasks)
+        await self.queue.stop()
+        pending = list(self._side_tasks)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -287,7 +282,7 @@ class Controller:
             self.progress.forget(uid)
             self._failures.pop(key, None)
             self.metrics.job_phase(uid, None)
-            self._cancel_timer(key)
+            self.queue.forget(key)
             return
         snapshot, previous = self._without_parsed_spec(_snapshot(body)), self.jobs.get(key)
         self.jobs[key] = snapshot
@@ -312,43 +307,21 @@ class Controller:
     def trigger(self, key: JobKey) -> None:
         if not self.leading():
             return  # a standby keeps its view of the jobs warm, and acts once it leads
-        if key in self._running:
-            self._dirty.add(key)
-            return
-        self._running[key] = asyncio.get_running_loop().create_task(self._run(key))
+        self.queue.add(key)
 
     def requeue(self, key: JobKey, delay: float) -> None:
-        loop = asyncio.get_running_loop()
-        due = loop.time() + delay
-        current = self._timers.get(key)
-        if current is not None and current[0] <= due:
-            return  # an earlier wake-up is already set
-        if current is not None:
-            current[1].cancel()
-        self._timers[key] = (due, loop.call_at(due, self._fire_timer, key))
+        self.queue.add_after(key, delay)
 
-    def _fire_timer(self, key: JobKey) -> None:
-        self._timers.pop(key, None)
-        self.trigger(key)
-
-    def _cancel_timer(self, key: JobKey) -> None:
-        current = self._timers.pop(key, None)
-        if current is not None:
-            current[1].cancel()
-
-    async def _run(self, key: JobKey) -> None:
-        try:
-            while True:
-                async with self._reconcile_slots:  # a burst waits here, holding no manifests or calls
-                    self._dirty.discard(key)
-                    await self._reconcile_safely(key)
-                if key not in self._dirty:
-                    return
-                # Triggered again while it ran: a burst (our own pods' events). Let it settle a
-                # moment so one more pass covers it all, instead of one pass (and status write) each.
-                await asyncio.sleep(self.settings.coalesce_seconds)
-        finally:
-            self._running.pop(key, None)
+    def _first_in_line(self, key: JobKey) -> bool:
+        """Not yet reconciled in its current spec (a new job, a changed spec): ahead of the resyncs."""
+        body = self.jobs.get(key)
+        if body is None:
+            return False
+        generation = body["metadata"].get("generation")
+        if (body.get("status") or {}).get("observedGeneration") == generation:
+            return False
+        written = self.written.get(body["metadata"].get("uid", ""))
+        return written is None or written.observed_generation != generation
 
     async def _reconcile_safely(self, key: JobKey) -> None:
         started = time.perf_counter()

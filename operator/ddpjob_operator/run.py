@@ -39,8 +39,8 @@ def create_operator(settings: Settings, connection: Connection) -> tuple[Control
     else:
         api = Kube(connection, timeout_seconds=timeout)
     controller = Controller(api, settings, Metrics(), elector=elector)
-    # Every job with a pass queued or running holds one task in the controller's work queue.
-    controller.metrics.watch_queue(lambda: len(controller._running))
+    # Every job with a pass queued, running or about to run again (workqueue.WorkQueue).
+    controller.metrics.watch_queue(lambda: len(controller.queue))
     kopf_settings = kopf.OperatorSettings()
     settings_module.configure_kopf(kopf_settings, settings)
     return controller, build_registry(controller, connection), kopf_settings

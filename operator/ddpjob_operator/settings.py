@@ -287,8 +287,29 @@ class UnusedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         return {}
 
 
+# The watch-event handlers (handlers.build_registry): each runs on every event of a job or of one of its pods.
+EVENT_HANDLERS = ("ddpjob_event", "pod_event")
+
+
+class EventHandlerSuccessAtDebug(logging.Filter):
+    """kopf logs "Handler 'pod_event' succeeded." at INFO for every watch event: after a restart, a line for
+    each pod of the cluster and none of them a decision (the operator logs those). Shown at DEBUG."""
+
+    QUIET = frozenset(f"Handler {handler!r} succeeded." for handler in EVENT_HANDLERS)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or record.msg not in self.QUIET:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
-    """kopf as this operator needs it: no peering, no kopf state in the strict status."""
+    """kopf as this operator needs it: no peering, no kopf state in the strict status, a log line per
+    decision rather than per event."""
+    objects_log = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, EventHandlerSuccessAtDebug) for f in objects_log.filters):
+        objects_log.addFilter(EventHandlerSuccessAtDebug())
     # No kopf peering: replicas elect the active one on a Lease of their own (leader.py), which fences.
     kopf_settings.peering.standalone = True
     kopf_settings.peering.clusterwide = settings.clusterwide

@@ -154,7 +154,7 @@ async def _idle(operator, harness, name: str) -> bool:
     async def check() -> bool:
         held = operator.controller.jobs.get((NAMESPACE, name))
         return bool(held) and held["metadata"]["resourceVersion"] == \
-            harness.job(name)["metadata"]["resourceVersion"] and not operator.controller._running
+            harness.job(name)["metadata"]["resourceVersion"] and operator.controller.queue.idle()
     return await operator.in_operator(check())
 
 
@@ -231,7 +231,7 @@ async def test_deleting_the_job_removes_everything_and_nothing_comes_back(harnes
                          what="garbage collection (running pods are deleted gracefully)")
     # The operator forgot the job (its DELETED event) and runs nothing: it cannot recreate anything.
     async def forgotten() -> bool:
-        return (NAMESPACE, "doomed") not in operator.controller.jobs and not operator.controller._running
+        return (NAMESPACE, "doomed") not in operator.controller.jobs and operator.controller.queue.idle()
     await eventually(forgotten, what="the operator to forget the job")
     assert not harness.pods("doomed") and not harness.pods("doomed", builders.ROLE_STORE)
 

@@ -1,0 +1,136 @@
+"""The controller's work queue: which job's pass runs next, as controller-runtime's queue decides it.
+
+Every trigger of a job (its own event, an event of one of its pods, a timer, a resync, a new leader)
+asks for one more pass over that job; the queue holds a job once however often it is asked (the
+events of a burst fold into one pass), runs one pass per job at a time and at most `concurrency`
+passes at once. A job triggered during its pass runs once more after `settle_seconds`, so one
+extra pass covers a burst of the events its own pass caused.
+
+Unlike a plain FIFO, a job the operator has not yet acted on in its current spec (a new job, a
+changed spec: `urgent(key)`) goes ahead of every job that is only being resynced: after a restart
+the new leader resyncs every job, and a job submitted meanwhile must not wait behind all of them.
+
+Pure asyncio: no kopf, no Kubernetes. Imports nothing of the operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Awaitable, Callable, Generic, Hashable, TypeVar
+
+Key = TypeVar("Key", bound=Hashable)
+
+
+class WorkQueue(Generic[Key]):
+    def __init__(self, work: Callable[[Key], Awaitable[None]], *, concurrency: int, settle_seconds: float,
+                 urgent: Callable[[Key], bool] = lambda key: False) -> None:
+        self._work, self._concurrency, self._settle, self._urgent = work, concurrency, settle_seconds, urgent
+        self._queues: tuple[deque[Key], deque[Key]] = (deque(), deque())  # urgent first, then the rest
+        self._waiting: dict[Key, bool] = {}  # queued keys -> queued as urgent (a key's older entry is stale)
+        self._running: dict[Key, asyncio.Task[None]] = {}
+        self._again: set[Key] = set()  # triggered during their pass
+        self._settling: dict[Key, asyncio.TimerHandle] = {}  # to be queued once their burst settled
+        self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}  # key -> (due, handle)
+
+    # ------------------------------------------------------------ asking for passes
+
+    def add(self, key: Key) -> None:
+        """One more pass over `key`, folded into one already asked for and not yet started."""
+        if key in self._running:
+            self._again.add(key)
+        elif key not in self._settling:
+            self._enqueue(key)
+
+    def add_after(self, key: Key, delay: float) -> None:
+        """A pass in `delay` seconds; the earliest of a key's timers wins."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        current = self._timers.get(key)
+        if current is not None and current[0] <= due:
+            return
+        if current is not None:
+            current[1].cancel()
+        self._timers[key] = (due, loop.call_at(due, self._fire, key))
+
+    def forget(self, key: Key) -> None:
+        """The key's timer is dropped (its job is gone); a pass already asked for finds nothing to do."""
+        current = self._timers.pop(key, None)
+        if current is not None:
+            current[1].cancel()
+
+    # ------------------------------------------------------------ state
+
+    def idle(self) -> bool:
+        """No pass running, queued or settling (timers aside)."""
+        return not (self._running or self._waiting or self._settling)
+
+    def running(self) -> frozenset[Key]:
+        return frozenset(self._running)
+
+    def __len__(self) -> int:
+        """Keys with a pass queued, running or settling (a key is in one of them at most)."""
+        return len(self._waiting) + len(self._running) + len(self._settling)
+
+    # ------------------------------------------------------------ stopping
+
+    def clear(self) -> None:
+        """Drop everything asked for, cancel the timers and the passes under way (a fenced leader)."""
+        for handle in [*self._settling.values(), *(handle for _, handle in self._timers.values())]:
+            handle.cancel()
+        self._settling.clear()
+        self._timers.clear()
+        self._waiting.clear()
+        self._again.clear()
+        for queue in self._queues:
+            queue.clear()
+        for task in self._running.values():
+            task.cancel()
+
+    async def stop(self) -> None:
+        self.clear()
+        await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+    # ------------------------------------------------------------ inside
+
+    def _enqueue(self, key: Key) -> None:
+        urgent = self._urgent(key)
+        queued = self._waiting.get(key)
+        if queued is None or (urgent and not queued):
+            self._waiting[key] = urgent
+            self._queues[0 if urgent else 1].append(key)
+        self._dispatch()
+
+    def _fire(self, key: Key) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    def _next(self) -> Key | None:
+        for urgent, queue in zip((True, False), self._queues):
+            while queue:
+                key = queue.popleft()
+                if self._waiting.get(key) is urgent:  # else a stale entry: promoted, or already run
+                    del self._waiting[key]
+                    return key
+        return None
+
+    def _dispatch(self) -> None:
+        while len(self._running) < self._concurrency:
+            key = self._next()
+            if key is None:
+                return
+            self._running[key] = asyncio.get_running_loop().create_task(self._pass(key))
+
+    async def _pass(self, key: Key) -> None:
+        try:
+            await self._work(key)
+        finally:
+            del self._running[key]
+            if key in self._again:
+                self._again.discard(key)
+                self._settling[key] = asyncio.get_running_loop().call_later(self._settle, self._settled, key)
+            self._dispatch()
+
+    def _settled(self, key: Key) -> None:
+        del self._settling[key]
+        self._enqueue(key)
