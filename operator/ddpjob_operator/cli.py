@@ -13,7 +13,7 @@ EXIT_INVALID = validation.EXIT_INVALID
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    failed = 0
+    failed = valid = 0
     for path in args.files:
         documents = 0
         try:
@@ -26,6 +26,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     for error in exc.errors:
                         print(f"{doc.label}: {error}", file=sys.stderr)
                 else:
+                    valid += 1
                     print(f"{doc.label}: valid DDPJob {job.metadata.name}")
                     for warning in validation.warnings(job):  # valid, so the exit status stays 0
                         print(f"{doc.label}: warning: {warning}", file=sys.stderr)
@@ -37,6 +38,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if documents == 0:
             failed += 1
             print(f"{path}: no DDPJob in file. Fix: add a DDPJob manifest", file=sys.stderr)
+    if valid:
+        # No API server was asked: its admission (quotas, policies, the classes a cluster has) may still refuse.
+        print("note: checked offline against ddpjob's copy of the API server's rules (no server asked); "
+              "`ddpjob submit` has the API server dry-run the job before creating it")
     return EXIT_INVALID if failed else 0
 
 

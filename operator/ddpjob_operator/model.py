@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
 
 from . import k8s_fields as k8s
+from . import pod_rules
 from .agent.contract import FORK_TRAINER_ENV
 
 GROUP = "elastic.ddp.dev"
@@ -1000,6 +1001,14 @@ class DDPJobSpec(APIModel):
                 merged, has_cpu_or_memory=bool(self.resources.cpu or self.resources.memory)):
             raise CelRuleError({"rule": "", "message": f"{where}: {problem}",
                                 "fieldPath": f".template.trainer.resources.{where.split('.')[0]}"})
+        return self
+
+    @model_validator(mode="after")
+    def _check_pod_rules(self) -> "DDPJobSpec":
+        """The API server's and kubelet's rules for the pass-through pod fields (pod_rules: beyond a schema)."""
+        found = pod_rules.problems(self.wire())
+        if found:
+            raise CelRuleError({"rule": "", "fieldPath": found[0][0], "message": found[0][1]})
         return self
 
     @property

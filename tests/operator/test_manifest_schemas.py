@@ -52,7 +52,8 @@ def _variants(job: model.DDPJob):
                    {"gangScheduler": "Coscheduling", "scheduleTimeoutSeconds": 60}):
         yield model.DDPJobSpec.model_validate({
             **wire, "resources": {"cpu": "2", "memory": "4Gi"},
-            "template": {"podSpec": {**KUBEFLOW_POD_SPEC, "hostNetwork": True, "schedulerName": None},
+            "template": {"podSpec": {**KUBEFLOW_POD_SPEC, "hostNetwork": True, "schedulerName": None,
+                                     "dnsPolicy": "ClusterFirstWithHostNet"},  # ClusterFirst cannot resolve peers
                          "trainer": KUBEFLOW_TRAINER, "volumes": [{"name": "data", "emptyDir": {}}],
                          "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                              "nodeSelectorTerms": [{"matchExpressions": [
