@@ -84,7 +84,7 @@ class Trainer:
         self._wrap()
         # DDPJOB_INPROCESS=1: a peer's failure leaves this process training in the next generation.
         job.carry(state=lambda: self._state(rng=None), load=lambda state: self._load(self._module, state),
-                  rewrap=self._wrap, step=lambda: self.progress.step)
+                  rewrap=self._wrap, step=lambda: self.progress.step, rescue=cfg.checkpoint.rescue)
         self._records = open(f"{cfg.record_samples}.rank{self.env.rank}", "a") if cfg.record_samples else None
         self._window = (time.perf_counter(), 0, torch.zeros((), device=self.device), 0)  # start, samples, loss, steps
         self._eval: tuple[int, dict[str, float | None]] | None = None  # (step, metrics) of the last evaluation
@@ -360,10 +360,11 @@ class Trainer:
             _set_rng_state(state["rng"][self.env.rank])
         else:  # another world, or a rescue checkpoint: no per-rank stream to continue, derive a fresh one
             torch.manual_seed(self.cfg.data.seed + 1_000_003 * self.progress.step + self.env.rank)
-        peer = (state.get("ddpjob") or {}).get("peer")
-        if peer is not None:  # every receiving rank says so: the replacement is not always rank 0
+        meta = state.get("ddpjob") or {}
+        if meta.get("peer") is not None:  # every receiving rank says so: the replacement is not always rank 0
             log.warning("resumed from peer rank %d by broadcast step=%d epoch=%d epoch_samples=%d (no checkpoint "
-                        "read)", peer, self.progress.step, self.progress.epoch, self.progress.epoch_samples)
+                        "read; %.2f s)", meta["peer"], self.progress.step, self.progress.epoch,
+                        self.progress.epoch_samples, meta.get("seconds", 0.0))
         elif self.env.is_main:
             log.info("resumed from checkpoint step=%d epoch=%d epoch_samples=%d (saved at world_size=%d, now %d)",
                      self.progress.step, self.progress.epoch, self.progress.epoch_samples, state["world_size"],

@@ -118,6 +118,7 @@ class _Slot:
     index: int
     shape: tuple[int, ...]
     dtype: torch.dtype
+    on_cpu: bool = True  # where the sender keeps it (an optimizer's step counter stays on the CPU next to CUDA)
 
 
 def flatten(state: Any, tensors: list[torch.Tensor] | None = None) -> tuple[Any, list[torch.Tensor]]:
@@ -125,7 +126,7 @@ def flatten(state: Any, tensors: list[torch.Tensor] | None = None) -> tuple[Any,
     tensors = [] if tensors is None else tensors
     if isinstance(state, torch.Tensor):
         tensors.append(state.detach())
-        return _Slot(len(tensors) - 1, tuple(state.shape), state.dtype), tensors
+        return _Slot(len(tensors) - 1, tuple(state.shape), state.dtype, state.device.type == "cpu"), tensors
     if isinstance(state, dict):
         return {k: flatten(v, tensors)[0] for k, v in state.items()}, tensors
     if isinstance(state, (list, tuple)) and not hasattr(state, "_fields"):
@@ -185,6 +186,13 @@ def broadcast_state(state: dict[str, Any] | None, source: int, group: dist.Proce
     received: list[torch.Tensor] = [torch.empty(0)] * len(slots)
     for bucket in buckets(sizes):
         last, last_offset = bucket[-1]
+        if len(bucket) == 1 and sizes[last] >= BUCKET_BYTES // 2:  # a large tensor travels as itself: no copy
+            slot = slots[last]
+            tensor = tensors[last].to(device).contiguous() if mine else \
+                torch.empty(slot.shape, dtype=slot.dtype, device=device)
+            dist.broadcast(tensor.reshape(-1).view(torch.uint8), src=source, group=group)
+            received[last] = tensor
+            continue
         total = last_offset + sizes[last]
         buf = torch.empty(total, dtype=torch.uint8, device=device)
         if mine:
@@ -195,7 +203,11 @@ def broadcast_state(state: dict[str, Any] | None, source: int, group: dist.Proce
         if not mine:
             for i, offset in bucket:
                 received[i] = buf[offset:offset + sizes[i]].view(slots[i].dtype).reshape(slots[i].shape)
-    return state if mine else unflatten(skeleton, received)
+    if mine:
+        return state
+    if device.type != "cpu":
+        received = [t.cpu() if slot.on_cpu else t for t, slot in zip(received, slots)]
+    return unflatten(skeleton, received)
 
 
 # ---- the job's store: generations and the group of each ------------------------------------------------

@@ -182,12 +182,13 @@ class Job:
     # ---- in-process recovery (DDPJOB_INPROCESS=1, runtime/inprocess.py) ------------------------------
 
     def carry(self, *, state: Callable[[], dict[str, Any]], load: Callable[[dict[str, Any]], None],
-              rewrap: Callable[[], None], step: Callable[[], int]) -> None:
+              rewrap: Callable[[], None], step: Callable[[], int], rescue: bool = True) -> None:
         """What a survivor keeps in memory across a peer's failure: `state()` the replica (as a checkpoint
         holds it: model, optimizer, scaler, progress), `load(state)` puts a peer's into this process,
         `rewrap()` builds the DDP wrapper again in the new process group (and drops partial gradients),
-        `step()` the optimizer steps completed. Without DDPJOB_INPROCESS=1 nothing happens with them."""
-        self._carried = _Carried(state, load, rewrap, step)
+        `step()` the optimizer steps completed; `rescue`: save the replica as a rescue checkpoint meanwhile.
+        Without DDPJOB_INPROCESS=1 nothing happens with them."""
+        self._carried = _Carried(state, load, rewrap, step, rescue)
 
     def recover(self, error: BaseException) -> bool:
         """Call it with what a training step raised. True: this process is in the next generation's process
@@ -209,24 +210,28 @@ class Job:
                     carried.step(), old, str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
         rescue = self._rescue_in_background(carried)  # durability, overlapping the hand-over
         try:
-            generation, source, received = self._rejoin(carried, rescue)
+            generation, source, received, seen = self._rejoin(carried, rescue)
         except inprocess.CannotRecover as e:
             log.warning("in-process recovery not possible: %s; leaving the process as before", e)
             rescue.join()
             return False
-        log.warning("recovered in process: generation %d -> %d, rank %d of %d, state %s, %.2f s after the failure",
-                    old, generation, self.env.rank, self.env.world_size,
-                    f"received from rank {source}" if received else "kept",
-                    time.monotonic() - started)
+        now = time.monotonic()
+        log.warning("recovered in process: generation %d -> %d, rank %d of %d, state %s, %.2f s after the failure "
+                    "(%.2f s after the generation was seen: group, exchange, DDP)", old, generation, self.env.rank,
+                    self.env.world_size, f"received from rank {source}" if received else "kept", now - started,
+                    now - seen)
         return True
 
     def _rescue_in_background(self, carried: "_Carried") -> threading.Thread:
-        step, state = carried.step(), carried.state()
-        thread = threading.Thread(target=self.rescue, args=(step, state), name="ddpjob-rescue", daemon=True)
+        step, state = carried.step(), carried.state() if carried.rescue else {}
+        thread = threading.Thread(target=self.rescue if carried.rescue else lambda *_: None, args=(step, state),
+                                  name="ddpjob-rescue", daemon=True)
         thread.start()
         return thread
 
-    def _rejoin(self, carried: "_Carried", rescue: threading.Thread) -> tuple[int, int | None, bool]:
+    def _rejoin(self, carried: "_Carried", rescue: threading.Thread) -> tuple[int, int | None, bool, float]:
+        """(generation joined, the rank the state came from, whether this rank received it, when the
+        generation was seen)"""
         rdzv, generation = self.rendezvous, self.env.generation
         timeout = float(os.environ.get(inprocess.REJOIN_TIMEOUT_ENV) or inprocess.REJOIN_TIMEOUT_S)
         while True:
@@ -245,6 +250,7 @@ class Job:
                 raise inprocess.CannotRecover(f"stopped by signal {self.stop.signum} while waiting for the next "
                                               f"generation" if self.stop.requested else
                                               f"no generation newer than {generation} within {timeout:g} s")
+            seen = time.monotonic()
             try:
                 generation, world = rdzv.join_newest(newer, self.device, self.timeouts.long_s,
                                                      world=self.env.world_size)
@@ -264,7 +270,7 @@ class Job:
             if received is not None:
                 carried.load(received)
             carried.rewrap()
-            return generation, source, received is not None
+            return generation, source, received is not None, seen
 
     def _enter(self, generation: int, world: int) -> None:
         """This process is in `generation`'s group now: its environment, checkpoint fence and timeouts say so."""
@@ -286,7 +292,7 @@ class Job:
             return None
         progress = state.get("progress") or {}
         state[META] = {"step": progress.get("step"), "world_size": self.env.world_size, "peer": source,
-                       "generation": self.env.generation}
+                       "generation": self.env.generation, "seconds": time.monotonic() - started}
         if announce and self.env.is_main:
             announce_line(f"resumed from peer rank {source} step={progress.get('step')} by broadcast in "
                           f"{time.monotonic() - started:.2f} s (no checkpoint read)")
@@ -386,6 +392,7 @@ class _Carried:
     load: Callable[[dict[str, Any]], None]
     rewrap: Callable[[], None]
     step: Callable[[], int]
+    rescue: bool
 
 
 def _join_in_process(device: str, backend: str, timeout_s: float) -> tuple[JobEnv, torch.device, inprocess.Rendezvous]:
