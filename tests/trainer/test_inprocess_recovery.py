@@ -247,3 +247,29 @@ def test_the_pods_agents_leave_survivors_training_and_start_a_replacement_that_j
         assert gang.wait(proc) == 0, gang.logs()
     assert f"resumed from peer rank 1 by broadcast step={KILL_AT}" in gang.text(0, 2)
     assert "joining rendezvous generation" not in gang.text(1, 1) + gang.text(2, 1)  # no torchrun run again
+
+
+def test_a_silent_peer_ends_the_collective_at_the_steady_timeout_and_the_survivors_recover_in_process(gangs) -> None:
+    """A frozen rank (SIGSTOP: sockets open, nothing resets them) fails the survivors' collective after
+    --dist-steady-timeout; they take the in-process path as for a crash, and the replacement (the operator
+    deletes the frozen pod) gets the state by broadcast."""
+    reference = undisturbed(gangs)
+    gang = gangs("silent")
+    gang.publish(1, 3)
+    hang = ["--dist-steady-timeout", "3", "--fault-hang-at-step", str(KILL_AT), "--fault-rank", "2",
+            "--fault-generation", "1"]
+    trainers = {replica: gang.start(replica, 1, 3, hang) for replica in range(3)}
+    gang.saw(2, 1, f"rank 2 at step {KILL_AT}: hanging (SIGSTOP)")
+    for replica in (0, 1):
+        gang.saw(replica, 1, f"at step {KILL_AT}: a peer failed in generation 1")
+    kill_tree(trainers.pop(2), signal.SIGKILL)
+    gang.publish(2, 3)
+    replacement = gang.start(2, 2, 3, ["--dist-steady-timeout", "3"])
+    for replica, proc in trainers.items():
+        assert gang.wait(proc) == 0, gang.logs()
+        assert "recovered in process: generation 1 -> 2" in gang.text(replica, 1)
+    assert gang.wait(replacement) == 0, gang.logs()
+    assert f"resumed from peer rank 0 by broadcast step={KILL_AT}" in gang.text(2, 2)
+    for replica in range(3):
+        assert gang.wait(reference.procs[replica, 1]) == 0, reference.logs()
+    assert_bit_identical(final_state(gang), final_state(reference))
