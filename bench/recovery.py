@@ -6,6 +6,9 @@ Two setups of the same job (examples/cpu-digits.yaml: the bundled digits trainer
 - ours: `ddpjob run --local` semantics (LocalRunner: real torchrun agents, the operator's decision
   layer, a dedicated rendezvous store, `--max-restarts=0`, a new generation per incident, every
   worker forked from the run's zygote; the surviving trainer saves a rescue checkpoint).
+- cold, cold-gpu: the same with `ddpjob run --local --cold-start` (cpu-node, gpu-node): pod-like, every
+  worker and spare a new interpreter started with its pod's argv and env, nothing preloaded; with cold-gpu
+  each trainer is a new interpreter too, as the agent starts it on a GPU node (docs/local.md, "Cold start").
 - stock: what Kubeflow's PyTorchJob sets up for an elastic job: `torchrun --nnodes=1:2
   --rdzv-backend=c10d` with torch's rendezvous defaults (keep-alive 5 s x 3, last call 30 s), the
   store hosted by worker 0's agent (`is_host`), `--max-restarts=3`, one rendezvous id for the job's
@@ -17,10 +20,15 @@ Workers 1, 0, 1, 0, ... have their whole process tree SIGKILLed at spread-out st
 multiple of --every, between two periodic checkpoints) (worker 0 hosts
 rank 0 and, in the stock setup, the rendezvous store). Per kill: the last step rank 0 logged
 before it, the step training resumed from, steps lost, and seconds from the kill to the first step
-after the resume. Ours also gets a phase breakdown from the logs. Prints Markdown tables
+after the resume, with the two marks of issue 29's table: rank 0's trainer of the generation that resumed
+logs its start ("trainers start") and logs the resume ("training resumed"), all from the trainers' own log
+lines. `--state-mb N` makes the model plus its AdamW state about N MiB (a parameter block, the bundled
+workloads' `state_mb` option), `--fault delete` (local setups) stops the worker gracefully (SIGTERM, as
+an eviction) instead. Ours also gets a phase breakdown from the logs. Prints Markdown tables
 (docs/benchmarks.md, "Recovery from a lost worker").
 
     .venv/bin/python bench/recovery.py [--kills 5] [--every 120] [--setups ours,stock]
+    .venv/bin/python bench/recovery.py --setups cold [--spares 1] [--state-mb 1024] [--fault delete]
     .venv/bin/python bench/recovery.py --setups cluster [--scope Pod|All] [--spares N] [--fault kill|node-down]
 
 The cluster setup runs the job through the operator on the cluster KUBECONFIG names, with the fault
@@ -47,7 +55,8 @@ from pathlib import Path
 from ddpjob_operator import validation
 from ddpjob_operator.local.logs import RESUME_LINE, STEP_LINE, LogTail
 from ddpjob_operator.local.processes import MARKER_ENV, kill_marked, marker_for
-from ddpjob_operator.local.runner import FaultInjection, LocalRunner, RunOptions
+from ddpjob_operator.local.runner import (COLD_CPU_NODE, COLD_GPU_NODE, DELETE, KILL, FaultInjection, LocalRunner,
+                                         RunOptions)
 from ddpjob_operator.local.view import Snapshot, Summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,8 +116,10 @@ class Recovery:
     worker: int
     last_step: int
     resumed_from: int
-    seconds: float
+    seconds: float  # kill -> the first optimizer step after the resume
     phases: dict[str, float]
+    trainers_start: float | None = None  # kill -> rank 0's trainer of the generation that resumed logs its start
+    resumed: float | None = None  # kill -> rank 0 logs the resume
 
     @property
     def steps_lost(self) -> int:
@@ -139,7 +150,9 @@ def recoveries(entries: list[tuple[float, str, int]]) -> list[Recovery]:
         marks["resumed"], marks["first step"] = resume[0], first_step
         names = list(marks)
         phases = {f"{a} -> {b}": marks[b] - marks[a] for a, b in zip(names, names[1:])}
-        out.append(Recovery(worker, last_step, resume[1], first_step - killed_at, phases))
+        up = marks.get("trainer up")
+        out.append(Recovery(worker, last_step, resume[1], first_step - killed_at, phases,
+                            trainers_start=None if up is None else up - killed_at, resumed=resume[0] - killed_at))
     return out
 
 
@@ -149,12 +162,14 @@ def kill_step(k: int, every: int) -> int:
     return every * (k + 1) + 7
 
 
-def load_example(kills: int, every: int, scope: str = "Pod", spares: int = 0):
+def load_example(kills: int, every: int, scope: str = "Pod", spares: int = 0, state_mb: float = 0):
     job = validation.load_jobs(EXAMPLE)[0]
     spec = job.spec
     epochs = 2 + (every * (kills + 1)) // STEPS_PER_EPOCH
+    # state_mb: a parameter block that makes model + AdamW state this size (ddp_trainer/workloads/state.py)
+    state = ["--workload-option", f"state_mb={state_mb:g}"] if state_mb else []
     spec = spec.model_copy(update={
-        "args": [*spec.args, "--epochs", str(epochs), "--log-every", "1"],  # a later --epochs wins
+        "args": [*spec.args, *state, "--epochs", str(epochs), "--log-every", "1"],  # a later --epochs wins
         "failure_policy": spec.failure_policy.model_copy(update={"max_restarts": kills + 2, "restart_scope": scope,
                                                                  "spares": spares}),
     })
@@ -172,7 +187,7 @@ class RecordingView:
         self.timeline.poll()
 
     def event(self, text: str) -> None:
-        if text.startswith("fault injection: killed"):
+        if text.startswith(("fault injection: killed", "fault injection: deleted")):
             # The pod serving the worker: its own, or a spare that took its place (`--spares`), which the
             # fault's index names as well: kills alternate 1, 0, 1, ...
             killed = re.search(r"-(worker|spare)-(\d+) ", text)
@@ -198,13 +213,15 @@ def poll_in_background(timeline: Timeline, stop: threading.Event) -> threading.T
     return thread
 
 
-def run_ours(job, kills: int, every: int, state: Path) -> tuple[str, list[Recovery]]:
-    faults = tuple(FaultInjection(index=(k + 1) % 2, at_step=kill_step(k, every)) for k in range(kills))
+def run_ours(job, kills: int, every: int, state: Path, cold_start: str | None = None,
+             kind: str = KILL) -> tuple[str, list[Recovery]]:
+    faults = tuple(FaultInjection(index=(k + 1) % 2, at_step=kill_step(k, every), kind=kind) for k in range(kills))
     timeline = Timeline(state / job.metadata.name / "logs")
     stop = threading.Event()
     poller = poll_in_background(timeline, stop)
     try:
-        phase = LocalRunner(job, RunOptions(state_dir=state, faults=faults), RecordingView(timeline)).run()
+        phase = LocalRunner(job, RunOptions(state_dir=state, faults=faults, cold_start=cold_start),
+                            RecordingView(timeline)).run()
     finally:
         stop.set()
         poller.join()
@@ -453,12 +470,22 @@ def run_cluster(kills: int, every: int, state: Path, timeout: float, scope: str 
 
 def table(name: str, phase: str, results: list[Recovery], interval: int) -> None:
     print(f"\n{name}: {phase}")
-    print("| kill | worker | last step | resumed from | steps lost | seconds to next step |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| kill | worker | last step | resumed from | steps lost | trainers start | training resumed "
+          "| seconds to next step |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+
+    def shown(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    def median(values: list[float | None]) -> str:
+        known = [v for v in values if v is not None]
+        return f"**{statistics.median(known):.1f}**" if known else "-"
     for n, r in enumerate(results, 1):
-        print(f"| {n} | {r.worker} | {r.last_step} | {r.resumed_from} | {r.steps_lost} | {r.seconds:.1f} |")
+        print(f"| {n} | {r.worker} | {r.last_step} | {r.resumed_from} | {r.steps_lost} | {shown(r.trainers_start)} "
+              f"| {shown(r.resumed)} | {r.seconds:.1f} |")
     if results:
         print(f"| **median** | | | | **{statistics.median(r.steps_lost for r in results):g}** "
+              f"| {median([r.trainers_start for r in results])} | {median([r.resumed for r in results])} "
               f"| **{statistics.median(r.seconds for r in results):.1f}** |")
         print(f"max: {max(r.steps_lost for r in results)} steps lost (interval {interval}), "
               f"{max(r.seconds for r in results):.1f} s")
@@ -473,29 +500,49 @@ def table(name: str, phase: str, results: list[Recovery], interval: int) -> None
                   + f" | {statistics.median(known):.1f} |")
 
 
+# The local setups and their RunOptions.cold_start.
+LOCAL_SETUPS = {"ours": None, "cold": COLD_CPU_NODE, "cold-gpu": COLD_GPU_NODE}
+
+
+def load() -> str:
+    return ", ".join(f"{v:.1f}" for v in os.getloadavg())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=5, help="workers to kill, alternating 1, 0, 1, ...")
     parser.add_argument("--every", type=int, default=120, help="training steps between kills")
     parser.add_argument("--setups", default="ours,stock",
-                        help="comma-separated: ours, stock, cluster (the operator on the cluster KUBECONFIG names)")
+                        help="comma-separated: ours (workers forked from the local runner's zygote), cold (pod-like: "
+                             "every worker and spare a new interpreter started as its pod's container, trainers forked "
+                             "by their agent as on a node without GPUs: `ddpjob run --local --cold-start`), cold-gpu "
+                             "(the same, each trainer a new interpreter as on a GPU node: --cold-start gpu-node), "
+                             "stock, cluster (the operator on the cluster KUBECONFIG names)")
+    parser.add_argument("--state-mb", type=float, default=0, metavar="MB",
+                        help="give the trainer's model a parameter block so that model + AdamW state is about MB MiB "
+                             "(--workload-option state_mb; 0: the digits MLP alone, ~0.3 MB)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per setup")
     parser.add_argument("--keep-logs", metavar="DIR", help="keep each setup's logs and checkpoints under DIR")
     parser.add_argument("--scope", choices=("Pod", "All"), default="Pod",
                         help="failurePolicy.restartScope of ours and cluster (Pod: survivors stay in place)")
     parser.add_argument("--spares", type=int, default=0, help="failurePolicy.spares of ours and cluster (warm spares)")
-    parser.add_argument("--fault", choices=("kill", "node-down"), default="kill",
-                        help="kill: SIGKILL of a worker's processes; node-down (cluster only): its node goes silent")
+    parser.add_argument("--fault", choices=("kill", "delete", "node-down"), default="kill",
+                        help="kill: SIGKILL of a worker's processes; delete (ours/cold only): a graceful pod deletion "
+                             "(SIGTERM, as an eviction; the trainers save at the step they agree on); node-down "
+                             "(cluster only): its node goes silent")
     args = parser.parse_args(argv)
     if args.spares and args.scope != "Pod":
         parser.error("--spares needs --scope Pod")
     if args.fault == "node-down" and args.setups != "cluster":
         parser.error("--fault node-down needs --setups cluster (a node to lose)")
-    job = load_example(args.kills, args.every, args.scope, args.spares)
+    if args.fault == "delete" and not set(args.setups.split(",")) <= set(LOCAL_SETUPS):
+        parser.error(f"--fault delete needs local setups only ({', '.join(LOCAL_SETUPS)})")
+    job = load_example(args.kills, args.every, args.scope, args.spares, args.state_mb)
     interval = job.spec.checkpoint.interval_steps
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
           f"{datetime.now().isoformat(timespec='minutes')}; job {EXAMPLE.name}, checkpoint every {interval} steps, "
-          f"kills every {args.every} steps, restartScope {args.scope}, spares {args.spares}, fault {args.fault}")
+          f"kills every {args.every} steps, restartScope {args.scope}, spares {args.spares}, fault {args.fault}, "
+          f"state {args.state_mb:g} MiB; load average {load()}")
     medians = {}
     for setup in args.setups.split(","):
         with tempfile.TemporaryDirectory(prefix=f"ddpjob-recovery-{setup}-") as tmp:
@@ -503,8 +550,9 @@ def main(argv: list[str] | None = None) -> int:
                 tmp = str(Path(args.keep_logs) / setup)
                 Path(tmp).mkdir(parents=True)
             started = time.monotonic()
-            if setup == "ours":
-                phase, results = run_ours(job, args.kills, args.every, Path(tmp))
+            if setup in LOCAL_SETUPS:
+                phase, results = run_ours(job, args.kills, args.every, Path(tmp), LOCAL_SETUPS[setup],
+                                          DELETE if args.fault == "delete" else KILL)
             elif setup == "stock":
                 phase, results = run_stock(job, args.kills, args.every, Path(tmp), args.timeout)
             elif setup == "cluster":
@@ -515,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
                                              args.fault)
             else:
                 parser.error(f"unknown setup {setup!r}")
-            table(f"{setup} ({time.monotonic() - started:.0f} s wall)", phase, results, interval)
+            table(f"{setup} ({time.monotonic() - started:.0f} s wall, load average {load()} at its end)", phase,
+                  results, interval)
             if results:
                 medians[setup] = statistics.median(r.seconds for r in results)
     if {"ours", "stock"} <= medians.keys():

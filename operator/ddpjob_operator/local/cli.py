@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from .. import model, validation
-from .runner import EXIT_FAILED, EXIT_INTERRUPTED, FaultInjection, LocalRunner, RunOptions, SpecChange
+from .runner import (COLD_CPU_NODE, COLD_STARTS, EXIT_FAILED, EXIT_INTERRUPTED, FaultInjection, LocalRunner,
+                     RunOptions, SpecChange)
 from .view import make_view
 
 
@@ -27,6 +28,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true",
                    help="keep the checkpoints of the previous run in the default directory and continue")
     p.add_argument("--logs", action="store_true", help="also print every worker log line, prefixed with its pod")
+    p.add_argument("--cold-start", nargs="?", const=COLD_CPU_NODE, choices=COLD_STARTS, metavar="NODE",
+                   help="start every worker and spare as its pod's container starts (a new `python -c <agent>` "
+                        "interpreter with the pod's argv and env, nothing preloaded, no zygote), so that recovery "
+                        f"times predict a cluster's; NODE: {COLD_CPU_NODE} (default: the agent forks its trainers, "
+                        f"as on a node without GPUs) or {COLD_STARTS[1]} (each trainer a new interpreter, as on a "
+                        "node with GPUs)")
     fault = p.add_argument_group("fault injection (demonstrates recovery)")
     fault.add_argument("--kill-worker", type=int, metavar="I", help="SIGKILL worker I (its whole process tree)")
     when = fault.add_mutually_exclusive_group()
@@ -127,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _check_progress_source(args, job.spec)
         options = RunOptions(checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                              print_logs=args.logs, faults=_fault(args, job.spec.replicas),
-                             changes=_changes(args, job.spec))
+                             changes=_changes(args, job.spec), cold_start=args.cold_start)
         runner = LocalRunner(job, options, make_view())
     except validation.InvalidJob as exc:
         for error in exc.errors:

@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from ..config import TrainConfig
+from .state import with_state_block
 
 DATA = Path(__file__).with_name("digits.npz")
 
@@ -29,5 +30,5 @@ def build_datasets(cfg: TrainConfig) -> tuple[TensorDataset, TensorDataset]:
 
 def build_model(cfg: TrainConfig) -> nn.Module:
     hidden = cfg.workload.get("hidden", 128)
-    return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                         nn.Linear(hidden, 10))
+    return with_state_block(nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                          nn.Linear(hidden, 10)), cfg)

@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from ..config import TrainConfig
+from .state import with_state_block
 
 
 def build_datasets(cfg: TrainConfig) -> tuple[TensorDataset, TensorDataset]:
@@ -33,4 +34,4 @@ def build_model(cfg: TrainConfig) -> nn.Module:
         mods += [nn.Linear(width, hidden), nn.ReLU()]
         width = hidden
     mods.append(nn.Linear(width, classes))
-    return nn.Sequential(*mods)
+    return with_state_block(nn.Sequential(*mods), cfg)
