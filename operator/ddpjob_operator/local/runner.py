@@ -106,6 +106,9 @@ class RunOptions:
     changes: tuple[SpecChange, ...] = ()
     unschedulable: tuple[Unschedulable, ...] = ()
     state_dir: Path = STATE_DIR
+    # A job with a checkpoint interval whose workers all ran this long without a progress report is warned of
+    # (decisions/warnings.py: the HF/Lightning callback or job.report missing).
+    unreported_warning_seconds: float = NO_PROGRESS_WARNING_SECONDS
 
 
 @dataclass(frozen=True)
@@ -305,7 +308,9 @@ class LocalRunner:
     def reconcile(self) -> decisions.Decision:
         """One level-based pass: observe, decide, act, show."""
         now = self.clock()
-        decision = decisions.decide(self.job_view(), self.observe(now))
+        # One machine: workers can never land on different nodes (no ReadWriteOnce warning).
+        options = decisions.Options(one_node=True, unreported_warning_seconds=self.options.unreported_warning_seconds)
+        decision = decisions.decide(self.job_view(), self.observe(now), options)
         self.status = decision.status
         for action in decision.actions:
             self.execute(action, now)
@@ -630,7 +635,7 @@ class LocalRunner:
         progress = read_report(self.checkpoint_dir, "progress.json") or {}
         self._warn_without_progress(progress, now)
         elapsed = (now - self.created_at).total_seconds()
-        kills: list[WorkerProcess] = []
+        kills: list[tuple[WorkerProcess, FaultInjection]] = []
         stores: list[LocalProcess] = []
         deletes: list[WorkerProcess] = []
         for fault in list(self.pending_faults):
@@ -644,19 +649,31 @@ class LocalRunner:
                 target = self.workers.get(self._pod_of(fault.index))
                 if target is None or target.deleted or target.held or target.process.poll(now) is not None:
                     continue
-                (kills if fault.kind == KILL else deletes).append(target)
+                if fault.kind == KILL:
+                    kills.append((target, fault))
+                else:
+                    deletes.append(target)
             self.pending_faults.remove(fault)
         if kills or stores:
-            killed = [*(w.process for w in kills), *stores]
-            kill_together(*killed)
-            for process in killed:
+            killed = [*((w.process, fault.at_step) for w, fault in kills), *((s, None) for s in stores)]
+            kill_together(*(process for process, _ in killed))
+            # Read once the trees are gone, not a poll before: the survivors cannot complete a step without the
+            # killed rank, so the newest report now is the last step the job completed.
+            step = self._reported_step(read_report(self.checkpoint_dir, "progress.json") or {})
+            for process, asked in killed:
+                at = "before the trainer reported any step" if step is None else f"trainer step {step}"
+                if asked is not None and step is not None and step != asked:
+                    at += (f" (asked for step {asked}: steps are seen as the trainer reports them, a poll apart; "
+                           f"{step} is the newest one reported when the kill struck)")
                 self.view.event(f"fault injection: killed {process.name} (SIGKILL to its whole process tree) "
-                                f"at {elapsed:.1f}s, trainer step {self._reported_step(progress)}")
+                                f"at {elapsed:.1f}s, {at}")
         for w in deletes:
             w.deleted = True  # the pod object is being deleted: it vanishes once its processes are gone
             w.process.terminate(now)
+            step = self._reported_step(progress)
             self.view.event(f"fault injection: deleted {w.process.name} gracefully (SIGTERM, like kubectl "
-                            f"delete pod) at {elapsed:.1f}s, trainer step {progress.get('step')}")
+                            f"delete pod) at {elapsed:.1f}s, "
+                            + ("before the trainer reported any step" if step is None else f"trainer step {step}"))
 
     # ---- spec changes (kubectl scale, suspend) ---------------------------------------------
 
