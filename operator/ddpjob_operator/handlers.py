@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 import aiohttp
 import kopf
 
-from . import builders, decisions, kube, leader, model, progress, store
+from . import builders, decisions, kube, leader, model, progress, server_fields, store
 from .metrics import Metrics
 from .settings import Settings
 from .workqueue import WorkQueue
@@ -130,6 +130,8 @@ class Controller:
         self.pods: Mapping[tuple[str, str], Any] = {}  # kopf's index: (namespace, job uid) -> PodSummary
         self.written = WrittenStatuses()  # job uid -> the status this process last wrote
         self.shared_ready: set[str] = set()  # job uids whose Services / claim exist
+        # Generations whose objects the API server judged (dryRun=All) before any was created, per job uid.
+        self.judged: dict[str, set[int]] = {}
         # Creations the API server refused, per job uid and object name, until one succeeds.
         self.rejected: dict[str, dict[str, decisions.CreateRejected]] = {}
         self._specs: dict[str, tuple[tuple[str, Any], bytes]] = {}  # uid -> (generation, parsed and pickled)
@@ -184,6 +186,7 @@ class Controller:
         wrote since), and reconcile every job from what the server holds."""
         self.written.clear()
         self.shared_ready.clear()
+        self.judged.clear()
         self.rejected.clear()
         self.metrics.leader.set(1)
         if self._routing_wake is not None:
@@ -278,6 +281,7 @@ class Controller:
             self.written.pop(uid, None)
             self._specs.pop(uid, None)
             self.shared_ready.discard(uid)
+            self.judged.pop(uid, None)
             self.rejected.pop(uid, None)
             self.progress.forget(uid)
             self._failures.pop(key, None)
@@ -537,7 +541,8 @@ class Controller:
         if workers or creates_store or spares:
             assert spec is not None  # the decision layer only creates for a runnable spec
             # The store before the workers (they dial it); nothing more once a creation was refused.
-            if await self._ensure_shared(job, spec, now) and \
+            if await self._judged(job, spec, workers, spares, creates_store, now) and \
+                    await self._ensure_shared(job, spec, now) and \
                     (not creates_store or await self._create(job, builders.store_pod(job, spec), now)):
                 await self._all(self._create(job, builders.worker_pod(
                     job, spec, index=a.index, generation=a.generation, attempt=a.attempt,
@@ -559,6 +564,25 @@ class Controller:
         if errors:
             raise errors[0]
 
+    async def _judged(self, job: builders.JobRef, spec: model.DDPJobSpec, workers: list[decisions.CreateWorker],
+                      spares: list[decisions.CreateSpare], creates_store: bool, now: datetime) -> bool:
+        """The API server judges (dryRun=All) every object of a new job, and each new generation's pods, before
+        the first is created: a refusal fails the job (rejected) with nothing half-created. False when refused."""
+        generation = max((a.generation for a in [*workers, *spares]), default=-1)
+        if generation in self.judged.get(job.uid, ()):
+            return True
+        manifests = [] if job.uid in self.shared_ready else builders.shared_manifests(job, spec)
+        if creates_store:
+            manifests.append(builders.store_pod(job, spec))
+        manifests += [builders.worker_pod(job, spec, index=a.index, generation=a.generation, attempt=a.attempt,
+                                          progress=self.progress_endpoint, avoid_nodes=a.avoid_nodes) for a in workers]
+        manifests += [builders.spare_pod(job, spec, serial=a.slot, generation=a.generation,
+                                         progress=self.progress_endpoint) for a in spares]
+        judged = await asyncio.gather(*(self._create(job, m, now, dry_run=True) for m in manifests))
+        if all(judged):
+            self.judged.setdefault(job.uid, set()).add(generation)
+        return all(judged)
+
     async def _ensure_shared(self, job: builders.JobRef, spec: model.DDPJobSpec, now: datetime) -> bool:
         if job.uid in self.shared_ready:
             return True
@@ -567,17 +591,22 @@ class Controller:
             self.shared_ready.add(job.uid)
         return all(created)
 
-    async def _create(self, job: builders.JobRef, manifest: dict[str, Any], now: datetime) -> bool:
-        """Create one object; False when the API server refused it for a reason retrying now cannot fix
-        (admission, validation, quota, a name owned by another object): the decision layer gets it."""
+    async def _create(self, job: builders.JobRef, manifest: dict[str, Any], now: datetime, *,
+                      dry_run: bool = False) -> bool:
+        """Create one object (or have the server judge it: dry_run); False when the API server refused it for a
+        reason retrying now cannot fix (admission, validation, quota, a name owned by another object): the
+        decision layer gets it, with the DDPJob field the refusal came from."""
         name = manifest["metadata"]["name"]
         refused = self.rejected.get(job.uid, {})
         try:
-            await self.api.create(manifest)
+            await self.api.create(manifest, dry_run=dry_run)
         except kube.ApiError as exc:
             if exc.status not in REFUSED_STATUSES or (exc.status == 409 and not isinstance(exc, kube.NotOwned)):
                 raise
-            refused[name] = decisions.CreateRejected(manifest["kind"], name, exc.status, exc.reason, exc.message,
+            field = server_fields.ddpjob_field(manifest["kind"], exc.message, store_pod=(
+                (manifest["metadata"].get("labels") or {}).get(builders.LABEL_ROLE) == builders.ROLE_STORE))
+            message = f"{exc.message} (from DDPJob field {field})" if field else exc.message  # kept when shortened
+            refused[name] = decisions.CreateRejected(manifest["kind"], name, exc.status, exc.reason, message,
                                                      now, not_owned=isinstance(exc, kube.NotOwned))
             self.rejected[job.uid] = refused
             self.trigger((job.namespace, job.name))  # decide on it now, not at the next event

@@ -159,15 +159,19 @@ class Kube:
                                info.get("message") or text[:200])
             return response.status, payload
 
-    async def create(self, manifest: dict[str, Any], kind: Kind | None = None) -> dict[str, Any] | None:
+    async def create(self, manifest: dict[str, Any], kind: Kind | None = None, *,
+                     dry_run: bool = False) -> dict[str, Any] | None:
         """Create; None when it already exists and is this owner's (an earlier attempt succeeded: done).
 
         A 409 on a name held by an object with another controller (or none) raises NotOwned: another
-        job's Service, a user's claim. Deterministic names make that an error the user must see."""
+        job's Service, a user's claim. Deterministic names make that an error the user must see.
+        With `dry_run` the API server judges the object (defaults, admission, validation: `dryRun=All`)
+        and keeps nothing."""
         kind = kind or KINDS[(manifest["apiVersion"], manifest["kind"])]
         meta = manifest["metadata"]
         try:
-            _, created = await self._call("POST", kind.path(meta["namespace"]), body=manifest)
+            _, created = await self._call("POST", kind.path(meta["namespace"]), body=manifest,
+                                          params={"dryRun": "All"} if dry_run else None)
             return created
         except ApiError as exc:
             if exc.status != 409:

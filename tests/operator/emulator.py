@@ -335,6 +335,8 @@ class Cluster(kmock.KubernetesEmulator):
     # Faults a test sets. admit_pods: a validating admission step (a webhook, Pod Security, ResourceQuota)
     # run on every pod create after the defaults are applied; what it returns is the answer (403 ...).
     admit_pods: Callable[[dict[str, Any]], KubernetesError | None] | None = attrs.field(default=None, init=False)
+    # (plural, name) of every create asked with dryRun=All, in order.
+    dry_runs: list[tuple[str, str | None]] = attrs.field(factory=list, init=False)
     # Until this time.monotonic() moment every operator request but its open watches is answered 503,
     # as by an API server that lost etcd or is restarting behind its load balancer.
     unavailable_until: float = attrs.field(default=0.0, init=False)
@@ -550,10 +552,17 @@ class Cluster(kmock.KubernetesEmulator):
     async def _create(self, request: rendering.Request) -> dict[str, Any]:
         if not isinstance(request.data, dict):
             raise bad_request("the body of the request was in an unknown format")
-        return await self.create(request.resource, request.namespace, request.data)
+        dry_run = request.params.get("dryRun")
+        if dry_run not in (None, "All"):
+            raise bad_request(f'Invalid dry run value: "{dry_run}"; only "All" is supported')
+        if dry_run:
+            self.dry_runs.append((request.resource.plural, (request.data.get("metadata") or {}).get("name")))
+        return await self.create(request.resource, request.namespace, request.data, dry_run=dry_run == "All")
 
-    async def create(self, resource: Any, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
-        """Create as a client's POST does (also for the test's side: nodes, pods)."""
+    async def create(self, resource: Any, namespace: str | None, body: dict[str, Any], *,
+                     dry_run: bool = False) -> dict[str, Any]:
+        """Create as a client's POST does (also for the test's side: nodes, pods). A dry run (`dryRun=All`)
+        defaults, admits and validates as a create does, and persists nothing."""
         info = self.resources[resource]
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
@@ -589,6 +598,8 @@ class Cluster(kmock.KubernetesEmulator):
             if self._current(key) is not None:
                 raise api_error(409, "AlreadyExists", f'{qualified(resource)} "{meta["name"]}" already exists',
                                 resource, meta["name"])
+            if dry_run:
+                return self._present(resource, obj)
             created = await self._commit(key, obj, "ADDED")
         if resource == PODS:
             self._note_creation(key[1], key[2])
