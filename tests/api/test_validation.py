@@ -118,6 +118,7 @@ def test_multi_document_file_reports_each_document(tmp_path):
 def test_a_read_write_once_claim_for_several_workers_is_a_warning_not_an_error(tmp_path):
     job = yaml.safe_load((ROOT / "examples" / "cpu-digits.yaml").read_text())
     job["spec"]["checkpoint"]["claimTemplate"]["accessModes"] = ["ReadWriteOnce"]
+    job["spec"]["checkpoint"]["claimTemplate"]["storageClassName"] = "gp2"  # block storage: one node at a time
     path = tmp_path / "rwo.yaml"
     path.write_text(yaml.safe_dump(job))
     result = subprocess.run([sys.executable, "-m", "ddpjob_operator.cli", "validate", str(path)],

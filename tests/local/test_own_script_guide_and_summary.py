@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from ddpjob_operator import builders, validation
+from ddpjob_operator import builders, model, validation
 from ddpjob_operator.local import runner as runner_module
 from ddpjob_operator.local.runner import KILL, FaultInjection, LocalRunner, RunOptions
 from ddpjob_operator.local.view import Summary
@@ -162,6 +162,24 @@ def test_the_summary_shows_the_scripts_own_result_not_the_bundled_trainers_field
     assert metrics == "final metrics: step 300, loss 0.2500, world_size 2"
 
 
+def test_the_summary_gives_one_figure_per_fact_the_final_loss_and_the_newest_checkpoint_on_disk():
+    """The last progress report lags the end: its loss and its checkpoint step are not shown beside the
+    result's loss and the checkpoint on disk (issue 32 item 5: "last checkpoint step 180" beside "newest
+    checkpoint: step 200", two final losses)."""
+    lagging = model.Progress(step=190, total_steps=200, percent=95, loss=0.31, samples_per_second=50.0,
+                             last_checkpoint_step=180)
+    summary = Summary(job="j", phase="Succeeded", message="", elapsed_s=1.0, restarts=0, disruptions=0,
+                      worker_restarts={}, result={"status": "completed", "step": 200, "loss": 0.25},
+                      checkpoint_dir="/c", log_dir="/l", progress=lagging, newest_checkpoint=(200, "/c/step-200"))
+    text = "\n".join(summary.lines())
+    assert "0.3100" not in text and "180" not in text, text
+    assert "loss 0.2500" in text and "newest checkpoint: step 200" in text, text
+    # Without a checkpoint directory the report's checkpoint step is all there is; without a result, its loss.
+    alone = Summary(job="j", phase="Failed", message="", elapsed_s=1.0, restarts=0, disruptions=0,
+                    worker_restarts={}, result=None, checkpoint_dir=None, log_dir="/l", progress=lagging)
+    assert "loss 0.3100" in "\n".join(alone.lines()) and "last checkpoint step 180" in "\n".join(alone.lines())
+
+
 @pytest.mark.slow
 def test_kill_at_step_fires_on_step_lines_of_a_script_that_reports_no_progress(tmp_path: Path):
     runner, view, logs = run(tmp_path, job(tmp_path, "lines", "steps", steps=60),
@@ -170,6 +188,9 @@ def test_kill_at_step_fires_on_step_lines_of_a_script_that_reports_no_progress(t
     assert runner.status.phase == "Succeeded" and runner.status.restarts == 1, described
     fired = view.first_event("fault injection: killed lines-worker-0")
     assert fired and 15 <= int(re.search(r"trainer step (\d+)", fired[1]).group(1)) < 60, described
+    # The step it names is the one it killed at, or it says it was asked for another (issue 32 item 5).
+    killed_at = int(re.search(r"trainer step (\d+)", fired[1]).group(1))
+    assert killed_at == 15 or "asked for step 15: " in fired[1], fired
 
 
 @pytest.mark.slow

@@ -7,10 +7,11 @@ decisions/accounting.py, decisions/volumes.py)."""
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
-from ddpjob_operator import decisions as d
+from ddpjob_operator import decisions as d, validation
 from ddpjob_operator.agent import contract
 from ddpjob_operator.decisions.warnings import world_sizes
 
@@ -185,3 +186,28 @@ def test_a_read_write_once_claim_is_warned_of_only_where_workers_can_land_on_dif
     out = d.decide(job(s, running_status()), observed(started(0), started(1)), d.Options(one_node=one_node))
     assert cond(out.status, d.CONDITION_CHECKPOINT_SHARED).status == shared
     assert bool(events(out, "ReadWriteOnce")) == warned
+
+
+EXAMPLES = sorted(Path(__file__).resolve().parents[2].glob("examples/**/*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_every_example_validates_without_a_warning(path):
+    (found,) = [validation.parse_job(doc.body) for doc in validation.load_documents(str(path))]
+    assert validation.warnings(found) == []
+
+
+@pytest.mark.parametrize("storage_class, replicas, warned", [
+    (None, 2, False),     # the cluster's default class decides (kind's local-path pins): the operator tells
+    ("gp2", 2, True),     # block storage named: one node at a time
+    ("gp2", 1, False),    # one worker
+])
+def test_validate_warns_of_a_read_write_once_claim_only_where_it_can_bite(storage_class, replicas, warned):
+    claim = {"size": "1Gi", "accessModes": ["ReadWriteOnce"],
+             **({"storageClassName": storage_class} if storage_class else {})}
+    found = validation.parse_job({"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob",
+                                  "metadata": {"name": "rwo"}, "spec": {
+                                      "replicas": replicas, "image": "trainer:1", "entrypoint": "ddp_trainer",
+                                      "checkpoint": {"claimTemplate": claim}}})
+    warnings = validation.warnings(found)
+    assert bool(warnings) == warned and all("Multi-Attach" in str(w) for w in warnings)

@@ -71,9 +71,12 @@ class Summary:
                + "".join(f", {n}: {r}" for n, r in self.worker_restarts.items() if r)]
         p = self.progress
         if p is not None and p.step is not None:
+            # One figure per fact: the final loss is the result's (the last report's lags behind it), and the
+            # newest checkpoint is the one on disk (a final save follows the last report).
             total = f" of {p.total_steps} ({p.percent}%)" if p.total_steps else ""
-            out.append(f"progress: step {p.step}{total}, loss {_num(p.loss)}, samples/s {_num(p.samples_per_second, '.1f')}"
-                       f", last checkpoint step {_num(p.last_checkpoint_step, 'd')}"
+            loss = "" if self.result and "loss" in self.result else f", loss {_num(p.loss)}"
+            saved = "" if self.checkpoint_dir else f", last checkpoint step {_num(p.last_checkpoint_step, 'd')}"
+            out.append(f"progress: step {p.step}{total}{loss}, samples/s {_num(p.samples_per_second, '.1f')}{saved}"
                        + (f", stalls detected: {self.stalls}" if self.stalls else ""))
         elif self.stalls:
             out.append(f"stalls detected: {self.stalls}")
