@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ from ddp_trainer.runtime import frameworks
 from trainer_harness import PY, base_env, recorded, run, tail, trap_exit
 
 _real_read_bytes = Path.read_bytes
+_real_read_regular_file = getattr(checkpoint_module, "read_regular_file", None)
 _real_fsync = os.fsync
 
 
@@ -64,9 +66,18 @@ def _fail_reads(monkeypatch, suffix: str, times: int | None = None) -> list[Path
                 raise OSError(errno.EIO, "Input/output error", str(self))
         return _real_read_bytes(self)
 
+    def read_regular_file(path, **kwargs) -> bytes:
+        path = Path(path)
+        if path.name.endswith(suffix):
+            calls.append(path)
+            if times is None or len(calls) <= times:
+                raise OSError(errno.EIO, "Input/output error", str(path))
+        return _real_read_regular_file(path, **kwargs)
+
     monkeypatch.setattr(Path, "read_bytes", read_bytes)
     monkeypatch.setattr(Path, "read_text", lambda self, encoding=None, errors=None:
                         read_bytes(self).decode(encoding or "utf-8", errors or "strict"))
+    monkeypatch.setattr(checkpoint_module, "read_regular_file", read_regular_file)
     return calls
 
 
@@ -369,10 +380,11 @@ def _framework_checkpoint(directory: Path, name: str, step: int, size: int = 100
         path = directory / f"checkpoint-{step}"
         path.mkdir(parents=True)
         (path / "model.safetensors").write_bytes(b"x" * size)
+        (path / "trainer_state.json").write_text("{}")  # HF resumes only with both (hf.unloadable)
     else:
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"step-{step:08d}.ckpt"
-        path.write_bytes(b"x" * size)
+        torch.save({"x": b"x" * size}, path)  # Lightning resumes only from a torch.save archive (lightning.unloadable)
     return path
 
 
@@ -414,10 +426,11 @@ def test_4_frameworks_prune_only_after_a_complete_commit_and_never_on_a_read_err
     monkeypatch.undo()
     _framework(name, monkeypatch)
     data = paths[40] / "model.safetensors" if name == "hf" else paths[40]
+    committed = data.read_bytes()
     data.write_bytes(b"x" * 50)  # 40 does not read back as committed
     assert frameworks.prune(paths[40], module.CHECKPOINT, 2) == []
     assert _files(tmp_path) == before
-    data.write_bytes(b"x" * 100)
+    data.write_bytes(committed)
     assert sorted(frameworks.prune(paths[40], module.CHECKPOINT, 2)) == [paths[10], paths[20]]
     assert [step for step, path in paths.items() if path.exists()] == [30, 40, 50]
 
@@ -489,3 +502,135 @@ def test_6_frameworks_a_full_volume_is_recognised_behind_a_frameworks_own_error(
         frameworks.guard_volume(save(bare), tmp_path, "optimizer.pt")
     assert exited.value.code == 75
     assert recorded(error_file).startswith(f"checkpoint volume full: {tmp_path}: "), recorded(error_file)
+
+
+# ---- issue 31 item 4: a checkpoint directory prepared by someone else ------------------------------------
+# A checkpoint is read only if it is a regular file (lstat, never through a link; opened O_NOFOLLOW|O_NONBLOCK)
+# of the size its marker says; a marker only if it is a small regular file; steps and generations are ASCII
+# digits; a fence no generation of the job can have written stops the job with a message.
+
+def _plant_fifo(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+
+
+def _plant_dev_zero(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    path.symlink_to("/dev/zero")
+
+
+def _plant_sparse(path: Path) -> None:  # 1 TiB that takes no space: the old code asked for 1 TiB of memory
+    with open(path, "r+b") as f:
+        f.truncate(1 << 40)
+
+
+def _plant_link_to_a_good_copy(path: Path) -> None:  # the same bytes, through a link: still not read
+    copy = path.with_name("elsewhere.bin")
+    copy.write_bytes(path.read_bytes())
+    path.unlink()
+    path.symlink_to(copy)
+
+
+def _plant_marker_directory(marker: Path) -> None:
+    marker.unlink()
+    (marker / "inside").mkdir(parents=True)
+
+
+def _plant_marker_fifo(marker: Path) -> None:
+    _plant_fifo(marker)
+
+
+def _in_a_thread(call, seconds: float, fifos: list[Path]):
+    """`call()` with a deadline: the old code blocked for ever opening a FIFO (a writer opening it frees it)."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            result["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    hung = thread.is_alive()
+    for fifo in fifos:  # release a reader blocked in open()
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+    thread.join(5)
+    assert not hung, f"still reading after {seconds} s (blocked on a FIFO or reading without end)"
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+@pytest.mark.parametrize("plant, which", [
+    (_plant_fifo, "data"), (_plant_dev_zero, "data"), (_plant_sparse, "data"), (_plant_link_to_a_good_copy, "data"),
+    (_plant_marker_directory, "marker"), (_plant_marker_fifo, "marker"),
+], ids=["fifo", "link-to-dev-zero", "sparse-1TiB", "link-to-a-good-copy", "marker-is-a-directory", "marker-is-a-fifo"])
+def test_31_4_a_planted_file_is_skipped_as_corrupt_never_hangs_or_runs_out_of_memory(tmp_path, caplog, plant, which):
+    m = CheckpointManager(tmp_path, keep=3, job_name="job", run_id="uid-g0")
+    m.save(10, _state(10))
+    m.save(20, _state(20))
+    target = m.path(20) if which == "data" else m.marker(20)
+    plant(target)
+    reader = CheckpointManager(tmp_path, keep=3, job_name="job", run_id="uid-g0", is_writer=False,
+                               retry_backoff_s=0.001)
+    fifos = [target] if target.is_fifo() else []
+    step, state = _in_a_thread(reader.load_latest, 20, fifos)  # the old code hung, raised MemoryError or
+    assert step == 10 and torch.equal(state["w"], torch.full((4,), 10.0))  # took the directory for an I/O error
+    assert reader.corrupt == {20}
+    assert "skipping unreadable checkpoint step 20" in caplog.text
+    # The writer goes on: the next save commits and prunes around what it cannot remove, and never follows a link.
+    writer = _in_a_thread(lambda: CheckpointManager(tmp_path, keep=2, job_name="job", run_id="uid-g1"), 20, fifos)
+    writer.load_latest()
+    writer.save(30, _state(30))
+    assert writer.load_latest()[0] == 30 and writer.load(10)["w"][0] == 10
+    if plant is _plant_link_to_a_good_copy:
+        assert (m.dir / "elsewhere.bin").exists()  # the link went, not what it points to
+
+
+def test_31_4_a_marker_with_other_digits_is_not_a_step(tmp_path):
+    """`\\d` matched Arabic-Indic digits, which int() reads: a planted `step-٠٠٠٠٠٠٢٥.committed` was step 25,
+    newer than 20, so with keep: 2 the save of 30 pruned 20 (and 10) and one real checkpoint was left."""
+    m = CheckpointManager(tmp_path, keep=2, job_name="job", run_id="uid-g0")
+    m.save(10, _state(10))
+    m.save(20, _state(20))
+    arabic = "".join(chr(0x0660 + int(c)) for c in "00000025")
+    (m.dir / f"step-{arabic}.committed").write_bytes(m.marker(20).read_bytes())
+    (m.dir / f"step-{arabic}.pt").write_bytes(m.path(20).read_bytes())
+    fence = f"generation-{''.join(chr(0x0660 + int(c)) for c in '00000099')}-" \
+                         f"{hashlib.sha256(b'uid').hexdigest()[:12]}.fence"
+    (m.root / fence).write_text("{}")  # nor is a fence with them a generation (it would skip every save)
+    m.save(30, _state(30))
+    assert m.committed_steps() == [30, 20]
+    assert [m.load(s)["w"][0].item() for s in (30, 20)] == [30.0, 20.0]
+    assert m.fenced_by is None and (m.root / fence).exists()
+
+
+@pytest.mark.parametrize("claim", ["fence", "marker"])
+def test_31_4_a_fence_that_cannot_be_true_stops_the_job_with_a_message(tmp_path, claim):
+    """A fence (or a committed marker) of generation 99 of this job, there when generation 1's writer starts:
+    generations start in order, so no generation 99 ran. The old code warned and trained on, skipping every save."""
+    m = CheckpointManager(tmp_path, keep=2, job_name="job", run_id="uid-g0")
+    m.save(10, _state(10))
+    if claim == "fence":
+        planted = checkpoint_module.fence_path(m.root, "uid", 99)
+        planted.write_text(json.dumps({"generation": 99, "run": "uid", "time": 0}))
+    else:
+        planted = m.marker(10)
+        planted.write_text(json.dumps({**json.loads(planted.read_text()), "generation": 99}))
+    with pytest.raises(runtime.CheckpointDirError) as refused:
+        CheckpointManager(tmp_path, keep=2, job_name="job", run_id="uid-g1")
+    message = str(refused.value)
+    assert isinstance(refused.value, checkpoint_module.CheckpointFenceError)
+    assert str(planted) in message and "generation 99" in message and "generation 1 " in message
+    assert "cannot be true" in message and "Remove those files" in message
+    planted.unlink()  # the fix the message names
+    if claim == "marker":
+        return
+    again = CheckpointManager(tmp_path, keep=2, job_name="job", run_id="uid-g1")
+    again.save(20, _state(20))
+    assert again.committed_steps() == [20, 10] and again.fenced_by is None

@@ -21,12 +21,19 @@ never counts) and never removes a good one newer than the one just verified, and
 `.pt` files and temp files nobody has touched for `stale_temp_seconds`. A full volume (ENOSPC,
 EDQUOT) raises `CheckpointVolumeFull` and leaves no temp file behind.
 
+Files someone else put there are never trusted: a checkpoint or marker is read only if it is a regular
+file (lstat, opened O_NOFOLLOW|O_NONBLOCK: a FIFO, a device or a link is skipped as corrupt, never opened
+or followed) of the size its marker says (a marker: a few KiB at most); steps and generations are ASCII
+digits; a directory under a checkpoint's name is left in place with a warning, never removed.
+
 Fencing: every trainer knows its rendezvous generation (torchrun's run id `<job uid>-g<N>`, see
 `rendezvous_generation`). The writer of a generation raises the directory's fence to it when it
 starts (before it looks for a checkpoint to resume from), and every commit, periodic, final or
 rescue, checks the fence and the committed markers before it writes and again after its marker is
 in place: a trainer of an older generation (a partitioned worker of a replaced generation) commits
-nothing, or withdraws its commit if the newer generation appeared while it wrote.
+nothing, or withdraws its commit if the newer generation appeared while it wrote. A newer generation
+already claimed when a writer *starts* cannot be true (generations start in order): the trainer stops
+with `CheckpointFenceError` naming the files, rather than train on with every save skipped.
 
 The HF and Lightning integrations (`runtime.frameworks`) use the same code for their own checkpoints:
 the fence (`raise_fence`, `newer_generation`), the read retries (`retry_reads`) and the full volume
@@ -48,6 +55,7 @@ import json
 import logging
 import os
 import re
+import stat
 import threading
 import time
 import traceback
@@ -59,12 +67,14 @@ from typing import Any, TypeVar
 import torch
 
 log = logging.getLogger(__name__)
-_MARKER = re.compile(r"^step-(\d{8,})\.committed$")
-_DATA = re.compile(r"^step-(\d{8,})\.pt$")
-_CLAIM = re.compile(r"^step-(\d{8,})\.rescue$")
-_FENCE = re.compile(r"^generation-(\d{8,})-([0-9a-f]{12})\.fence$")
-_TEMP = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$|^\.step-.+\.tmp\d*$")  # ours, and the PID-named ones of 0.1
-_RUN_ID = re.compile(r"^(?P<run>.+)-g(?P<generation>\d+)$")  # the operator's rendezvous id: <job uid>-g<N>
+# ASCII digits only (re.ASCII): `\d` also matches other scripts' digits, which int() takes for a step.
+_MARKER = re.compile(r"^step-(\d{8,})\.committed$", re.ASCII)
+_DATA = re.compile(r"^step-(\d{8,})\.pt$", re.ASCII)
+_CLAIM = re.compile(r"^step-(\d{8,})\.rescue$", re.ASCII)
+_FENCE = re.compile(r"^generation-(\d{8,})-([0-9a-f]{12})\.fence$", re.ASCII)
+_TEMP = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$|^\.step-.+\.tmp\d*$", re.ASCII)  # ours, and the PID-named ones of 0.1
+_RUN_ID = re.compile(r"^(?P<run>.+)-g(?P<generation>\d+)$", re.ASCII)  # the operator's rendezvous id: <job uid>-g<N>
+MARKER_LIMIT_BYTES = 1 << 16  # a commit marker or fence is a few hundred bytes of JSON; more is not ours
 _JOB_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")  # one safe path component
 STALE_TEMP_SECONDS = 300.0
 READ_RETRIES = 3  # an I/O error while reading: 3 more tries, 0.5 s, 1 s, 2 s apart
@@ -88,8 +98,49 @@ class CheckpointDirError(RuntimeError):
     """The checkpoint directory cannot be used; the message names the path and the fix."""
 
 
+class CheckpointFenceError(CheckpointDirError):
+    """A trainer starting on a directory that claims a newer generation of its own job already started
+    there: generations start one after another, so the claim cannot be true (a file left or copied in).
+    Training on would skip every save; the job stops instead, naming the files and the fix."""
+
+
 class CorruptCheckpoint(ValueError):
     """A committed checkpoint whose bytes are not what its marker says, or do not load: never used."""
+
+
+def read_regular_file(path: str | os.PathLike, *, limit: int | None = None, size: int | None = None) -> bytes:
+    """The bytes of `path` if it is a regular file (never through a symbolic link: lstat, O_NOFOLLOW) of
+    exactly `size` bytes, or at most `limit`; else CorruptCheckpoint. A FIFO, a device, a directory or a
+    link in a checkpoint directory is someone else's file: it is never opened (no hang on a FIFO, no
+    endless read of /dev/zero), and a file larger than its marker says is never read (no MemoryError on
+    a sparse file). FileNotFoundError passes through (removed meanwhile); other OSErrors are I/O errors."""
+    path = Path(path)
+
+    def check(st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
+                    else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device or socket")
+            raise CorruptCheckpoint(f"{path} is {kind}, not a regular file: not read")
+        if size is not None and st.st_size != size:
+            raise CorruptCheckpoint(f"checkpoint {path} has {st.st_size} bytes, its commit marker says {size} "
+                                    f"(truncated, torn or replaced)")
+        if limit is not None and st.st_size > limit:
+            raise CorruptCheckpoint(f"{path} has {st.st_size} bytes, more than the {limit} a marker may have")
+
+    check(os.lstat(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # replaced by a link since the lstat
+            raise CorruptCheckpoint(f"{path} is a symbolic link, not a regular file: not read") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        check(st)  # what was opened, not what was looked at
+        data = f.read(st.st_size + 1)  # one byte more tells a file that grew since
+    if len(data) != st.st_size:
+        raise CorruptCheckpoint(f"{path} changed size while it was read ({st.st_size} -> {len(data)}+ bytes)")
+    return data
 
 
 class CheckpointVolumeError(OSError):
@@ -209,18 +260,44 @@ def newer_generation(root: str | os.PathLike, run: str, generation: int, markers
     """The newest generation of `run` (job uid) newer than `generation` that started on `root` (its fence
     file) or committed one of `markers` (commit markers: JSON with "run" and "generation"); None while
     `generation` is the newest."""
-    tag, newest = _run_tag(run), None
+    return _newer_generation(root, run, generation, markers)[0]
+
+
+def _newer_generation(root: str | os.PathLike, run: str, generation: int,
+                      markers: Iterable[Path] = ()) -> tuple[int | None, list[Path]]:
+    """newer_generation, and the files that claim it."""
+    tag, newest, claims = _run_tag(run), None, []
     with contextlib.suppress(FileNotFoundError):
         for p in Path(root).iterdir():
             if (m := _FENCE.match(p.name)) and m.group(2) == tag and int(m.group(1)) > generation:
                 newest = max(newest or 0, int(m.group(1)))
+                claims.append(p)
     for path in markers:
-        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-            marker = json.loads(path.read_text())
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):  # CorruptCheckpoint: a ValueError
+            marker = json.loads(read_regular_file(path, limit=MARKER_LIMIT_BYTES))
             found = int(marker.get("generation", 0))
             if marker.get("run", "") == run and found > generation:
                 newest = max(newest or 0, found)
-    return newest
+                claims.append(path)
+    return newest, claims
+
+
+def refuse_impossible_fence(root: str | os.PathLike, run: str, generation: int, markers: Iterable[Path] = ()) -> None:
+    """The writer of `generation`, starting: CheckpointFenceError when `root` already claims a newer
+    generation of `run`. Generations of a job start one after another, each after the one before it
+    ended, so a starting trainer is never older than one that started: the claim is a file left or copied
+    in, and a trainer that believed it would train on with every save skipped."""
+    if not run:  # a plain script's generation ($DDPJOB_GENERATION) is not the operator's ordered count
+        return
+    newer, claims = _newer_generation(root, run, generation, markers)
+    if newer is None:
+        return
+    shown = ", ".join(str(p) for p in sorted(claims)[:5]) + (f" and {len(claims) - 5} more" if len(claims) > 5 else "")
+    raise CheckpointFenceError(
+        f"checkpoint directory {root} claims that generation {newer} of this job (run {run}) has started, but this "
+        f"trainer of generation {generation} is starting now, and generations start in order: the claim cannot be "
+        f"true (files left or copied in: {shown}). Training on would commit no checkpoint. Remove those files (no "
+        f"other generation of this job is running) and restart the job")
 
 
 def raise_fence(root: str | os.PathLike, run: str, generation: int, markers: Iterable[Path] = ()) -> int | None:
@@ -258,6 +335,19 @@ def rendezvous_generation(environ: Mapping[str, str] | None = None) -> tuple[str
         return "", int(raw) if raw else 0
     except ValueError as err:
         raise ValueError(f"environment DDPJOB_GENERATION must be an integer, got {raw!r}") from err
+
+
+def _unlink_file(path: Path) -> bool:
+    """Remove `path` (a link itself, never its target); True once it is gone. A directory is not ours to
+    remove (a checkpoint writes none under these names): left in place with a warning, False."""
+    try:
+        path.unlink(missing_ok=True)
+        return True
+    except OSError as e:
+        if e.errno not in (errno.EISDIR, errno.EPERM) or not path.is_dir():
+            raise
+        log.warning("%s is a directory, not a file of this job's checkpoints: left in place (remove it)", path)
+        return False
 
 
 def _temp_name(path: Path) -> Path:
@@ -405,6 +495,7 @@ class CheckpointManager:
         return (self.marker(step) for step in self.committed_steps())
 
     def _raise_fence(self) -> None:
+        refuse_impossible_fence(self.root, self.run, self.generation, self._markers())
         raise_fence(self.root, self.run, self.generation, self._markers())
 
     def newer_generation(self) -> int | None:
@@ -466,7 +557,9 @@ class CheckpointManager:
         if (newer := self.newer_generation()) is not None:
             self._fenced(step, newer, "not written")
             return
-        self.marker(step).unlink(missing_ok=True)  # rewriting a step (e.g. over a corrupt one): uncommit first
+        if not _unlink_file(self.marker(step)):  # rewriting a step (e.g. over a corrupt one): uncommit first
+            raise CheckpointDirError(f"{self.marker(step)} is a directory where step {step}'s commit marker goes: "
+                                     f"remove it (it is not this job's) and restart the job")
         size, digest = self._commit(step, state)
         if self._withdraw_if_fenced(step):
             return
@@ -555,13 +648,13 @@ class CheckpointManager:
             for step in committed:
                 if step not in keep:
                     # Marker first: a crash in between leaves an orphan file, never a marker without data.
-                    self.marker(step).unlink(missing_ok=True)
-                    self.path(step).unlink(missing_ok=True)
-                    self.corrupt.discard(step)
+                    if _unlink_file(self.marker(step)):
+                        _unlink_file(self.path(step))
+                        self.corrupt.discard(step)
             for p in self.dir.iterdir():  # data files without a marker (torn writes of a killed writer), old claims
                 m = _DATA.match(p.name) or _CLAIM.match(p.name)
                 if m and int(m.group(1)) not in keep:
-                    p.unlink(missing_ok=True)
+                    _unlink_file(p)
             prune_fences(self.root, self.run)
             self.clean_stale_temp_files()
         except OSError as e:
@@ -578,8 +671,8 @@ class CheckpointManager:
                 continue
             for p in d.iterdir():
                 try:
-                    if _TEMP.match(p.name) and now - p.stat().st_mtime >= self.stale_temp_seconds:
-                        p.unlink()
+                    if _TEMP.match(p.name) and now - p.lstat().st_mtime >= self.stale_temp_seconds and \
+                            _unlink_file(p):
                         removed.append(p)
                 except FileNotFoundError:
                     continue
@@ -601,17 +694,16 @@ class CheckpointManager:
 
     def _read_verified(self, step: int) -> dict[str, Any]:
         """One try: OSError for an I/O error, CorruptCheckpoint when the files are not a good checkpoint."""
-        raw = self.marker(step).read_bytes()
-        data = self.path(step).read_bytes()
+        raw = read_regular_file(self.marker(step), limit=MARKER_LIMIT_BYTES)
         try:
             marker = json.loads(raw)
             size, sha = marker["bytes"], marker["sha256"]
+            if type(size) is not int or size < 0 or not isinstance(sha, str):
+                raise TypeError(f"bytes {size!r} and sha256 {sha!r} are not a size and a digest")
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptCheckpoint(f"commit marker {self.marker(step)} is not valid "
                                     f"({type(e).__name__}: {e})") from None
-        if len(data) != size:
-            raise CorruptCheckpoint(f"checkpoint {self.path(step)} has {len(data)} bytes, its commit marker says "
-                                    f"{size} (truncated or torn write)")
+        data = read_regular_file(self.path(step), size=size)  # before reading: never more than the marker says
         digest = hashlib.sha256(data).hexdigest()
         if digest != sha:
             raise CorruptCheckpoint(f"checkpoint {self.path(step)} has SHA-256 {digest[:16]}..., its commit marker "
