@@ -90,3 +90,37 @@ def test_one_ranks_runtime_error_fails_the_job_within_two_seconds_of_its_exit(tm
     assert view.failed_at is not None, described
     took = (view.failed_at - exit_.at).total_seconds()
     assert 0 <= took < 2.0, f"Failed {took:.2f}s after worker 1 exited\n{described}"
+
+
+# Each rank reports the world size of a framework that trains alone (HF on CPU without use_cpu=True).
+ALONE = textwrap.dedent('''
+    import time
+    from ddp_trainer.runtime import Job, exit_process
+    with Job.start() as job:
+        for step in range(1, 31):
+            job.report(step=step, total_steps=30, loss=1.0, world_size=1)
+            time.sleep(0.1)
+    exit_process(0)
+''')
+
+
+@pytest.mark.slow
+def test_reports_of_a_world_size_of_its_own_are_a_warning_not_progress(tmp_path: Path):
+    script = tmp_path / "alone.py"
+    script.write_text(ALONE)
+    the_job = validation.parse_job({"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob",
+                                    "metadata": {"name": "alone"}, "spec": {
+                                        "replicas": 2, "image": "ghcr.io/ddpjob/ddp-trainer:0.1.0",
+                                        "entrypoint": str(script),
+                                        "rendezvous": {"joinTimeoutSeconds": 60, "lastCallTimeoutSeconds": 1},
+                                        "checkpoint": {"claimTemplate": {"size": "1Gi"}, "intervalSteps": 10}}})
+    view = TimelineView(timeout=180)
+    runner = LocalRunner(the_job, RunOptions(state_dir=tmp_path / ".ddpjob"), view)
+    runner.run()
+    described = view.transcript()
+    assert runner.status.phase == "Succeeded", described
+    warned = [e for _, e in view.events if f"Warning {decisions.REASON_WORLD_SIZE_MISMATCH}" in e]
+    assert len(warned) == 1 and "use_cpu=True" in warned[0] and "world size 1" in warned[0], described
+    found = next(c for c in runner.status.conditions if c.type == decisions.CONDITION_WORLD_SIZE_MISMATCH)
+    assert found.status == "True"
+    assert runner.status.progress is None  # never taken as the job's progress

@@ -97,6 +97,14 @@ def test_the_mismatch_is_told_once_and_cleared_by_a_report_that_agrees():
     assert fixed.status.progress.step == 12
 
 
+def test_after_the_end_a_foreign_world_size_is_still_not_progress_and_not_told_again():
+    s = spec(replicas=2, checkpoint=CKPT)
+    done = running_status(progress={"step": 30})
+    done.phase = "Succeeded"
+    out = decide(job(s, done), observed(progress=report(31, world_size=1)))
+    assert out.status.progress.step == 30 and not events(out, d.REASON_WORLD_SIZE_MISMATCH)
+
+
 # ---------------------------------------------------------------- 3. a forgotten callback
 
 @pytest.mark.parametrize("checkpoint, after, progress, expected", [

@@ -49,7 +49,7 @@ def decide(job: JobView, observed: Observed, options: Options = Options()) -> De
     if job.deleting:
         return Decision(status=job.status)  # ownerReferences garbage-collect the children
     spares.forget_vanished(plan)
-    if job.spec is not None and job.status.phase not in TERMINAL_PHASES:
+    if job.spec is not None:
         refuse_foreign_world_size(plan, job.spec)  # such reports are not progress
     record_progress(plan)
     if job.spec is None:

@@ -24,7 +24,7 @@ from .. import model
 from .common import Plan, condition, set_condition
 from .types import (CONDITION_NOT_REPORTING, CONDITION_WORLD_SIZE_MISMATCH, REASON_NO_CHECKPOINTS,
                     REASON_NO_PROGRESS_REPORTS, REASON_REPORTING, REASON_WORLD_SIZE_AGREES,
-                    REASON_WORLD_SIZE_MISMATCH)
+                    REASON_WORLD_SIZE_MISMATCH, TERMINAL_PHASES)
 
 # A report this many checkpoint intervals past the start with no checkpoint: the script saves none.
 INTERVALS_WITHOUT_CHECKPOINT = 2
@@ -62,6 +62,10 @@ def refuse_foreign_world_size(plan: Plan, spec: model.DDPJobSpec) -> None:
     if p is None or p.world_size is None:
         return
     sizes = world_sizes(spec)
+    if plan.status.phase in TERMINAL_PHASES:
+        if p.world_size not in sizes:  # after the end too: the last report that agreed stays shown
+            plan.observed = dataclasses.replace(plan.observed, progress=None)
+        return
     if p.world_size in sizes:
         _clear(plan, CONDITION_WORLD_SIZE_MISMATCH, REASON_WORLD_SIZE_AGREES,
                f"the trainer reports world size {p.world_size}, as rendezvous generation {p.generation} has")
