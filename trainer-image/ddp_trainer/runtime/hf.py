@@ -17,15 +17,22 @@ What the callback does (docs/hf-and-lightning.md):
   `checkpoint volume full: <dir>` / `checkpoint volume unreadable: <dir>`, as the bundled trainer;
 - SIGTERM (scale-down, eviction, suspend): every rank agrees at the same step (`PacedStop`), HF saves
   a checkpoint and stops, and the trainer exits 143 once rank 0's checkpoint is committed;
-- a peer's death: the survivors' next collective fails inside the Trainer's epoch loop; the callback
-  (which wraps that loop of the Trainer it is called from) saves the replica they hold (model,
-  optimizer, scheduler and trainer state after the last completed step) as `checkpoint-<step>/`
-  before the exception goes on, so the next generation resumes at most the step in flight behind;
+- a peer's death, whichever rank it was: the survivors' next collective fails inside the Trainer's epoch
+  loop; the callback (which wraps that loop of the Trainer it is called from) saves the replica they hold
+  (weights, optimizer, scheduler, scaler, trainer state after the last completed step, every rank's RNG
+  file) as `checkpoint-<step>/` before the exception goes on, committed only if HF can load it, so the
+  next generation resumes at most the step in flight behind;
+- exact resumes: each optimizer step's random streams come from (seed, step, rank) (`on_step_begin`), and
+  each rank's running loss travels with periodic checkpoints (docs/hf-and-lightning.md, "What a resume
+  reproduces");
+- HF's world size is checked against torchrun's when training starts (HF on CPU without `use_cpu=True`
+  runs each process alone): a mismatch ends every process with 1 and a message naming the fix;
 - a hung or silent peer, as with `Job` (`frameworks.StallGuard`): `steady_timeout_s` > 0 is the collective
   timeout after the first 10 steps, relaxed around HF's evaluations and saves and at an epoch's end; the
   stall watchdog makes a trainer blocked in a collective obey SIGTERM within seconds (exit 143), and
   one whose steps stopped for longer than the steady timeout allows leave with a `Timed out` peer failure;
-- `resume_from_checkpoint()`: the newest complete checkpoint, for HF's `resume_from_checkpoint`, which
+- `resume_from_checkpoint()`: the newest complete checkpoint HF can load (one without weights or trainer
+  state is skipped with a warning naming it), for HF's `resume_from_checkpoint`, which
   restores its own data order (it skips the batches already trained in the epoch) and scheduler. At
   another world size HF skips that many steps' batches of the new sharding: from the next step on, the run
   trains what an undisturbed run at the new world size would (scaling down, some samples of the epoch are
@@ -397,8 +404,9 @@ class DDPJobCallback(TrainerCallback):
 
     def rescue(self, error: BaseException) -> bool:
         """After `trainer.train()` raised: if a peer died (`is_peer_failure`), save this rank's replica as
-        `checkpoint-<global step>` (what HF resumes from: model, optimizer, scheduler, trainer state, this
-        rank's RNG). Any surviving rank may write it, the first to place it wins; a step that already
+        `checkpoint-<global step>` (what HF resumes from: weights, optimizer, scheduler, scaler, trainer state,
+        every rank's RNG file), committed only if HF can load it. Any surviving rank may write it (rank 0's
+        death included), the first to place it wins; a step that already
         has a complete checkpoint is left alone. No collective. True if this process wrote it. The callback
         calls it from inside `trainer.train()`; call it yourself for an exception raised elsewhere."""
         if not (self._refs and (is_peer_failure(error) or self.guard.verdict is not None)):

@@ -18,11 +18,15 @@
   resumes at most the step in flight behind;
   a `ResumableDistributedSampler` in the train loader is advanced every step and its position saved
   in the checkpoint (the callback's state), so the data order continues exactly at any world size;
+  each optimizer step's random streams come from (seed, step, rank), so a resume from any checkpoint, a
+  rescue included, draws what an undisturbed run draws; Lightning's world size is checked against
+  torchrun's when `fit` starts (a mismatch ends every process with 1, naming `trainer_kwargs()`);
   against a hung or silent peer, what `Job` has (`frameworks.StallGuard`): `steady_timeout_s` > 0 is the
   collective timeout after the first 10 steps, relaxed around validation, checkpoint saves and an epoch's
   end; the stall watchdog makes a trainer blocked in a collective obey SIGTERM within seconds (exit 143),
   and one whose steps stopped for longer than the steady timeout allows leave with a `Timed out` peer failure.
-- `resume_from_checkpoint()`: the newest complete checkpoint, for `trainer.fit(ckpt_path=...)`; an I/O
+- `resume_from_checkpoint()`: the newest complete checkpoint that is a `torch.save` archive (others are
+  skipped with a warning naming them), for `trainer.fit(ckpt_path=...)`; an I/O
   error that outlasts the retries exits 75 (`checkpoint volume unreadable: <dir>`).
 """
 
