@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from . import builders, function_job, model, validation
+from . import builders, function_job, model, server_fields, validation
 from .kube import SERVICE_ACCOUNT_DIR, Connection
 from .validation import FieldError
 
 USER_AGENT = "ddpjob-client"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 JOBS_PATH = f"/apis/{model.API_VERSION}"
+_PLURALS = {"Pod": "pods", "Service": "services", "PersistentVolumeClaim": "persistentvolumeclaims"}
 
 
 # ---------------------------------------------------------------- errors
@@ -309,14 +310,59 @@ class Client:
 
     # ---- verbs
 
-    def create(self, job: str | Path | Mapping[str, Any] | model.DDPJob, namespace: str | None = None) -> Job:
-        """Create a DDPJob from a manifest file (one DDPJob), a dict or the model; returns it as stored."""
+    def create(self, job: str | Path | Mapping[str, Any] | model.DDPJob, namespace: str | None = None, *,
+               judge: bool = True) -> Job:
+        """Create a DDPJob from a manifest file (one DDPJob), a dict or the model; returns it as stored. With
+        `judge` (the default) the API server first dry-runs it and what it creates (`judge`)."""
         body = as_manifest(job)
         meta = body.setdefault("metadata", {})
         ns = namespace or meta.get("namespace") or self.namespace
         meta["namespace"] = ns
+        if judge:
+            self.judge(body, ns)
+        return self._create(body, ns)
+
+    def judge(self, job: str | Path | Mapping[str, Any] | model.DDPJob, namespace: str | None = None) -> list[str]:
+        """Have the API server dry-run (`dryRun=All`: admission and validation, nothing kept) the DDPJob and the
+        objects the operator creates for it first (Services, claim, store and worker pods): InvalidManifest naming
+        the DDPJob field when it refuses one. Returns notes on what could not be judged (no permission)."""
+        body = as_manifest(job)
+        ns = namespace or body.get("metadata", {}).get("namespace") or self.namespace
+        body["metadata"]["namespace"] = ns
+        self._create(body, ns, dry_run=True)
+        parsed = validation.parse_job(body)
+        notes, errors = [], []
+        for manifest in builders.all_manifests(builders.JobRef.preview(parsed.metadata.name, ns), parsed.spec):
+            kind, name = manifest["kind"], manifest["metadata"]["name"]
+            group = "/api/v1" if manifest["apiVersion"] == "v1" else f"/apis/{manifest['apiVersion']}"
+            path = f"{group}/namespaces/{ns}/{_PLURALS.get(kind, kind.lower() + 's')}"
+            try:
+                self._call("POST", path, body=manifest, params={"dryRun": "All"})
+            except ApiError as exc:
+                if exc.status == 403 and "cannot create resource" in exc.message:
+                    notes.append(f"{kind} {name} not judged: you may not create {kind}s (the operator may)")
+                elif exc.status == 404 and kind == "PodGroup":
+                    continue  # the operator reports a missing gang scheduler, with its fix
+                elif exc.status == 409:
+                    errors.append(FieldError(f"ddpjob {parsed.metadata.name}", f"{kind} {name} already exists in {ns}",
+                                             f"rename the DDPJob or delete that {kind}"))
+                elif exc.status in (400, 403, 422):
+                    field = server_fields.ddpjob_field(kind, exc.message,
+                                                       store_pod=name == builders.store_pod_name(parsed.metadata.name))
+                    errors.append(FieldError(f"ddpjob {parsed.metadata.name}" + (f": {field}" if field else ""),
+                                             f"the API server would refuse {kind} {name}: {exc.message}",
+                                             "fix that DDPJob field, or ask about the namespace's admission policy"))
+                else:
+                    raise
+        if errors:
+            raise InvalidManifest(errors)
+        return notes
+
+    def _create(self, body: dict[str, Any], ns: str, *, dry_run: bool = False) -> Job:
+        meta = body["metadata"]
         try:
-            return Job(self._call("POST", self._job_path(ns), body=body))
+            return Job(self._call("POST", self._job_path(ns), body=body,
+                                  params={"dryRun": "All"} if dry_run else None))
         except ApiError as exc:
             if exc.status == 409:
                 raise JobExists(ns, meta["name"]) from None

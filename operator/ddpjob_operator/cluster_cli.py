@@ -138,7 +138,12 @@ def follow_status(api: client.Client, name: str, console: Console | None = None)
 @_guarded
 def cmd_submit(args: argparse.Namespace) -> int:
     api = _client(args)
-    created = [api.create(body, args.namespace) for body in client.load_manifests(args.file)]
+    bodies = client.load_manifests(args.file)
+    # The API server judges every job, and what each creates, before the first is created (dryRun=All).
+    for body in bodies:
+        for note in api.judge(body, args.namespace):
+            print(f"ddpjob submit: note: {note}", file=sys.stderr)
+    created = [api.create(body, args.namespace, judge=False) for body in bodies]
     for job in created:
         print(f"ddpjob {job.namespace}/{job.name} created")
     if args.watch:

@@ -5,14 +5,16 @@ HTTP API emulator, which honours dryRun=All (judges, keeps nothing) and refuses 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
-from ddpjob_operator import builders, kube, server_fields
+from ddpjob_operator import builders, client, kube, model, server_fields
 
 from .conftest import NAMESPACE, Harness, eventually
 from .emulator import CLAIMS, PODS, SERVICES, api_error
+from .test_cli_cluster import ddpjob, kubeconfig, write  # noqa: F401 - kubeconfig is a fixture
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -93,3 +95,28 @@ async def test_a_dry_run_is_judged_and_kept_nowhere(harness):
 ])
 def test_a_refusal_names_the_ddpjob_field_it_came_from(kind, message, field):
     assert server_fields.ddpjob_field(kind, message) == field
+
+
+async def test_submit_has_the_server_judge_the_job_and_its_pods_before_creating_it(harness, kubeconfig, capsys,
+                                                                                   tmp_path):
+    refusal = ('admission webhook "policy.example.com" denied the request: '
+               'spec.containers[0].securityContext.runAsNonRoot: Required value')
+    harness.cluster.admit_pods = lambda pod: api_error(403, "Forbidden", refusal, PODS, pod["metadata"]["name"]) \
+        if pod["metadata"]["name"] == "submitted-worker-0" else None
+    api = client.Client(namespace=NAMESPACE, connection=kube.Connection(server=harness.url, insecure=True))
+    manifest = {"apiVersion": model.API_VERSION, "kind": model.KIND, "metadata": {"name": "submitted"},
+                "spec": {"replicas": 1, "image": "trainer:1", "entrypoint": "ddp_trainer"}}
+    with pytest.raises(client.InvalidManifest) as refused:
+        await asyncio.to_thread(api.create, manifest)
+    [error] = refused.value.errors
+    assert refusal in str(error) and error.path == "ddpjob submitted: spec.template.trainer", error
+    assert {("ddpjobs", "submitted"), ("pods", "submitted-rdzv")} <= set(harness.cluster.dry_runs)
+    assert harness.job("submitted") is None and not _added(harness, PODS, "submitted")  # nothing created
+    # The command says the same, creating none of the file's jobs: the second is judged before the first is made.
+    second = {**manifest, "metadata": {"name": "first"}}
+    code, _, err = await ddpjob(capsys, "submit", write(tmp_path, second, manifest))
+    assert code != 0 and refusal in err and "Traceback" not in err
+    assert harness.job("first") is None and harness.job("submitted") is None
+    harness.cluster.admit_pods = None
+    job = await asyncio.to_thread(api.create, manifest)
+    assert job.name == "submitted" and harness.job("submitted") is not None
