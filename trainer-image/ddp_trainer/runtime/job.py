@@ -254,11 +254,14 @@ class Job:
             try:
                 generation, world = rdzv.join_newest(newer, self.device, self.timeouts.long_s,
                                                      world=self.env.world_size)
-            except Exception as e:
+            except inprocess.CannotRecover:
+                raise
+            except Exception as e:  # a rank that arrived died before the group formed: the next generation
                 if not is_peer_failure(e):
                     raise
                 generation = newer
                 continue
+            rescue.join()  # written under the failed generation's fence, before this process moves its own
             self._enter(generation, world)
             try:
                 received, source = rdzv.exchange(carried.state, carried.step(), self.device)
@@ -266,7 +269,6 @@ class Job:
                 if not is_peer_failure(e):
                     raise
                 continue
-            rescue.join()  # its tensors are about to change
             if received is not None:
                 carried.load(received)
             carried.rewrap()
