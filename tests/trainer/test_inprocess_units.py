@@ -62,3 +62,25 @@ def test_buckets_hold_at_most_the_limit_with_aligned_offsets() -> None:
     assert buckets([10, 10, 100, 3], limit=128) == [[(0, 0), (1, 64)], [(2, 0)], [(3, 0)]]
     assert buckets([500], limit=128) == [[(0, 0)]]  # a larger tensor alone in its own bucket
     assert buckets([]) == []
+
+
+def test_the_trainer_reads_the_store_keys_and_switch_the_agent_writes() -> None:
+    from ddp_trainer.runtime import inprocess
+    from ddpjob_operator.agent import contract, worker
+    assert (inprocess.GENERATION_KEY, inprocess.NNODES_KEY) == (contract.GENERATION_KEY, contract.NNODES_KEY)
+    assert inprocess.REJOIN_TIMEOUT_ENV == contract.REJOIN_TIMEOUT_ENV
+    assert inprocess.REJOIN_TIMEOUT_S == contract.REJOIN_TIMEOUT_SECONDS
+    assert inprocess.INPROCESS_ENV == worker.INPROCESS_ENV
+
+
+def test_the_agent_gives_torchrun_a_rendezvous_of_the_pods_own_only_in_process(monkeypatch) -> None:
+    from ddpjob_operator.agent import worker
+    args = ["--nnodes=2:3", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=job-rdzv:29400",
+            "--rdzv-id=uid-g4", "--rdzv-conf=is_host=false,join_timeout=600", "--max-restarts=0", "-m", "ddp_trainer",
+            "--nnodes=7"]
+    monkeypatch.delenv(worker.INPROCESS_ENV, raising=False)
+    assert worker.torchrun_args(args) == args
+    monkeypatch.setenv(worker.INPROCESS_ENV, "1")
+    assert worker.torchrun_args(args) == [
+        "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--rdzv-id=uid-g4",
+        "--rdzv-conf=is_host=true", "--max-restarts=0", "-m", "ddp_trainer", "--nnodes=7"]  # the script's own: untouched
