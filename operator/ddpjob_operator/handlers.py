@@ -124,6 +124,7 @@ class Controller:
                                          cannot_start_seconds=settings.cannot_start_seconds,
                                          incident_settle_seconds=settings.incident_settle_seconds,
                                          silent_peer_settle_seconds=settings.silent_peer_settle_seconds,
+                                         unreported_warning_seconds=settings.unreported_warning_seconds,
                                          # A spare learns its assignment from the progress endpoint.
                                          spares_enabled=bool(settings.progress_url))
         self.jobs: dict[JobKey, dict[str, Any]] = {}

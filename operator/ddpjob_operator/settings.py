@@ -38,6 +38,9 @@ class Settings:
     incident_settle_seconds: float = 10.0  # an incident gathers the exits it causes this long at most
     # ...and this long when survivors timed out on a silent peer still seen Running on a node (node loss?)
     silent_peer_settle_seconds: float = 60.0
+    # A job with a checkpoint interval whose workers all ran this long without a progress report is warned of
+    # (ProgressNotReported: the HF/Lightning callback or job.report missing).
+    unreported_warning_seconds: float = 180.0
     request_timeout_seconds: float = 30.0  # one Kubernetes API call
     retry_seconds: float = 2.0  # after a failed reconcile (API error), try again this soon
     coalesce_seconds: float = 0.01  # a job triggered during its reconcile runs again this much later
@@ -193,6 +196,7 @@ PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "CANNOT_START_SECONDS": ("cannot_start_seconds", _seconds),
     "INCIDENT_SETTLE_SECONDS": ("incident_settle_seconds", _seconds),
     "SILENT_PEER_SETTLE_SECONDS": ("silent_peer_settle_seconds", _seconds),
+    "UNREPORTED_WARNING_SECONDS": ("unreported_warning_seconds", _seconds),
     "REQUEST_TIMEOUT_SECONDS": ("request_timeout_seconds", _seconds),
     "RETRY_SECONDS": ("retry_seconds", _seconds),
     "COALESCE_SECONDS": ("coalesce_seconds", _seconds),
