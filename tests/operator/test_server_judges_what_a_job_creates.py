@@ -15,6 +15,7 @@ from ddpjob_operator import builders, client, kube, model, server_fields
 from .conftest import NAMESPACE, Harness, eventually
 from .emulator import CLAIMS, PODS, SERVICES, api_error
 from .test_cli_cluster import ddpjob, kubeconfig, write  # noqa: F401 - kubeconfig is a fixture
+from .test_scenarios import creations, nodes, started  # noqa: F401 - nodes is a fixture
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,6 +48,29 @@ async def test_a_pod_the_server_refuses_fails_the_job_quoting_it_with_nothing_cr
             ("persistentvolumeclaims", "judge-checkpoints")} <= judged, judged
     assert not _added(harness, PODS, "judge") and not _added(harness, SERVICES, "judge")
     assert not _added(harness, CLAIMS, "judge")
+
+
+async def test_a_new_generation_is_judged_before_any_of_its_pods_is_created(harness, operator, nodes):
+    refusal = 'Pod "regen-worker-2" is invalid: spec.containers[0].resources.limits: Forbidden: exceeds LimitRange'
+
+    def limit_range(pod: dict[str, Any]) -> Any:
+        labels = pod["metadata"]["labels"]
+        if labels.get(builders.LABEL_GENERATION) == "1" and labels.get(builders.LABEL_REPLICA_INDEX) == "2":
+            return api_error(422, "Invalid", refusal, PODS, pod["metadata"]["name"])
+        return None
+
+    await started(harness, nodes, "regen", minReplicas=1, maxReplicas=4)
+    harness.cluster.admit_pods = limit_range
+    code, body = await harness.scale("regen", 3)
+    assert code == 200, body
+    # The old generation's kubelets finish their graceful deletions; then generation 1 is judged.
+    await eventually(lambda: harness.status("regen").get("phase") == "Failed", what="regen Failed",
+                     between=lambda: nodes.confirm("regen"))
+    message = harness.condition("regen", "Failed")["message"]
+    assert refusal in message and "(from DDPJob field spec.resources (or spec.template.trainer.resources))" in message
+    # Generation 1 was judged whole and none of its pods created: workers 0 and 1 only ever of generation 0.
+    assert {("pods", f"regen-worker-{i}") for i in range(3)} <= set(harness.cluster.dry_runs[-3:])
+    assert creations(harness, "regen") == {"regen-worker-0": 1, "regen-worker-1": 1, "regen-rdzv": 1}
 
 
 async def test_a_job_the_server_accepts_is_judged_once_per_generation_then_created(harness, operator):
