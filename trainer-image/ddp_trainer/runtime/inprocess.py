@@ -20,7 +20,6 @@ over a group of just those ranks. Nobody holding state (the whole gang was repla
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 import re
 import threading
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-log = logging.getLogger(__name__)
+from .distributed import abort_process_groups
 
 INPROCESS_ENV = "DDPJOB_INPROCESS"
 ENDPOINT_ENV = "PET_RDZV_ENDPOINT"  # the job's rendezvous store, as torchrun's --rdzv-endpoint
@@ -309,7 +308,6 @@ class Rendezvous:
         within LEAVE_TIMEOUT_S (a Gloo wait nothing can cut short) raises CannotRecover."""
         if not dist.is_initialized():
             return
-        from .distributed import abort_process_groups
         done = threading.Event()
         errors: list[BaseException] = []
 
