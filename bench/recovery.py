@@ -156,6 +156,20 @@ def recoveries(entries: list[tuple[float, str, int]]) -> list[Recovery]:
     return out
 
 
+def step_seconds(entries: list[tuple[float, str, int]]) -> float | None:
+    """Median time of one optimizer step between the kills: rank 0's consecutive step lines with no kill,
+    restart or resume between them (each kill's "seconds to next step" includes one such step)."""
+    gaps, previous = [], None
+    for at, kind, value in entries:
+        if kind == "step":
+            if previous is not None and value == previous[1] + 1:
+                gaps.append(at - previous[0])
+            previous = (at, value)
+        elif kind in ("kill", "restart", "resume", "start"):
+            previous = None
+    return statistics.median(gaps) if gaps else None
+
+
 def kill_step(k: int, every: int) -> int:
     """The step of the k-th kill (0-based): 7 past a multiple of `every`, so that it lands between two
     periodic checkpoints (the example's interval is 20) rather than right after one."""
@@ -226,7 +240,9 @@ def run_ours(job, kills: int, every: int, state: Path, cold_start: str | None = 
         stop.set()
         poller.join()
     timeline.poll()
-    return phase, recoveries(timeline.sorted())
+    step = step_seconds(timeline.sorted())
+    return phase + ("" if step is None else f", one step {step:.2f} s (median between kills)"), \
+        recoveries(timeline.sorted())
 
 
 # ---- stock: torchrun elastic as Kubeflow's PyTorchJob runs it ---------------------------------------
