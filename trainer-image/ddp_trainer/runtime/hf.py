@@ -476,8 +476,10 @@ class DDPJobCallback(TrainerCallback):
             finally:
                 with contextlib.suppress(AttributeError):
                     del model.should_save_on_this_rank
-        else:  # HF's save of a plain nn.Module: its state dict, safetensors unless tensors are shared
-            import safetensors.torch
+        elif hasattr(model, "save_pretrained"):  # a PEFT model: its adapter, as HF saves it
+            model.save_pretrained(str(directory), is_main_process=True)
+        if unloadable(directory) == "no model weights":  # a plain nn.Module (or a save that wrote nothing here)
+            import safetensors.torch  # as HF saves a plain nn.Module: its state dict
 
             state_dict = model.state_dict()
             try:
