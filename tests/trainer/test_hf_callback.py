@@ -17,6 +17,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -261,3 +262,39 @@ def test_hfs_running_loss_and_dropout_resume_exactly_between_logging_steps(tmp_p
     _train(tmp_path / "b", 9, resume=hf.resume_from_checkpoint(str(tmp_path / "b")), callbacks=(resumed,), **settings)
     assert sorted(undisturbed.logged) == [3, 6, 9] and stopped.logged == {3: undisturbed.logged[3]}
     assert resumed.logged == {6: undisturbed.logged[6], 9: undisturbed.logged[9]}
+
+
+def test_a_rescue_of_a_plain_module_with_tied_weights_is_what_hfs_loader_resumes_from(tmp_path: Path) -> None:
+    """The rescue writes HF's layout itself (it may run on any rank, without a collective): for a model that is no
+    `PreTrainedModel` (a plain nn.Module whose weights are tied, which safetensors refuses), its state dict as
+    `pytorch_model.bin`; HF then resumes from the directory, weights and step included."""
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(EXAMPLE.VOCAB, 8)
+            self.head = torch.nn.Linear(8, EXAMPLE.VOCAB, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, input_ids=None, labels=None, idx=None):
+            logits = self.head(self.embed(input_ids))
+            return {"loss": torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()), "logits": logits}
+
+    def trainer(out: Path, steps: int, callback: hf.DDPJobCallback) -> Trainer:
+        set_seed(0)
+        args = TrainingArguments(output_dir=str(out), max_steps=steps, per_device_train_batch_size=2, save_strategy="no",
+                                 report_to="none", disable_tqdm=True, use_cpu=True, seed=0)
+        return Trainer(model=Tied(), args=args, train_dataset=EXAMPLE.Sequences(32, seed=1), callbacks=[callback])
+
+    callback = hf.DDPJobCallback(every_steps=0)
+    first = trainer(tmp_path / "out", 3, callback)
+    first.train()
+    rescue = tmp_path / "out" / "checkpoint-3"
+    callback._write_replica(rescue, first.args, first.state)
+    assert hf.unloadable(rescue) is None and (rescue / "pytorch_model.bin").is_file()
+    second = trainer(tmp_path / "again", 4, hf.DDPJobCallback(every_steps=0))
+    second.train(resume_from_checkpoint=str(rescue))
+    assert second.state.global_step == 4
+    resumed = trainer(tmp_path / "check", 3, hf.DDPJobCallback(every_steps=0))
+    resumed._load_from_checkpoint(str(rescue))
+    assert torch.equal(resumed.model.embed.weight, first.model.embed.weight)
