@@ -5,6 +5,7 @@ and state, and the replacement gets the state by broadcast from a survivor, not 
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -216,10 +217,13 @@ def test_a_group_that_cannot_be_left_falls_back_to_the_exit_path_and_says_why(ga
     assert "in-process recovery not possible: the process group of generation 1 could not be left within 2 s" in text
 
 
-def test_the_pods_agents_leave_survivors_training_and_start_a_replacement_that_joins_them(gangs, tmp_path) -> None:
+@pytest.mark.parametrize("replacement_kind", ["worker", "spare"])
+def test_the_pods_agents_leave_survivors_training_and_start_a_replacement_that_joins_them(
+        gangs, tmp_path, replacement_kind: str) -> None:
     """The worker agent (WORKER_PROGRAM, the pod's command) with DDPJOB_INPROCESS=1: each pod's torchrun only
     starts and watches its own trainer; the survivors' trainers keep their PIDs through the incident, and the
-    replacement's agent publishes generation 2 and starts a trainer that joins them."""
+    replacement's agent (a new worker's, or a warm spare's given the rank) publishes generation 2 and starts a
+    trainer that joins them and gets the state by broadcast."""
     gang = gangs("agents")
 
     def agent(replica: int, generation: int, args: list[str] = ()) -> subprocess.Popen:
@@ -236,16 +240,28 @@ def test_the_pods_agents_leave_survivors_training_and_start_a_replacement_that_j
     agents = {replica: agent(replica, 1, fault(0)) for replica in range(3)}
     trainers = {replica: wait_for(lambda: descendants(agents[replica].pid), f"worker {replica}'s trainer", 60,
                                   explain=gang.logs) for replica in (1, 2)}
+    if replacement_kind == "spare":  # warm before the incident: imports done, waiting for its assignment
+        assignment = tmp_path / "assignment.json"
+        gang.extra_env.update(DDPJOB_SPARE="1", DDPJOB_ASSIGNMENT_FILE=str(assignment),
+                              DDPJOB_SPARE_READY_FILE=str(tmp_path / "spare.ready"))
+        spare = agent(-1, 1)
+        wait_for((tmp_path / "spare.ready").exists, "the spare ready", 60, explain=gang.logs)
     assert gang.wait(agents.pop(0)) == 139, gang.logs()  # the crashed trainer's own code
     for replica in agents:
         gang.saw(replica, 1, f"at step {KILL_AT}: a peer failed in generation 1")
-    replacement = agent(0, 2)
+    if replacement_kind == "spare":  # what the local runner writes for a promoted spare (by rename)
+        (tmp_path / "assignment.tmp").write_text(json.dumps({"index": 0, "generation": 2, "rdzvId": f"{UID}-g2",
+                                                             "nnodes": "3:3"}))
+        (tmp_path / "assignment.tmp").rename(assignment)
+        replacement, log = spare, (-1, 1)
+    else:
+        replacement, log = agent(0, 2), (0, 2)
     for replica, proc in agents.items():
         gang.saw(replica, 1, "recovered in process: generation 1 -> 2")
         assert descendants(proc.pid) == trainers[replica]  # the same trainer process trains on
     for proc in (*agents.values(), replacement):
         assert gang.wait(proc) == 0, gang.logs()
-    assert f"resumed from peer rank 1 by broadcast step={KILL_AT}" in gang.text(0, 2)
+    assert f"resumed from peer rank 1 by broadcast step={KILL_AT}" in gang.text(*log)
     assert "joining rendezvous generation" not in gang.text(1, 1) + gang.text(2, 1)  # no torchrun run again
 
 
