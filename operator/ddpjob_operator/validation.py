@@ -274,7 +274,8 @@ def load_documents(path: str | Path) -> Iterator[Document]:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         fix = getattr(exc, "fix", "") or "fix the indentation or quoting there"
-        raise InvalidJob([FieldError("", f"not valid YAML{where}: {problem}", fix)]) from None
+        what = "refused" if isinstance(exc, kubeyaml.KubectlError) else "not valid YAML"  # valid, but not sendable
+        raise InvalidJob([FieldError("", f"{what}{where}: {problem}", fix)]) from None
     for index, body in enumerate(docs):
         if _is_list(body):
             for item, entry in enumerate(body["items"]):
