@@ -64,6 +64,8 @@ def test_a_script_without_the_callback_is_warned_of_while_it_runs(tmp_path: Path
     assert sum(decisions.REASON_NO_PROGRESS_REPORTS in e for _, e in view.events) == 1, view.transcript()
     found = next(c for c in runner.status.conditions if c.type == decisions.CONDITION_NOT_REPORTING)
     assert found.status == "True" and found.reason == decisions.REASON_NO_PROGRESS_REPORTS
+    # ...and said again where it is read last: the summary.
+    assert any(line.startswith(f"Warning {decisions.REASON_NO_PROGRESS_REPORTS}: ") for line in view.summary.lines())
     # A local run is one machine: no ReadWriteOnce warning for the manifest's ReadWriteOnce claim.
     assert not view.first_event("ReadWriteOnce"), view.transcript()
 

@@ -807,6 +807,10 @@ class LocalRunner:
         notes = tuple(f"{what} never fired: the trainer reported no step that far (job.report(step=...), the "
                       f"HF/Lightning callback, or rank 0's `step=N epoch=E loss=L` lines)"
                       for what in self._waiting_on_steps())
+        # What the trainer's reports said about the script (decisions/warnings.py), again where it is read last.
+        notes += tuple(f"Warning {c.reason}: {c.message}" for c in self.status.conditions
+                       if c.type in (decisions.CONDITION_WORLD_SIZE_MISMATCH, decisions.CONDITION_NOT_REPORTING)
+                       and c.status == "True")
         result = read_report(self.checkpoint_dir, "result.json")
         started = self.created_at.timestamp()
         if result is not None and (self.checkpoint_dir / "result.json").stat().st_mtime < started:
