@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import threading
 from pathlib import Path
 
@@ -78,6 +79,7 @@ def _fail_reads(monkeypatch, suffix: str, times: int | None = None) -> list[Path
     monkeypatch.setattr(Path, "read_text", lambda self, encoding=None, errors=None:
                         read_bytes(self).decode(encoding or "utf-8", errors or "strict"))
     monkeypatch.setattr(checkpoint_module, "read_regular_file", read_regular_file)
+    monkeypatch.setattr(frameworks, "read_regular_file", read_regular_file, raising=False)
     return calls
 
 
@@ -634,3 +636,29 @@ def test_31_4_a_fence_that_cannot_be_true_stops_the_job_with_a_message(tmp_path,
     again = CheckpointManager(tmp_path, keep=2, job_name="job", run_id="uid-g1")
     again.save(20, _state(20))
     assert again.committed_steps() == [20, 10] and again.fenced_by is None
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_31_4_frameworks_skip_planted_markers_and_other_digits_and_stop_on_an_impossible_fence(tmp_path, monkeypatch,
+                                                                                                name):
+    module = _framework(name, monkeypatch)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "uid-g1")
+    frameworks.start_generation(tmp_path)
+    for step in (10, 20):
+        frameworks.commit(_framework_checkpoint(tmp_path, name, step), step=step, world_size=1)
+    _plant_fifo(frameworks.marker_path(_framework_checkpoint(tmp_path, name, 30)))  # the old code hung on it
+    arabic = "".join(chr(0x0660 + int(c)) for c in "40")  # the old code took `checkpoint-٤٠` for step 40
+    other = tmp_path / (f"checkpoint-{arabic}" if name == "hf" else f"step-{arabic}.ckpt")
+    source = tmp_path / ("checkpoint-20" if name == "hf" else "step-00000020.ckpt")
+    if name == "hf":
+        shutil.copytree(source, other)
+    else:
+        other.write_bytes(source.read_bytes())
+        frameworks.marker_path(other).write_bytes(frameworks.marker_path(source).read_bytes())
+    found = _in_a_thread(lambda: frameworks.newest_complete(tmp_path, module.CHECKPOINT), 20,
+                         [frameworks.marker_path(tmp_path / ("checkpoint-30" if name == "hf" else "step-00000030.ckpt"))])
+    assert found is not None and found[0] == 20
+    checkpoint_module.fence_path(tmp_path, "uid", 99).write_text("{}")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "uid-g2")
+    with pytest.raises(checkpoint_module.CheckpointFenceError, match="generation 99 of this job"):
+        frameworks.start_generation(tmp_path)  # the old code warned and trained on, committing nothing

@@ -45,7 +45,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .checkpoint import (CheckpointVolumeError, atomic_write_json, newer_generation, prune_fences, raise_fence,
+from .checkpoint import (MARKER_LIMIT_BYTES, CheckpointVolumeError, CorruptCheckpoint, atomic_write_json,
+                         newer_generation, prune_fences, raise_fence, read_regular_file, refuse_impossible_fence,
                          rendezvous_generation, retry_reads, volume_full)
 from .distributed import CollectiveTimeout, StopRequest, abort_process_groups, exit_process
 from .watchdog import StallWatchdog
@@ -103,6 +104,7 @@ def start_generation(directory: str | os.PathLike) -> int | None:
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     run, generation = rendezvous_generation()
+    refuse_impossible_fence(root, run, generation, _markers(root))  # a newer generation already: cannot be true
     newer = raise_fence(root, run, generation, _markers(root))
     if newer is not None:
         log.warning("generation %d has started on %s, this trainer is of generation %d (replaced; it commits "
@@ -147,10 +149,11 @@ def commit(checkpoint: str | os.PathLike, *, step: int, world_size: int, skip: r
 
 def _read_marker_once(root: Path) -> dict[str, Any] | None:
     try:
-        is_dir = stat.S_ISDIR(root.stat().st_mode)
-        raw = (root / MARKER_NAME if is_dir else root.with_name(root.name + MARKER_SUFFIX)).read_text()
-    except FileNotFoundError:
-        return None  # no checkpoint, or its writer died before the marker
+        is_dir = stat.S_ISDIR(root.lstat().st_mode)  # never through a link (issue 31)
+        raw = read_regular_file(root / MARKER_NAME if is_dir else root.with_name(root.name + MARKER_SUFFIX),
+                                limit=MARKER_LIMIT_BYTES)  # a FIFO or device marker: never opened
+    except (FileNotFoundError, CorruptCheckpoint):
+        return None  # no checkpoint, its writer died before the marker, or a marker that is not a file
     try:
         marker = json.loads(raw)
         files = marker["files"].items()
@@ -158,7 +161,8 @@ def _read_marker_once(root: Path) -> dict[str, Any] | None:
         return None
     for name, size in files:
         try:
-            if (root / name if is_dir else root).stat().st_size != size:
+            st = (root / name if is_dir else root).lstat()
+            if not stat.S_ISREG(st.st_mode) or st.st_size != size:  # a FIFO, a device, a link: not what was committed
                 return None
         except FileNotFoundError:
             return None

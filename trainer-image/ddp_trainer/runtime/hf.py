@@ -72,7 +72,7 @@ from .timing import StepTimer
 __all__ = ["DDPJobCallback", "exit_process", "output_dir", "resume_from_checkpoint"]
 
 log = logging.getLogger(__name__)
-CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # HF's PREFIX_CHECKPOINT_DIR-<global step>
+CHECKPOINT = re.compile(r"^checkpoint-(\d+)$", re.ASCII)  # HF's PREFIX_CHECKPOINT_DIR-<global step>
 # Each rank writes its own RNG state and loss accumulator: not waited for by rank 0's marker.
 OTHER_RANKS_FILES = re.compile(r"^(rng_state|ddpjob_loss_)")
 SUBDIR = "hf"

@@ -59,7 +59,7 @@ from .sampler import ResumableDistributedSampler
 __all__ = ["DDPJobCallback", "checkpoint_dir", "exit_process", "resume_from_checkpoint", "trainer_kwargs"]
 
 log = logging.getLogger(__name__)
-CHECKPOINT = re.compile(r"^step-(\d+)\.ckpt$")
+CHECKPOINT = re.compile(r"^step-(\d+)\.ckpt$", re.ASCII)
 SUBDIR = "lightning"
 
 
