@@ -151,7 +151,7 @@ class Bench:
         for i in range(0, jobs, CONCURRENCY):
             await asyncio.gather(*(self.post_job(n) for n in names[i:i + CONCURRENCY]))
         await wait_until(lambda: len(self.cluster.live(PODS, NAMESPACE)) >= 3 * jobs, "every job's 3 pods",
-                         timeout=60 + jobs)
+                         timeout=60 + jobs, every=1.0)  # a scan of every object: not too often
         for pod in self.cluster.live(PODS, NAMESPACE):
             await self.cluster.unschedulable(NAMESPACE, pod["metadata"]["name"], UNSCHEDULABLE)
         await self.quiet(timeout=120 + jobs)

@@ -16,10 +16,13 @@ Pure asyncio: no kopf, no Kubernetes. Imports nothing of the operator.
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 from collections import deque
 from typing import Awaitable, Callable, Generic, Hashable, TypeVar
 
 Key = TypeVar("Key", bound=Hashable)
+logger = logging.getLogger(__name__)
 
 
 class WorkQueue(Generic[Key]):
@@ -119,17 +122,21 @@ class WorkQueue(Generic[Key]):
             key = self._next()
             if key is None:
                 return
-            self._running[key] = asyncio.get_running_loop().create_task(self._pass(key))
+            task = asyncio.get_running_loop().create_task(self._work(key))
+            self._running[key] = task
+            task.add_done_callback(functools.partial(self._done, key))
 
-    async def _pass(self, key: Key) -> None:
-        try:
-            await self._work(key)
-        finally:
+    def _done(self, key: Key, task: asyncio.Task[None]) -> None:
+        # A done callback, not a `finally` in the pass: a pass cancelled before it started (a fenced
+        # leader clears the queue in the instant it was dispatched) never runs its own code.
+        if self._running.get(key) is task:
             del self._running[key]
-            if key in self._again:
-                self._again.discard(key)
-                self._settling[key] = asyncio.get_running_loop().call_later(self._settle, self._settled, key)
-            self._dispatch()
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("a pass over %s raised", key, exc_info=task.exception())
+        if key in self._again:
+            self._again.discard(key)
+            self._settling[key] = asyncio.get_running_loop().call_later(self._settle, self._settled, key)
+        self._dispatch()
 
     def _settled(self, key: Key) -> None:
         del self._settling[key]

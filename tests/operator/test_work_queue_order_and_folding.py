@@ -149,6 +149,19 @@ async def test_clear_drops_queued_work_timers_and_cancels_passes_under_way():
     await queue.stop()
 
 
+async def test_a_pass_cancelled_before_it_started_leaves_its_job_free():
+    """A leader fenced in the instant a pass was dispatched: the pass never ran, its job is not stuck."""
+    work = Work()
+    queue = WorkQueue(work, concurrency=4, settle_seconds=0.001)
+    queue.add("job")  # dispatched: a task that has not run yet
+    queue.clear()
+    await asyncio.sleep(0.01)
+    assert work.passes == [] and queue.idle()
+    queue.add("job")  # leading again
+    await drained(queue)
+    assert work.passes == ["job"]
+
+
 @pytest.mark.parametrize("message, level, shown_at_info", [
     ("Handler 'pod_event' succeeded.", logging.INFO, False),
     ("Handler 'ddpjob_event' succeeded.", logging.INFO, False),
