@@ -178,7 +178,13 @@ class Kube:
                 raise
         owners = {ref.get("uid") for ref in meta.get("ownerReferences") or ()}
         if owners:
-            _, existing = await self._call("GET", kind.path(meta["namespace"], meta["name"]))
+            try:
+                _, existing = await self._call("GET", kind.path(meta["namespace"], meta["name"]))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                # It held the name a moment ago and is gone now: the name is free, try again (retryable).
+                raise ApiError(409, "Conflict", f"{manifest['kind']} {meta['name']} was just deleted") from None
             existing_meta = (existing or {}).get("metadata") or {}
             held_by = {ref.get("uid") for ref in existing_meta.get("ownerReferences") or ()}
             if existing_meta.get("deletionTimestamp") and not owners & held_by:
