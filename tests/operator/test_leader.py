@@ -255,7 +255,8 @@ class RecordingCluster(Cluster):
         response = await super()._serve(request)
         self.log.append(Request(arrived, request.headers.get("User-Agent", ""), str(request.method.value
                                 if hasattr(request.method, "value") else request.method).upper(),
-                                request.url.path, response.status))
+                                request.url.path + ("?dryRun=All" if request.params.get("dryRun") else ""),
+                                response.status))  # a dry run creates nothing: not a create
         return response
 
 
