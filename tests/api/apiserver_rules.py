@@ -6,6 +6,7 @@ of the operator's model (its own regexes are not imported: a shared mistake woul
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
 import re
 from decimal import Decimal, InvalidOperation
@@ -158,11 +159,75 @@ def pod_errors(pod: dict[str, Any]) -> list[str]:
             errors.append(f"spec.tolerations[{i}].key: not a qualified name")
         if toleration.get("operator") == "Exists" and toleration.get("value"):
             errors.append(f"spec.tolerations[{i}].value: must be empty with Exists")
+    errors += _pod_spec_rules(meta, spec)
     for volume in volumes:
         if "emptyDir" in volume and "sizeLimit" in (volume["emptyDir"] or {}):
             amount = quantity(volume["emptyDir"]["sizeLimit"])
             if amount is None or amount < 0:
                 errors.append(f"spec.volumes[{volume['name']}].emptyDir.sizeLimit: not a non-negative quantity")
+    return errors
+
+
+def _ip(value: Any) -> bool:
+    try:
+        ipaddress.ip_address(value)
+        return isinstance(value, str)
+    except ValueError:
+        return False
+
+
+def _pod_spec_rules(meta: dict[str, Any], spec: dict[str, Any]) -> list[str]:
+    """ValidatePodSpec's cross-field rules and the kubelet's exec limits (issue 31, item 5)."""
+    errors = []
+    annotations = meta.get("annotations") or {}
+    if sum(len(k.encode()) + len(str(v).encode()) for k, v in annotations.items()) > 256 * 1024:
+        errors.append("metadata.annotations: Too long: must have at most 262144 bytes")
+    cost = annotations.get("controller.kubernetes.io/pod-deletion-cost")
+    if cost is not None and not (re.fullmatch(r"[+-]?[0-9]+", cost) and -(2**31) <= int(cost) < 2**31):
+        errors.append("metadata.annotations: pod-deletion-cost must be an int32")
+    if (spec.get("os") or {}).get("name") == "windows" and "fsGroup" in (spec.get("securityContext") or {}):
+        errors.append("spec.securityContext.fsGroup: Forbidden: windows pods")
+    if spec.get("shareProcessNamespace") and spec.get("hostPID"):
+        errors.append("spec.shareProcessNamespace: Invalid value: with hostPID")
+    if spec.get("overhead") and not spec.get("runtimeClassName"):
+        errors.append("spec.overhead: Forbidden: set by the RuntimeClass")
+    if "priorityClassName" in spec and not dns_subdomain(spec["priorityClassName"]):
+        errors.append("spec.priorityClassName: not a DNS subdomain")
+    if spec.get("hostNetwork") and spec.get("dnsPolicy") == "ClusterFirst":
+        errors.append("spec.dnsPolicy: ClusterFirst with hostNetwork resolves through the node: peers unreachable")
+    errors += [f"spec.dnsConfig.nameservers: {n!r} is not an IP" for n in (spec.get("dnsConfig") or {})
+               .get("nameservers") or [] if not _ip(n)]
+    errors += [f"spec.hostAliases: {a.get('ip')!r} is not an IP" for a in spec.get("hostAliases") or []
+               if not _ip(a.get("ip"))]
+    containers = [*spec.get("containers", []), *(spec.get("initContainers") or [])]
+    for c in containers:
+        where = f"spec.containers[{c.get('name')}]"
+        if not c.get("image"):
+            errors.append(f"{where}.image: Required value")
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            if probe in c and sum(h in c[probe] for h in ("exec", "httpGet", "tcpSocket", "grpc")) != 1:
+                errors.append(f"{where}.{probe}: must have exactly one handler")
+            port = next((c[probe][h].get("port") for h in ("httpGet", "tcpSocket", "grpc")
+                         if h in (c.get(probe) or {})), None)
+            if isinstance(port, int) and not 1 <= port <= 65535:
+                errors.append(f"{where}.{probe}: port out of range")
+        for port in c.get("ports") or []:
+            if not 1 <= port.get("containerPort", 0) <= 65535 or not 0 <= port.get("hostPort", 0) <= 65535:
+                errors.append(f"{where}.ports: out of range")
+            elif spec.get("hostNetwork") and port.get("hostPort") not in (None, port.get("containerPort")):
+                errors.append(f"{where}.ports: hostPort must equal containerPort with hostNetwork")
+        for mount in c.get("volumeMounts") or []:
+            sub = mount.get("subPath") or ""
+            if sub.startswith("/") or ".." in posixpath.normpath(sub or ".").split("/") or ".." in sub.split("/"):
+                errors.append(f"{where}.volumeMounts.subPath: must not escape the volume")
+        for part in ("requests", "limits"):
+            for name, value in ((c.get("resources") or {}).get(part) or {}).items():
+                if name.startswith("hugepages-") and quantity(value) % quantity(name[10:]) != 0:
+                    errors.append(f"{where}.resources.{part}.{name}: not a multiple of the page size")
+        strings = [*(c.get("command") or []), *(c.get("args") or []),
+                   *(f"{e['name']}={e.get('value', '')}" for e in c.get("env") or [])]
+        errors += [f"{where}: an argument or variable over MAX_ARG_STRLEN or with NUL" for text in strings
+                   if "\x00" in text or len(text.encode()) + 1 > 128 * 1024]
     return errors
 
 
@@ -182,4 +247,7 @@ def object_errors(obj: dict[str, Any]) -> list[str]:
         size = quantity(obj["spec"]["resources"]["requests"]["storage"])
         if size is None or size <= 0:
             errors.append("spec.resources.requests.storage: must be a positive quantity")
+        storage_class = obj["spec"].get("storageClassName")
+        if storage_class not in (None, "") and not dns_subdomain(storage_class):
+            errors.append("spec.storageClassName: not a DNS subdomain")
     return errors

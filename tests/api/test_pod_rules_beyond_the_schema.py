@@ -9,7 +9,9 @@ import copy
 import pytest
 import yaml
 
-from ddpjob_operator import cli, pod_rules, validation
+from ddpjob_operator import builders, cli, pod_rules, validation
+
+from .apiserver_rules import object_errors
 
 BASE = {"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": "victim"},
         "spec": {"replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer",
@@ -143,3 +145,19 @@ def test_validate_says_it_checked_offline(tmp_path, capsys):
     assert cli.main(["validate", str(path)]) == 0
     out = capsys.readouterr().out
     assert "valid DDPJob victim" in out and "offline" in out and "ddpjob submit" in out
+
+
+# One vendor per job is the operator's rule (NCCL and the toleration follow gpuResourceName), not the server's.
+SERVER_REFUSES = sorted(set(CASES) - {"second-gpu-vendor"})
+
+
+@pytest.mark.parametrize("case", SERVER_REFUSES)
+def test_without_the_rule_the_rendered_objects_break_the_independent_api_server_rules(monkeypatch, case):
+    # A cross-check against tests/api/apiserver_rules.py (written apart from pod_rules): each case is a real refusal.
+    spec, _, _ = CASES[case]
+    doc = copy.deepcopy(BASE)
+    doc["spec"].update(copy.deepcopy(spec))
+    monkeypatch.setattr(pod_rules, "problems", lambda spec: [])
+    job = validation.parse_job(doc)
+    manifests = builders.all_manifests(builders.JobRef.preview("victim", "default"), job.spec)
+    assert [e for m in manifests for e in object_errors(m)], case
