@@ -51,6 +51,12 @@ DELETE = "delete"  # graceful deletion behind the runner's back, like `kubectl d
 KILL_STORE = "kill-store"  # SIGKILL the rendezvous store process (`index` is ignored)
 FAULT_KINDS = (KILL, DELETE, KILL_STORE)
 
+# RunOptions.cold_start: every worker and spare starts as its pod's container does, on a node without a GPU
+# (the agent forks its trainers) or with one (each trainer is a new interpreter: no fork after CUDA).
+COLD_CPU_NODE = "cpu-node"
+COLD_GPU_NODE = "gpu-node"
+COLD_STARTS = (COLD_CPU_NODE, COLD_GPU_NODE)
+
 
 @dataclass(frozen=True)
 class FaultInjection:
@@ -109,6 +115,14 @@ class RunOptions:
     # A job with a checkpoint interval whose workers all ran this long without a progress report is warned of
     # (decisions/warnings.py: the HF/Lightning callback or job.report missing).
     unreported_warning_seconds: float = NO_PROGRESS_WARNING_SECONDS
+    # None: workers are forks of the run's zygote. COLD_CPU_NODE / COLD_GPU_NODE: each worker and spare is a new
+    # interpreter started with the pod's argv and env, nothing preloaded (docs/local.md, "Cold start").
+    cold_start: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cold_start is not None and self.cold_start not in COLD_STARTS:
+            raise ValueError(f"RunOptions.cold_start must be None or one of {', '.join(COLD_STARTS)}, "
+                             f"got {self.cold_start!r}")
 
 
 @dataclass(frozen=True)
@@ -253,8 +267,11 @@ class LocalRunner:
         zygote_env = {**self.base_env, **({builders.THREADS_ENV: str(threads)} if threads is not None else {}),
                       # ...and the entrypoint's own imports (transformers, lightning: seconds a trainer skips)
                       builders.PRELOAD_ENV: json.dumps(builders.entrypoint_args(job.spec))}
-        self.zygote = Zygote(python=sys.executable, env=zygote_env, marker=marker_for(self.run_id, "zygote"),
-                             log_path=self.log_dir / "zygote.log")
+        self.zygote = None if options.cold_start else Zygote(
+            python=sys.executable, env=zygote_env, marker=marker_for(self.run_id, "zygote"),
+            log_path=self.log_dir / "zygote.log")
+        if options.cold_start == COLD_GPU_NODE:  # what the agent decides where it sees a GPU
+            self.base_env[builders.FORK_TRAINER_ENV] = "0"
         self.store_port = free_port()
         self.store_ready = False
         self.workers: dict[str, WorkerProcess] = {}
@@ -284,7 +301,8 @@ class LocalRunner:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._prepare_dirs()
-            self.zygote.start()  # its imports overlap the store's start
+            if self.zygote is not None:
+                self.zygote.start()  # its imports overlap the store's start
             while True:
                 if self._signals:
                     self.interrupted = True
@@ -746,7 +764,8 @@ class LocalRunner:
             w.process.kill()  # reaps the root processes
         if self.store is not None:
             self.store.kill()
-        self.zygote.close()
+        if self.zygote is not None:
+            self.zygote.close()
         self._show(self.clock())
 
     # ---- show --------------------------------------------------------------------------------
