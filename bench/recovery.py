@@ -157,17 +157,19 @@ def recoveries(entries: list[tuple[float, str, int]]) -> list[Recovery]:
 
 
 def step_seconds(entries: list[tuple[float, str, int]]) -> float | None:
-    """Median time of one optimizer step between the kills: rank 0's consecutive step lines with no kill,
-    restart or resume between them (each kill's "seconds to next step" includes one such step)."""
-    gaps, previous = [], None
-    for at, kind, value in entries:
-        if kind == "step":
-            if previous is not None and value == previous[1] + 1:
-                gaps.append(at - previous[0])
+    """Mean time of one optimizer step between the kills, over rank 0's runs of consecutive step lines with no
+    kill, restart or resume inside (each kill's "seconds to next step" includes one such step). Lines read in
+    one poll share a time: a run's span over its steps averages that out."""
+    seconds = steps = 0.0
+    first = previous = None
+    for at, kind, value in [*entries, (float("inf"), "end", 0)]:
+        if kind == "step" and previous is not None and value == previous[1] + 1:
             previous = (at, value)
-        elif kind in ("kill", "restart", "resume", "start"):
-            previous = None
-    return statistics.median(gaps) if gaps else None
+            continue
+        if first is not None and previous[1] > first[1]:
+            seconds, steps = seconds + previous[0] - first[0], steps + previous[1] - first[1]
+        first = previous = (at, value) if kind == "step" else None
+    return seconds / steps if steps else None
 
 
 def kill_step(k: int, every: int) -> int:
@@ -241,7 +243,7 @@ def run_ours(job, kills: int, every: int, state: Path, cold_start: str | None = 
         poller.join()
     timeline.poll()
     step = step_seconds(timeline.sorted())
-    return phase + ("" if step is None else f", one step {step:.2f} s (median between kills)"), \
+    return phase + ("" if step is None else f", one step {step:.3f} s (mean between kills)"), \
         recoveries(timeline.sorted())
 
 
