@@ -15,11 +15,10 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from . import model
-from .launcher import (ASSIGNMENT_FILE_ENV, FORK_TRAINER_ENV, LAUNCHER_PROGRAM,  # noqa: F401 (re-exported)
-                       PRELOAD_ENV, PROGRESS_CA_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV,
-                       REJOIN_TIMEOUT_ENV, REJOIN_TIMEOUT_SECONDS, RENDEZVOUS_CLOSED_MARK, RENDEZVOUS_FAILED_PREFIX,
-                       SPARE_ENV, SPARE_READY_FILE_ENV, TERMINATION_LOG_ENV, TERMINATION_LOG_PATH,
-                       TERMINATION_MESSAGE_LIMIT)
+from .agent import WORKER_PROGRAM
+from .agent.contract import (ASSIGNMENT_FILE_ENV, PROGRESS_CA_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV,
+                             REJOIN_TIMEOUT_ENV, REJOIN_TIMEOUT_SECONDS, SPARE_ENV, SPARE_READY_FILE_ENV,
+                             TERMINATION_LOG_ENV, TERMINATION_LOG_PATH)
 
 # ---------------------------------------------------------------- labels (the one place for keys)
 
@@ -185,7 +184,7 @@ def entrypoint_args(spec: model.DDPJobSpec) -> list[str]:
 def worker_command(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str, local_addr: str,
                    python: str = "python") -> list[str]:
     """The worker's argv: the launcher, torchrun flags, then the user's entrypoint and args (never a shell)."""
-    argv = [python, "-c", LAUNCHER_PROGRAM]
+    argv = [python, "-c", WORKER_PROGRAM]
     flags = torchrun_flags(spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=local_addr)
     argv += [f"--{flag}={value}" for flag, value in flags]
     return argv + entrypoint_args(spec)
@@ -226,7 +225,7 @@ def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: 
         env["DDPJOB_CHECKPOINT_DIR"] = checkpoint_dir or spec.checkpoint.mount_path
         env["DDPJOB_CHECKPOINT_INTERVAL_STEPS"] = str(spec.checkpoint.interval_steps)
         env["DDPJOB_CHECKPOINT_KEEP"] = str(spec.checkpoint.keep)
-    # restartScope Pod: a survivor's agent joins the next generation in place (launcher.REJOIN_ENV).
+    # restartScope Pod: a survivor's agent joins the next generation in place (contract.REJOIN_ENV).
     env[REJOIN_ENV] = "1" if spec.failure_policy.restart_scope == "Pod" else "0"
     env[REJOIN_TIMEOUT_ENV] = str(REJOIN_TIMEOUT_SECONDS)
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
@@ -265,7 +264,7 @@ UNSET_WHEN_OFF = ("DDPJOB_CHECKPOINT_DIR", "DDPJOB_CHECKPOINT_INTERVAL_STEPS", "
 
 # Where the trainer POSTs its progress, and the file holding the pod's projected service-account token
 # it authenticates with (audience: the operator's; the operator checks it with a TokenReview).
-# (PROGRESS_URL_ENV, PROGRESS_TOKEN_ENV, PROGRESS_CA_ENV: launcher.py, whose spares ask the same endpoint.)
+# (PROGRESS_URL_ENV, PROGRESS_TOKEN_ENV, PROGRESS_CA_ENV: agent/contract.py, whose spares ask the same endpoint.)
 PROGRESS_TOKEN_VOLUME = "ddpjob-progress-token"
 PROGRESS_TOKEN_DIR = "/var/run/secrets/ddpjob/progress"
 PROGRESS_TOKEN_SECONDS = 3600  # the kubelet rotates it at 80% of this
@@ -443,7 +442,7 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
             "metadata": _metadata(job, name, labels, annotations), "spec": pod_spec}
 
 
-# A spare's readiness (launcher.SPARE_READY_FILE_ENV): its launcher writes `<pod name>.ready` in an emptyDir
+# A spare's readiness (contract.SPARE_READY_FILE_ENV): its launcher writes `<pod name>.ready` in an emptyDir
 # of its own, under the operator's directory (no template mount may go there), once it is warm and the
 # operator answered its first assignment request; the readiness probe tests for it. An exec probe spawns a
 # process each period: every 3 s, for a spare that is warmed long before it is needed.
@@ -467,7 +466,7 @@ def spare_readiness_probe(pod_name: str) -> dict[str, Any]:
 def spare_pod(job: JobRef, spec: model.DDPJobSpec, *, serial: int, generation: int,
               progress: ProgressEndpoint | None = None) -> dict[str, Any]:
     """A warm spare: a worker's pod (image, resources, volumes, token) whose launcher waits for an
-    assignment (launcher.SPARE_ENV) instead of joining a rendezvous. It prefers a node without the job's
+    assignment (contract.SPARE_ENV) instead of joining a rendezvous. It prefers a node without the job's
     workers, so that a node lost with a worker does not take its replacement with it. It is Ready (and only
     then counted in readySpares and promoted) once its launcher marked itself ready: imports done and the
     operator's endpoint answered (spare_readiness_probe); the template's own probes, meant for a trainer,

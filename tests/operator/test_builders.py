@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from ddpjob_operator import builders, model
+from ddpjob_operator.agent import WORKER_PROGRAM, contract
 from ddpjob_operator.validation import parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +55,7 @@ def flags(argv: list[str]) -> dict[str, str]:
 def test_torchrun_flags(overrides, expected):
     argv = builders.worker_command(spec(**overrides), endpoint="h:1", rdzv_id="u-g0", local_addr="10.0.0.7")
     got = flags(argv)
-    assert argv[:3] == ["python", "-c", builders.LAUNCHER_PROGRAM]
+    assert argv[:3] == ["python", "-c", WORKER_PROGRAM]
     assert got["rdzv-backend"] == "c10d" and got["rdzv-endpoint"] == "h:1" and got["rdzv-id"] == "u-g0"
     assert got["local-addr"] == "10.0.0.7"
     assert "is_host=false" in got["rdzv-conf"]  # no worker ever hosts the store
@@ -73,8 +74,8 @@ def test_entrypoint_and_args_are_argv_not_shell(entrypoint, args, tail):
                                    local_addr="127.0.0.1")
     assert argv[-len(tail):] == tail
     # The only program text is the fixed launcher; user input only ever follows it as argv.
-    assert argv[1:3] == ["-c", builders.LAUNCHER_PROGRAM] and "sh" not in argv and argv.count("-c") == 1
-    assert "$(" not in builders.LAUNCHER_PROGRAM, "Kubernetes would expand $(VAR) inside the program text"
+    assert argv[1:3] == ["-c", WORKER_PROGRAM] and "sh" not in argv and argv.count("-c") == 1
+    assert "$(" not in WORKER_PROGRAM, "Kubernetes would expand $(VAR) inside the program text"
 
 
 def test_rendezvous_id_is_unique_per_job_and_generation():
@@ -122,12 +123,12 @@ def test_worker_env_sets_what_a_worker_has_not_to_empty():
     """Explicit "" (which the launcher and trainer take as unset) rather than absent: an envFrom without a
     prefix cannot then turn on checkpoints, the spare's wait, or a progress endpoint of its own."""
     env = env_for(spec())
-    off = ["DDPJOB_CHECKPOINT_DIR", "DDPJOB_CHECKPOINT_INTERVAL_STEPS", "DDPJOB_CHECKPOINT_KEEP", builders.SPARE_ENV,
-           builders.ASSIGNMENT_FILE_ENV, builders.SPARE_READY_FILE_ENV, builders.PROGRESS_URL_ENV,
-           builders.PROGRESS_TOKEN_ENV, builders.PROGRESS_CA_ENV]
+    off = ["DDPJOB_CHECKPOINT_DIR", "DDPJOB_CHECKPOINT_INTERVAL_STEPS", "DDPJOB_CHECKPOINT_KEEP", contract.SPARE_ENV,
+           contract.ASSIGNMENT_FILE_ENV, contract.SPARE_READY_FILE_ENV, contract.PROGRESS_URL_ENV,
+           contract.PROGRESS_TOKEN_ENV, contract.PROGRESS_CA_ENV]
     assert {name: env.get(name) for name in off} == dict.fromkeys(off, "")
-    assert env[builders.TERMINATION_LOG_ENV] == builders.TERMINATION_LOG_PATH  # where the kubelet reads it
-    assert builders.FORK_TRAINER_ENV not in env  # the user's to set (spec.env)
+    assert env[contract.TERMINATION_LOG_ENV] == contract.TERMINATION_LOG_PATH  # where the kubelet reads it
+    assert contract.FORK_TRAINER_ENV not in env  # the user's to set (spec.env)
 
 
 def test_worker_pod_shape():
@@ -147,7 +148,7 @@ def test_worker_pod_shape():
     assert (pod_spec["hostname"], pod_spec["subdomain"]) == ("digits-worker-1", "digits-workers")
     assert pod_spec["terminationGracePeriodSeconds"] == 90
     container = pod_spec["containers"][0]
-    assert container["command"][:3] == ["python", "-c", builders.LAUNCHER_PROGRAM]
+    assert container["command"][:3] == ["python", "-c", WORKER_PROGRAM]
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     got = flags(container["command"])
     assert got["rdzv-endpoint"] == "digits-rdzv.team-a.svc:29400" and got["rdzv-id"] == f"{JOB.uid}-g2"
@@ -506,7 +507,7 @@ def test_every_container_level_field_reaches_the_trainer():
     assert container["resources"] == {"requests": {"cpu": "4", "memory": "16Gi", "rdma/hca": 1, "hugepages-2Mi": "1Gi"},
                                       "limits": {"cpu": "4", "memory": "16Gi", "rdma/hca": 1, "hugepages-2Mi": "1Gi"}}
     # The launch contract is untouched.
-    assert container["command"][:3] == ["python", "-c", builders.LAUNCHER_PROGRAM]
+    assert container["command"][:3] == ["python", "-c", WORKER_PROGRAM]
     assert container["env"][0]["name"] == builders.POD_IP_ENV
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm"}
@@ -630,9 +631,9 @@ def test_worker_pod_progress_endpoint_and_projected_token():
     pod = builders.worker_pod(JOB, spec(), index=0, generation=0, progress=endpoint)
     container = pod["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env[builders.PROGRESS_URL_ENV] == \
+    assert env[contract.PROGRESS_URL_ENV] == \
         "http://ddpjob-progress.ddpjob-system.svc:8090/v1/namespaces/team-a/ddpjobs/digits/progress"
-    assert env[builders.PROGRESS_TOKEN_ENV] == "/var/run/secrets/ddpjob/progress/token"
+    assert env[contract.PROGRESS_TOKEN_ENV] == "/var/run/secrets/ddpjob/progress/token"
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == builders.PROGRESS_TOKEN_VOLUME)
     assert volume["projected"]["sources"] == [{"serviceAccountToken": {
         "audience": "progress.elastic.ddp.dev", "expirationSeconds": 3600, "path": "token"}}]
@@ -643,7 +644,7 @@ def test_worker_pod_progress_endpoint_and_projected_token():
     assert "serviceAccountName" not in pod["spec"]
     plain = builders.worker_pod(JOB, spec(), index=0, generation=0)
     plain_env = {e["name"]: e.get("value") for e in plain["spec"]["containers"][0]["env"]}
-    assert plain_env[builders.PROGRESS_URL_ENV] == plain_env[builders.PROGRESS_TOKEN_ENV] == ""
+    assert plain_env[contract.PROGRESS_URL_ENV] == plain_env[contract.PROGRESS_TOKEN_ENV] == ""
     assert builders.PROGRESS_TOKEN_VOLUME not in {v["name"] for v in plain["spec"]["volumes"]}
 
 
@@ -671,9 +672,9 @@ def test_spare_pod_is_a_workers_pod_that_waits_outside_every_rendezvous():
     def env(c):  # Kubernetes keeps the last of duplicate names
         return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
     mark = "/var/run/secrets/ddpjob/spare/digits-spare-2.ready"  # the pod's own emptyDir, named for the pod
-    assert env(container) == {**env(theirs), "DDPJOB_REPLICA_INDEX": "-1", builders.SPARE_ENV: "1",
-                              builders.SPARE_READY_FILE_ENV: mark}
-    assert [e["name"] for e in container["env"]].count(builders.SPARE_READY_FILE_ENV) == 1
+    assert env(container) == {**env(theirs), "DDPJOB_REPLICA_INDEX": "-1", contract.SPARE_ENV: "1",
+                              contract.SPARE_READY_FILE_ENV: mark}
+    assert [e["name"] for e in container["env"]].count(contract.SPARE_READY_FILE_ENV) == 1
     # Ready only once its launcher wrote the mark (warm, and the operator's endpoint answered): an exec probe
     # every few seconds (a process spawn each period), never flipped back by one slow probe.
     assert container["readinessProbe"] == {"exec": {"command": ["test", "-f", mark]}, "periodSeconds": 3,

@@ -7,7 +7,7 @@ volume stays full, with the volume named in the Failed condition."""
 import pytest
 
 from ddpjob_operator import decisions as d
-from ddpjob_operator import launcher
+from ddpjob_operator.agent import contract
 
 from .test_decisions import decide, failed, job, running_status, seen, spec, w
 
@@ -19,9 +19,9 @@ UNREADABLE = ("rank 0 (local rank 0) exited with code 75: checkpoint volume unre
 
 def test_the_operator_and_the_runtime_agree_on_the_exit():
     runtime = pytest.importorskip("ddp_trainer.runtime", reason="the trainer package is not on the path")
-    assert launcher.CHECKPOINT_VOLUME_EXIT_CODE == runtime.CHECKPOINT_VOLUME_FULL_EXIT_CODE \
+    assert contract.CHECKPOINT_VOLUME_EXIT_CODE == runtime.CHECKPOINT_VOLUME_FULL_EXIT_CODE \
         == runtime.CHECKPOINT_VOLUME_UNREADABLE_EXIT_CODE
-    assert launcher.CHECKPOINT_VOLUME_PREFIXES == (runtime.CHECKPOINT_VOLUME_FULL_PREFIX,
+    assert contract.CHECKPOINT_VOLUME_PREFIXES == (runtime.CHECKPOINT_VOLUME_FULL_PREFIX,
                                                    runtime.CHECKPOINT_VOLUME_UNREADABLE_PREFIX)
 
 

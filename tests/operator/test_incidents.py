@@ -8,12 +8,13 @@ from datetime import timedelta
 import pytest
 
 from ddpjob_operator import builders, decisions as d, model
+from ddpjob_operator.agent import contract
 
 from .test_decisions import STORE, T0, failed, job, of, running_status, seen, spec, w
 
 OPTIONS = d.Options(incident_settle_seconds=10)
 CLOSED = f"rank 0 (local rank 0) exited with code 1: DistBackendError: Connection closed by peer " \
-         f"{builders.RENDEZVOUS_CLOSED_MARK}"
+         f"{contract.RENDEZVOUS_CLOSED_MARK}"
 
 
 def decide(view, observed):
@@ -297,9 +298,9 @@ def test_a_pod_the_taint_manager_deleted_is_force_deleted_at_once():
 # What Gloo says when the peer it waits for went silent (its node stopped answering, or it froze).
 SILENT = ("rank 0 (local rank 0) exited with code 1: DistBackendError: [/pytorch/third_party/gloo/gloo/transport/tcp/"
           "unbound_buffer.cc:81] Timed out waiting 30000ms for recv operation to complete "
-          f"{builders.RENDEZVOUS_CLOSED_MARK}")
+          f"{contract.RENDEZVOUS_CLOSED_MARK}")
 RESET = ("rank 0 (local rank 0) exited with code 1: DistBackendError: [/pytorch/third_party/gloo/gloo/transport/tcp/"
-         f"pair.cc:537] Read error [10.0.0.7]:4711: Connection reset by peer {builders.RENDEZVOUS_CLOSED_MARK}")
+         f"pair.cc:537] Read error [10.0.0.7]:4711: Connection reset by peer {contract.RENDEZVOUS_CLOSED_MARK}")
 SILENT_OPTIONS = d.Options(incident_settle_seconds=10, silent_peer_settle_seconds=60)
 
 

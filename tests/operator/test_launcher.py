@@ -1,4 +1,4 @@
-"""The worker launcher for real: builders.LAUNCHER_PROGRAM running torchrun (--standalone, one Gloo/CPU
+"""The worker launcher for real: WORKER_PROGRAM running torchrun (--standalone, one Gloo/CPU
 process) around tiny scripts, then the decision layer on what it reported."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ddpjob_operator import builders, decisions, model
+from ddpjob_operator.agent import WORKER_PROGRAM, contract
 from ddpjob_operator.local.runner import free_port
 
 pytestmark = pytest.mark.slow  # a torchrun agent per test (a few seconds)
@@ -43,10 +44,10 @@ class Launched:
         script = tmp_path / "entry.py"
         script.write_text(body)
         self.termination_log = tmp_path / "termination-log"
-        argv = [sys.executable, "-c", builders.LAUNCHER_PROGRAM, *rendezvous, "--nnodes=1",
+        argv = [sys.executable, "-c", WORKER_PROGRAM, *rendezvous, "--nnodes=1",
                 "--nproc-per-node=1", "--shutdown-timeout=5", str(script)]
         env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
-               builders.TERMINATION_LOG_ENV: str(self.termination_log), **env}
+               contract.TERMINATION_LOG_ENV: str(self.termination_log), **env}
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def wait_for_line(self, text: str) -> None:
@@ -66,7 +67,7 @@ class Launched:
         return self.termination_log.read_text()
 
 
-CLOSED = f" {builders.RENDEZVOUS_CLOSED_MARK}"  # torch's launch_agent closes the rendezvous on a failed agent
+CLOSED = f" {contract.RENDEZVOUS_CLOSED_MARK}"  # torch's launch_agent closes the rendezvous on a failed agent
 
 
 @pytest.mark.parametrize("body, code, message", [
@@ -87,7 +88,7 @@ def test_launcher_exits_with_the_trainers_code_and_writes_the_termination_messag
 @pytest.mark.parametrize("fork, preloaded", [("1", True), ("0", False)], ids=["forked", "new-interpreter"])
 def test_the_trainer_is_forked_from_the_agent_with_torch_already_imported(tmp_path, fork, preloaded):
     body = "import sys\nprint('torch preloaded:', 'torch' in sys.modules, flush=True)\nsys.exit(5)\n"
-    code, out = Launched(tmp_path, body, **{builders.FORK_TRAINER_ENV: fork}).wait()
+    code, out = Launched(tmp_path, body, **{contract.FORK_TRAINER_ENV: fork}).wait()
     assert code == 5 and f"torch preloaded: {preloaded}" in out, out
 
 
@@ -110,7 +111,7 @@ finally:
 
 def test_a_failing_os_exit_in_the_forked_trainer_runs_no_cleanup(tmp_path):
     """Cleanup on the way out of a failed trainer can block on its peers (a collective, a join)."""
-    code, out = Launched(tmp_path, EXITS_INSIDE_A_CLEANUP, **{builders.FORK_TRAINER_ENV: "1"}).wait()
+    code, out = Launched(tmp_path, EXITS_INSIDE_A_CLEANUP, **{contract.FORK_TRAINER_ENV: "1"}).wait()
     assert code == 3 and "cleanup ran" not in out, out
 
 
@@ -133,7 +134,7 @@ train()
 def test_a_process_the_forked_trainer_forks_ends_with_the_real_os_exit(tmp_path):
     """Not the trainer's exit: a SystemExit in a DataLoader worker would unwind the trainer's frames it
     was forked inside, and freeing its copy of the process group there aborts it (std::system_error)."""
-    code, out = Launched(tmp_path, FORKS_LIKE_A_DATALOADER, **{builders.FORK_TRAINER_ENV: "1"}).wait()
+    code, out = Launched(tmp_path, FORKS_LIKE_A_DATALOADER, **{contract.FORK_TRAINER_ENV: "1"}).wait()
     assert code == 0 and "child exit 7" in out, out
     assert "unwound in its child" not in out, out
 
@@ -173,7 +174,7 @@ def test_an_agreed_stop_keeps_the_pod_in_place_unless_its_own_agent_was_signalle
     rendezvous = ("--rdzv-backend=c10d", f"--rdzv-endpoint={rendezvous_store}", "--rdzv-id=job-g0",
                   "--rdzv-conf=is_host=false,join_timeout=30")
     launched = Launched(tmp_path, SLEEP_UNTIL_SIGTERM if signalled else STOPS_WITH_ITS_PEERS,
-                        rendezvous=rendezvous, **{builders.REJOIN_ENV: "1"})
+                        rendezvous=rendezvous, **{contract.REJOIN_ENV: "1"})
     if signalled:
         launched.wait_for_line("ready")
         launched.proc.send_signal(signal.SIGTERM)
@@ -232,18 +233,18 @@ def test_a_rendezvous_that_never_forms_is_reported_as_such_and_retried_in_a_new_
         script = tmp_path / "entry.py"
         script.write_text("print('never runs')\n")
         log = tmp_path / "termination-log"
-        argv = [sys.executable, "-c", builders.LAUNCHER_PROGRAM, "--nnodes=2", "--nproc-per-node=1",
+        argv = [sys.executable, "-c", WORKER_PROGRAM, "--nnodes=2", "--nproc-per-node=1",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test-g0",
                 "--rdzv-conf=is_host=false,join_timeout=3,read_timeout=10", str(script)]
         done = subprocess.run(argv, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
-                                         builders.TERMINATION_LOG_ENV: str(log)},
+                                         contract.TERMINATION_LOG_ENV: str(log)},
                               capture_output=True, text=True, timeout=120)
     finally:
         store.terminate()
         store.wait(timeout=30)
     message = log.read_text()
     assert done.returncode == 1, done.stderr
-    assert message.startswith(f"{builders.RENDEZVOUS_FAILED_PREFIX}: RendezvousTimeoutError"), message
+    assert message.startswith(f"{contract.RENDEZVOUS_FAILED_PREFIX}: RendezvousTimeoutError"), message
     assert decisions.classify_exit(1, "Error", False, model.FailurePolicy(), message) == decisions.RETRYABLE
 
 
@@ -318,8 +319,8 @@ def test_a_spare_marks_itself_ready_only_once_the_operator_answers(tmp_path, ass
     token.write_text("the-pods-token\n")
     mark = tmp_path / "spare" / "j-spare-0.ready"  # its directory is created (an emptyDir's would be there)
     launched = Launched(tmp_path, "import sys\nsys.exit(3)\n", **{
-        builders.SPARE_ENV: "1", builders.PROGRESS_URL_ENV: route.progress_url,
-        builders.PROGRESS_TOKEN_ENV: str(token), builders.SPARE_READY_FILE_ENV: str(mark)})
+        contract.SPARE_ENV: "1", contract.PROGRESS_URL_ENV: route.progress_url,
+        contract.PROGRESS_TOKEN_ENV: str(token), contract.SPARE_READY_FILE_ENV: str(mark)})
     try:
         route.wait_for(4, launched)  # the third 401 handled
         assert not mark.exists()

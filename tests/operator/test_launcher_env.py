@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch", reason="the launcher runs torchrun: the tra
 import torch.distributed as dist  # noqa: E402
 
 from ddpjob_operator import builders, validation  # noqa: E402
+from ddpjob_operator.agent import contract  # noqa: E402
 
 SCRIPT = "import os\nprint('RUN_ID=' + os.environ.get('TORCHELASTIC_RUN_ID', '-'), flush=True)\n"
 
@@ -34,7 +35,7 @@ def test_a_foreign_pet_standalone_is_ignored_and_the_operators_rendezvous_is_use
                                                endpoint=endpoint, rdzv_id=rdzv_id, local_addr="127.0.0.1",
                                                master_addr="127.0.0.1"),
            "PET_STANDALONE": "1", "TORCHELASTIC_MAX_RESTARTS": "100",  # what an unprefixed envFrom could bring
-           builders.TERMINATION_LOG_ENV: str(tmp_path / "termination-log")}
+           contract.TERMINATION_LOG_ENV: str(tmp_path / "termination-log")}
     argv = builders.worker_command(spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr="127.0.0.1",
                                    python=sys.executable)
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)

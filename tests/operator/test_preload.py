@@ -12,13 +12,12 @@ import pytest
 
 pytest.importorskip("torch", reason="the launcher's program imports torch")
 
-from ddpjob_operator import launcher  # noqa: E402
-
-PROBE = "import sys\npreload({args!r})\nprint(sorted(m for m in ('colorsys', 'wave', 'netrc') if m in sys.modules))\n"
+PROBE = ("import sys\nfrom ddpjob_operator.agent.worker import preload\npreload({args!r})\n"
+         "print(sorted(m for m in ('colorsys', 'wave', 'netrc') if m in sys.modules))\n")
 
 
 def run(args: list[str], cwd: Path) -> str:
-    program = launcher.LAUNCHER_SETUP + PROBE.format(args=args)
+    program = PROBE.format(args=args)
     done = subprocess.run([sys.executable, "-c", program], cwd=cwd, capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr

@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 
 from ddpjob_operator import builders
+from ddpjob_operator.agent import contract
 from ddpjob_operator import progress as progress_module
 
 from .conftest import FAST, NAMESPACE, eventually, operator_fixture, started
@@ -70,7 +71,7 @@ async def test_progress_appears_and_advances(harness, operator, reporter):
     began = time.monotonic()
     pod = harness.pods("prog")["prog-worker-0"]
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert env[builders.PROGRESS_URL_ENV].endswith(f"/v1/namespaces/{NAMESPACE}/ddpjobs/prog/progress")
+    assert env[contract.PROGRESS_URL_ENV].endswith(f"/v1/namespaces/{NAMESPACE}/ddpjobs/prog/progress")
     token = harness.cluster.issue_token(NAMESPACE, "prog-worker-0", (AUDIENCE,))
     body = {"step": 100, "total_steps": 400, "loss": 0.75, "epoch": 1, "samples_per_second": 640.0,
             "world_size": 2, "last_checkpoint_step": 80, "rank": 0, "time": 1.0, "extra": "ignored"}

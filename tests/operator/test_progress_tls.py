@@ -14,6 +14,7 @@ import pytest
 import trustme
 
 from ddpjob_operator import builders, model, progress, settings
+from ddpjob_operator.agent import contract
 
 from .conftest import eventually
 
@@ -104,11 +105,11 @@ def test_worker_pods_get_the_ca_and_settings_keep_https_consistent(tmp_path):
     spec = model.DDPJobSpec.model_validate({"replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer"})
     pod = builders.worker_pod(builders.JobRef("job", "ns", "uid"), spec, index=0, generation=0, progress=endpoint)
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert env[builders.PROGRESS_CA_ENV] == ca and env[builders.PROGRESS_URL_ENV].startswith("https://")
+    assert env[contract.PROGRESS_CA_ENV] == ca and env[contract.PROGRESS_URL_ENV].startswith("https://")
     plain = builders.worker_pod(builders.JobRef("job", "ns", "uid"), spec, index=0, generation=0,
                                 progress=builders.ProgressEndpoint("http://x:8090", progress.DEFAULT_AUDIENCE))
     # No CA over plain HTTP: "" (off), explicit so that an envFrom cannot give one.
-    assert {e["name"]: e.get("value") for e in plain["spec"]["containers"][0]["env"]}[builders.PROGRESS_CA_ENV] == ""
+    assert {e["name"]: e.get("value") for e in plain["spec"]["containers"][0]["env"]}[contract.PROGRESS_CA_ENV] == ""
     env_vars = {"DDPJOB_OPERATOR_PROGRESS_TLS_CERT_FILE": "/tls/tls.crt", "DDPJOB_OPERATOR_PROGRESS_TLS_KEY_FILE":
                 "/tls/tls.key", "DDPJOB_OPERATOR_PROGRESS_CA_FILE": "/tls/ca.crt",
                 "DDPJOB_OPERATOR_PROGRESS_URL": "https://p.ns.svc:8090"}

@@ -25,6 +25,7 @@ import pytest
 import pytest_asyncio
 
 from ddpjob_operator import builders, model
+from ddpjob_operator.agent import contract
 
 from . import conftest
 from .conftest import FAST, NAMESPACE, Harness, OperatorProcess, eventually, operator_fixture, passes
@@ -39,8 +40,8 @@ NS = NAMESPACE
 SETTINGS = dataclasses.replace(FAST, incident_settle_seconds=2.0)
 NO_BACKOFF = {"backoff": {"initialSeconds": 0, "maxSeconds": 1}}
 STORE_NODE, SPARE_NODE = "node-store", "node-spare"
-CLOSED = builders.RENDEZVOUS_CLOSED_MARK
-# What the launcher writes (builders.LAUNCHER_PROGRAM) in the situations the scenarios play.
+CLOSED = contract.RENDEZVOUS_CLOSED_MARK
+# What the launcher writes (WORKER_PROGRAM) in the situations the scenarios play.
 PEER_LOST = "rank {rank} (local rank 0) exited with code 1: DistBackendError: [../third_party/gloo/gloo/" \
             "transport/tcp/pair.cc:534] Connection closed by peer [10.244.0.11]:21466 [generation 0] " + CLOSED
 SIGTERMED = "torchrun stopped by SIGTERM; exit code 143"
@@ -676,8 +677,8 @@ async def test_quota_rejection_is_shown_and_retried_until_it_fits(harness, opera
     assert shown in blocked["message"] and blocked["reason"] == "QuotaExceeded"
     await eventually(lambda: len(refused) >= 3, timeout=30, what="retries")
     assert harness.status("quota")["phase"] == "Pending"
-    gaps = [b - a for a, b in zip(refused, refused[1:])]
     assert not harness.pods("quota")  # the server judged the whole job first (dryRun=All): nothing half-created
+    gaps = [b - a for a, b in zip(refused, refused[1:])]
     assert min(gaps) >= 0.8, gaps  # retried after the backoff, never hammered
     harness.cluster.admit_pods = None  # quota freed
     await harness.wait_workers("quota", 2)

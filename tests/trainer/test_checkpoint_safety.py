@@ -346,15 +346,15 @@ os.fsync = fsync
 
 @pytest.mark.slow
 def test_6_the_trainer_exits_75_and_the_termination_message_says_volume_full(tmp_path: Path) -> None:
-    launcher = pytest.importorskip("ddpjob_operator.launcher", reason="the operator package is not on the path")
+    agent = pytest.importorskip("ddpjob_operator.agent", reason="the operator package is not on the path")
     (tmp_path / "full_volume_task.py").write_text(FULL_VOLUME_WORKLOAD)
     ckpt, message = tmp_path / "ckpt", tmp_path / "termination-log"
     env = base_env(ckpt, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-                   **{launcher.TERMINATION_LOG_ENV: str(message)})
+                   **{agent.contract.TERMINATION_LOG_ENV: str(message)})
     args = ["--workload", "full_volume_task", "--workload-option", "samples=512", "--workload-option", "features=8",
             "--workload-option", "hidden=16", "--workload-option", "classes=3", "--epochs", "100",
             "--batch-size", "8", "--checkpoint-every", "5", "--log-every", "5"]
-    cmd = [PY, "-c", launcher.LAUNCHER_PROGRAM, "--standalone", "--nproc-per-node=1", "--max-restarts=0",
+    cmd = [PY, "-c", agent.WORKER_PROGRAM, "--standalone", "--nproc-per-node=1", "--max-restarts=0",
            "-m", "ddp_trainer", *args]
     code = run(cmd, env, tmp_path / "log", 120)
     assert code == 75, tail(tmp_path / "log")

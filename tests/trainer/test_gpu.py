@@ -67,11 +67,11 @@ def test_on_a_gpu_node_the_launcher_starts_the_trainer_as_a_new_interpreter(tmp_
     """Elsewhere the launcher forks the trainer from torchrun's agent (torch already imported), but a
     forked child cannot use CUDA once the agent has touched it: with a GPU visible, the trainer must
     be a fresh interpreter and initialise CUDA and NCCL normally."""
-    launcher = pytest.importorskip("ddpjob_operator.launcher", reason="the operator package is not on the path")
+    agent = pytest.importorskip("ddpjob_operator.agent", reason="the operator package is not on the path")
     script = tmp_path / "gpu_trainer.py"
     script.write_text(GPU_TRAINER)
-    cmd = [PY, "-c", launcher.LAUNCHER_PROGRAM, "--standalone", "--nproc-per-node=1", str(script)]
-    env = {**base_env(), launcher.TERMINATION_LOG_ENV: str(tmp_path / "termination-log")}
+    cmd = [PY, "-c", agent.WORKER_PROGRAM, "--standalone", "--nproc-per-node=1", str(script)]
+    env = {**base_env(), agent.contract.TERMINATION_LOG_ENV: str(tmp_path / "termination-log")}
     assert run(cmd, env, tmp_path / "log", 300) == 0, tail(tmp_path / "log")
     log = (tmp_path / "log").read_text()
     assert "torch preloaded: False" in log and "nccl all_reduce: 4.0" in log, tail(tmp_path / "log")

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ddp_trainer.config import parse_config
-from ddpjob_operator import builders
+from ddpjob_operator.agent import WORKER_PROGRAM, contract
 from ddp_trainer.runtime import ResumableDistributedSampler
 from ddp_trainer.workloads import load_workload
 from trainer_harness import (base_env, committed_steps, kill_tree, read_json, run, start, steps_dir, tail,
@@ -72,13 +72,13 @@ def test_ddp_matches_a_single_process_on_the_same_global_batches(tmp_path: Path,
 
 
 def test_sigterm_to_the_agent_writes_a_final_checkpoint_and_exits_143(tmp_path: Path) -> None:
-    """The agent as in a pod: torchrun under the pod's launcher (builders.LAUNCHER_PROGRAM), PID 1's role."""
+    """The agent as in a pod: torchrun under the pod's launcher (WORKER_PROGRAM), PID 1's role."""
     ckpt, termination_log = tmp_path / "ckpt", tmp_path / "termination-log"
     args = ["--workload", "digits", "--epochs", "500", "--batch-size", "8", "--log-every", "10"]  # runs for minutes
     torchrun = torchrun_cmd(args, nproc=2)
     assert torchrun[1:3] == ["-m", "torch.distributed.run"]
-    launcher = [torchrun[0], "-c", builders.LAUNCHER_PROGRAM, *torchrun[3:]]
-    agent = start(launcher, base_env(ckpt, **{builders.TERMINATION_LOG_ENV: str(termination_log)}), tmp_path / "log")
+    launcher = [torchrun[0], "-c", WORKER_PROGRAM, *torchrun[3:]]
+    agent = start(launcher, base_env(ckpt, **{contract.TERMINATION_LOG_ENV: str(termination_log)}), tmp_path / "log")
     try:
         wait_for(lambda: (read_json(ckpt / "progress.json") or {}).get("step", 0) >= 30, "step 30", 60)
         assert committed_steps(ckpt) == []  # no periodic checkpoints configured

@@ -214,7 +214,7 @@ def test_the_shipped_digits_split_is_sklearns() -> None:
 
 def test_the_trainer_and_the_operator_tell_peer_failures_by_the_same_words() -> None:
     """The trainer rescues on these errors; the operator classifies the exit they cause by them."""
-    launcher = pytest.importorskip("ddpjob_operator.launcher", reason="the operator package is not on the path")
+    contract = pytest.importorskip("ddpjob_operator.agent.contract", reason="the operator package is not on the path")
     from ddp_trainer.runtime import distributed
 
-    assert distributed.PEER_FAILURE_PATTERN == launcher.PEER_FAILURE_PATTERN
+    assert distributed.PEER_FAILURE_PATTERN == contract.PEER_FAILURE_PATTERN

@@ -85,8 +85,8 @@ def test_a_silent_peer_is_a_peer_failure_only_while_the_steady_timeout_is_in_for
     assert dog.check(clock.now) is None
     clock.now += 1
     code, message = dog.check(clock.now)
-    launcher = pytest.importorskip("ddpjob_operator.launcher", reason="the operator package is not on the path")
-    assert code == 1 and re.search(launcher.PEER_FAILURE_PATTERN, message)  # the launcher waits in place
+    contract = pytest.importorskip("ddpjob_operator.agent.contract", reason="the operator package is not on the path")
+    assert code == 1 and re.search(contract.PEER_FAILURE_PATTERN, message)  # the launcher waits in place
 
 
 def test_a_silent_peer_is_given_this_ranks_own_work_for_the_step_on_top():

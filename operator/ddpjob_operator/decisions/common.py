@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Literal
 
 from .. import builders, model
-from ..launcher import GENERATION_MARK_PATTERN, RENDEZVOUS_CLOSED_MARK
+from ..agent.contract import GENERATION_MARK_PATTERN, RENDEZVOUS_CLOSED_MARK
 from .types import (INCIDENT_HISTORY, MISSING, NODE_LOST_REASONS, Action, DeleteJob, DeleteStore, DeleteWorker, Event, JobView,
                     Observed, Options, REASON_CLEANUP, REASON_STUCK_TERMINATING, WorkerObservation)
 

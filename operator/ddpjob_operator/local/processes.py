@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO
 
-from ..launcher import LAUNCHER_PROGRAM, ZYGOTE_PROGRAM
+from ..agent import WORKER_PROGRAM, ZYGOTE_PROGRAM
 
 MARKER_ENV = "DDPJOB_LOCAL_POD"
 PROC = Path("/proc")
@@ -80,8 +80,8 @@ def kill_marked(*prefixes: str, sessions: tuple[int, ...] = (), timeout: float =
 
 
 class Zygote:
-    """Starts worker launchers (`python -c LAUNCHER_PROGRAM ARGS...`) as forks of one process that
-    imported torch once (launcher.ZYGOTE_PROGRAM), in milliseconds instead of seconds of imports.
+    """Starts worker launchers (`python -c WORKER_PROGRAM ARGS...`) as forks of one process that
+    imported torch once (agent.ZYGOTE_PROGRAM), in milliseconds instead of seconds of imports.
     It is started on first use; a worker it cannot start (it failed to import) starts as a new
     interpreter instead, so every failure still surfaces as that worker's exit."""
 
@@ -107,7 +107,7 @@ class Zygote:
         self._pending = b""
 
     def handles(self, argv: list[str]) -> bool:
-        return not self.failed and argv[:3] == [self.python, "-c", LAUNCHER_PROGRAM]
+        return not self.failed and argv[:3] == [self.python, "-c", WORKER_PROGRAM]
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> int | None:
         """The started worker's pid; None when the zygote is not usable (it exited or hung in its

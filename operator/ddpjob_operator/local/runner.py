@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import builders, decisions, model, validation
+from ..agent import contract
 from ..validation import FieldError, InvalidJob
 from .logs import RESUME_LINE, LogTail, newest_checkpoint, read_report
 from .processes import LocalProcess, Zygote, kill_marked, kill_together, marker_for
@@ -166,7 +167,7 @@ class WorkerProcess:
     exit_recorded: bool = False
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))  # like a pod's: this one, not the next
     assignment_file: Path | None = None  # a warm spare's: where it reads the place it is given
-    # A warm spare's readiness mark (launcher.SPARE_READY_FILE_ENV): Ready once its launcher wrote it, as
+    # A warm spare's readiness mark (contract.SPARE_READY_FILE_ENV): Ready once its launcher wrote it, as
     # the pod's readiness probe has it; `ready_seen` once it did (the mark is never removed).
     ready_file: Path | None = None
     ready_seen: bool = False
@@ -266,12 +267,12 @@ class LocalRunner:
         threads = builders.default_threads(job.spec)
         zygote_env = {**self.base_env, **({builders.THREADS_ENV: str(threads)} if threads is not None else {}),
                       # ...and the entrypoint's own imports (transformers, lightning: seconds a trainer skips)
-                      builders.PRELOAD_ENV: json.dumps(builders.entrypoint_args(job.spec))}
+                      contract.PRELOAD_ENV: json.dumps(builders.entrypoint_args(job.spec))}
         self.zygote = None if options.cold_start else Zygote(
             python=sys.executable, env=zygote_env, marker=marker_for(self.run_id, "zygote"),
             log_path=self.log_dir / "zygote.log")
         if options.cold_start == COLD_GPU_NODE:  # what the agent decides where it sees a GPU
-            self.base_env[builders.FORK_TRAINER_ENV] = "0"
+            self.base_env[contract.FORK_TRAINER_ENV] = "0"
         self.store_port = free_port()
         self.store_ready = False
         self.workers: dict[str, WorkerProcess] = {}
@@ -520,7 +521,7 @@ class LocalRunner:
             self.spec, job_name=self.name, namespace=NAMESPACE, index=action.index, generation=action.generation,
             endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST, master_addr=LOCALHOST,
             checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None),
-            builders.TERMINATION_LOG_ENV: str(termination_log)}
+            contract.TERMINATION_LOG_ENV: str(termination_log)}
         process = LocalProcess(
             name=name, marker=marker_for(self.run_id, name, action.attempt), env=env,
             argv=builders.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST,
@@ -544,7 +545,7 @@ class LocalRunner:
                         + " (Unschedulable)")
 
     def _create_spare(self, action: decisions.CreateSpare, now: datetime) -> None:
-        """A warm spare: a worker's launcher that waits for an assignment file (launcher.SPARE_ENV)."""
+        """A warm spare: a worker's launcher that waits for an assignment file (contract.SPARE_ENV)."""
         name = builders.spare_name(self.name, action.slot)
         if name in self.workers:
             return
@@ -560,8 +561,8 @@ class LocalRunner:
             self.spec, job_name=self.name, namespace=NAMESPACE, index=-1, generation=action.generation,
             endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST, master_addr=LOCALHOST,
             checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None),
-            builders.TERMINATION_LOG_ENV: str(termination_log), builders.SPARE_ENV: "1",
-            builders.ASSIGNMENT_FILE_ENV: str(assignment), builders.SPARE_READY_FILE_ENV: str(ready_file)}
+            contract.TERMINATION_LOG_ENV: str(termination_log), contract.SPARE_ENV: "1",
+            contract.ASSIGNMENT_FILE_ENV: str(assignment), contract.SPARE_READY_FILE_ENV: str(ready_file)}
         process = LocalProcess(
             name=name, marker=marker_for(self.run_id, name, 0), env=env,
             argv=builders.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST,
