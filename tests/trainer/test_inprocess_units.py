@@ -66,11 +66,11 @@ def test_buckets_hold_at_most_the_limit_with_aligned_offsets() -> None:
 
 def test_the_trainer_reads_the_store_keys_and_switch_the_agent_writes() -> None:
     from ddp_trainer.runtime import inprocess
-    from ddpjob_operator.agent import contract, worker
+    from ddpjob_operator.agent import contract
     assert (inprocess.GENERATION_KEY, inprocess.NNODES_KEY) == (contract.GENERATION_KEY, contract.NNODES_KEY)
     assert inprocess.REJOIN_TIMEOUT_ENV == contract.REJOIN_TIMEOUT_ENV
     assert inprocess.REJOIN_TIMEOUT_S == contract.REJOIN_TIMEOUT_SECONDS
-    assert inprocess.INPROCESS_ENV == worker.INPROCESS_ENV
+    assert inprocess.INPROCESS_ENV == contract.INPROCESS_ENV
 
 
 def test_the_agent_gives_torchrun_a_rendezvous_of_the_pods_own_only_in_process(monkeypatch) -> None:

@@ -74,3 +74,8 @@ PRELOAD_ENV = "DDPJOB_ZYGOTE_PRELOAD"
 # cannot be used in a child forked after the agent touched it. 0 or 1 in the pod's env forces either.
 FORK_TRAINER_ENV = "DDPJOB_FORK_TRAINER"
 GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")  # NVIDIA's and AMD's driver nodes
+
+# "1": the trainers form their process group per generation through the job's store and survive a peer's
+# failure in process (agent/worker.py, the trainer runtime's inprocess.py); "" (off) everywhere the operator
+# has not switched it on, so an envFrom cannot.
+INPROCESS_ENV = "DDPJOB_INPROCESS"

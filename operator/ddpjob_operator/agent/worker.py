@@ -28,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
-from .contract import (ASSIGNMENT_FILE_ENV, ASSIGNMENT_PATH, FORK_TRAINER_ENV, GENERATION_KEY, GENERATION_MARK,
+from .contract import (ASSIGNMENT_FILE_ENV, ASSIGNMENT_PATH, FORK_TRAINER_ENV, INPROCESS_ENV, GENERATION_KEY, GENERATION_MARK,
                        GPU_DEVICE_FILES, NNODES_KEY, PEER_FAILURE_PATTERN, PRELOAD_ENV, PROGRESS_CA_ENV,
                        PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV, REJOIN_FAILED_PREFIX, REJOIN_TIMEOUT_ENV,
                        REJOIN_TIMEOUT_SECONDS, RENDEZVOUS_CLOSED_MARK, RENDEZVOUS_FAILED_PREFIX,
@@ -266,7 +266,6 @@ def generation_of(rdzv_id):
 # waits for another pod's, so the survivors' agents go on running their trainers while a replacement's
 # agent starts one that joins their next generation. The generation published in the store keeps the
 # job's node range (the trainers read their world size there).
-INPROCESS_ENV = "DDPJOB_INPROCESS"
 
 
 def torchrun_args(args):
