@@ -42,24 +42,13 @@ sys.path.insert(0, str(ROOT))
 from ddpjob_operator import builders, model  # noqa: E402
 from tests.operator.emulator import LEASES, PODS, Cluster  # noqa: E402
 
-NAMESPACE, OPERATOR_NAMESPACE, LEASE_NAME = "team-a", "ddpjob-system", "ddpjob-operator"
+from operator_replicas import LEASE_NAME, OPERATOR_NAMESPACE, cpu_model, replica_env, write_kubeconfig  # noqa: E402
+
+NAMESPACE = "team-a"
 SPEC = {"replicas": 2, "minReplicas": 1, "image": "trainer:1", "entrypoint": "ddp_trainer",
         "failurePolicy": {"maxRestarts": 1000, "restartScope": "Pod", "backoff": {"initialSeconds": 0, "maxSeconds": 0}}}
-KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-clusters: [{name: kmock, cluster: {server: "%s"}}]
-users: [{name: bench, user: {}}]
-contexts: [{name: kmock, context: {cluster: kmock, user: bench}}]
-current-context: kmock
-"""
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else ():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 async def wait_until(check: Callable[[], Any], what: str, timeout: float = 60, every: float = 0.005) -> Any:
@@ -76,21 +65,17 @@ class Bench:
         self.cluster, self.url, self.session, self.tmp, self.args = cluster, url, session, tmp, args
         self.replicas: dict[str, subprocess.Popen[bytes]] = {}
         self.serial = 0
-        (tmp / "kubeconfig").write_text(KUBECONFIG % url)
+        self.kubeconfig = write_kubeconfig(tmp, url)
 
     def start_replica(self) -> str:
         self.serial += 1
         name = f"ddpjob-operator-{self.serial}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DDPJOB_OPERATOR_")}
-        env.update({"KUBECONFIG": str(self.tmp / "kubeconfig"), "POD_NAME": name, "POD_NAMESPACE": OPERATOR_NAMESPACE,
-                    "DDPJOB_OPERATOR_WATCH_NAMESPACES": NAMESPACE, "DDPJOB_OPERATOR_HEALTH_PORT": "0",
-                    "DDPJOB_OPERATOR_METRICS_PORT": "0", "DDPJOB_OPERATOR_LOG_LEVEL": "WARNING",
-                    # The failed worker's peer keeps running: replace it without waiting for more exits.
-                    "DDPJOB_OPERATOR_INCIDENT_SETTLE_SECONDS": "0.01",
-                    "DDPJOB_OPERATOR_LEASE_NAME": LEASE_NAME,
-                    "DDPJOB_OPERATOR_LEASE_DURATION_SECONDS": str(self.args.lease_duration),
-                    "DDPJOB_OPERATOR_LEASE_RENEW_DEADLINE_SECONDS": str(self.args.renew_deadline),
-                    "DDPJOB_OPERATOR_LEASE_RETRY_PERIOD_SECONDS": str(self.args.retry_period)})
+        env = replica_env(self.kubeconfig, name, NAMESPACE, log_level="WARNING",
+                          # The failed worker's peer keeps running: replace it without waiting for more exits.
+                          incident_settle_seconds="0.01",
+                          lease_duration_seconds=str(self.args.lease_duration),
+                          lease_renew_deadline_seconds=str(self.args.renew_deadline),
+                          lease_retry_period_seconds=str(self.args.retry_period))
         self.replicas[name] = subprocess.Popen([sys.executable, "-m", "ddpjob_operator.run"], env=env)
         return name
 

@@ -42,26 +42,15 @@ sys.path.insert(0, str(ROOT))
 from ddpjob_operator import builders, model  # noqa: E402
 from tests.operator.emulator import LEASES, PODS, Cluster  # noqa: E402
 
-NAMESPACE, OPERATOR_NAMESPACE, LEASE_NAME = "team-a", "ddpjob-system", "ddpjob-operator"
+from operator_replicas import cpu_model, replica_env, write_kubeconfig  # noqa: E402
+
+NAMESPACE = "team-a"
 SPEC = {"replicas": 2, "minReplicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer"}
 UNSCHEDULABLE = "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
 QUIET_SECONDS = 6.0
 CONCURRENCY = 32  # POSTs at a time
-KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-clusters: [{name: kmock, cluster: {server: "%s"}}]
-users: [{name: bench, user: {}}]
-contexts: [{name: kmock, context: {cluster: kmock, user: bench}}]
-current-context: kmock
-"""
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else ():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 def memory_mib(pid: int) -> tuple[float, float]:
@@ -101,16 +90,12 @@ class Bench:
         self.serial = 0
         self.replicas_seen: list[tuple[str, Path]] = []
         self.lease_holders = LeaseNotingCluster.holders
-        (tmp / "kubeconfig").write_text(KUBECONFIG % url)
+        self.kubeconfig = write_kubeconfig(tmp, url)
 
     def start_replica(self) -> str:
         self.serial += 1
         name = f"ddpjob-operator-{self.serial}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DDPJOB_OPERATOR_")}
-        env.update({"KUBECONFIG": str(self.tmp / "kubeconfig"), "POD_NAME": name, "POD_NAMESPACE": OPERATOR_NAMESPACE,
-                    "DDPJOB_OPERATOR_WATCH_NAMESPACES": NAMESPACE, "DDPJOB_OPERATOR_HEALTH_PORT": "0",
-                    "DDPJOB_OPERATOR_METRICS_PORT": "0", "DDPJOB_OPERATOR_LOG_LEVEL": "INFO",
-                    "DDPJOB_OPERATOR_LEASE_NAME": LEASE_NAME})
+        env = replica_env(self.kubeconfig, name, NAMESPACE, log_level="INFO")
         if self.args.baseline:
             env["PYTHONPATH"] = os.pathsep.join([str(Path(self.args.baseline).resolve()), env.get("PYTHONPATH", "")])
         log = self.tmp / f"{name}.log"
