@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -142,14 +141,14 @@ def test_a_big_file_is_refused_in_seconds_and_bounded_memory(tmp_path, case):
     path = tmp_path / "big.yaml"
     path.write_text(text)
     probe = ("import resource, sys; from ddpjob_operator import cli; code = cli.main(['validate', sys.argv[1]]); "
-             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(code)")
-    started = time.monotonic()
+             "u = resource.getrusage(resource.RUSAGE_SELF); print(u.ru_maxrss, u.ru_utime + u.ru_stime); sys.exit(code)")
     done = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=110)
-    elapsed = time.monotonic() - started
     assert done.returncode == validation.EXIT_INVALID, done.stderr
     assert message in done.stderr and "alias" not in done.stderr and "Traceback" not in done.stderr
-    assert int(done.stdout.split()[-1]) < 400 * 1024, "KiB"  # the interpreter and pydantic alone are ~100 MiB
-    assert elapsed < 30, f"took {elapsed:.1f}s"  # ~1-3 s unloaded; 2 shared cores under a full suite
+    max_rss_kib, cpu_seconds = done.stdout.split()[-2:]
+    assert int(max_rss_kib) < 400 * 1024, "KiB"  # the interpreter and pydantic alone are ~100 MiB
+    # CPU time, not wall time: the bound holds however loaded the machine is (~1-3 s, imports included).
+    assert float(cpu_seconds) < 15, f"{cpu_seconds} s of CPU"
 
 
 def test_render_writes_what_kubectl_reads_back_the_same(tmp_path, capsys):
