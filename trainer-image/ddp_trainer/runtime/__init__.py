@@ -14,6 +14,7 @@ API version 1 (`API_VERSION`); additions keep it, a breaking change bumps it. Se
 | `ResumableDistributedSampler` | per-epoch permutation sharded over ranks, resumable mid-epoch at any world size |
 | `report()`, `ProgressReporter` | non-blocking progress (progress.json; POST to $DDPJOB_PROGRESS_URL) |
 | `worker_init_fn()`, `ignore_stop_signals` | DataLoader workers that outlive SIGTERM until the final checkpoint |
+| `seed_step(seed, step, rank)` | every random stream of the process (Python, NumPy, torch CPU/CUDA) from (seed, step, rank) alone: call it before each step's forward pass and dropout draws the same after a resume from any checkpoint, a rescue included |
 | `move_to`, `batch_size_of` | batches of any structure (tensors, dicts, tuples) |
 | `check_writable`, `check_resume` | fail early: unwritable checkpoint dir, resume with another data order |
 
@@ -30,6 +31,7 @@ from .checkpoint import (CHECKPOINT_VOLUME_EXIT_CODE, CHECKPOINT_VOLUME_FULL_EXI
 from .data import batch_size_of, ignore_stop_signals, move_to, worker_init_fn
 from .distributed import (JobEnv, StopRequest, barrier, destroy_process_group, exit_process, init_process_group,
                           is_peer_failure, select_device)
+from .frameworks import seed_step
 from .job import Job
 from .progress import ProgressReporter, default_reporter, report
 from .sampler import ResumableDistributedSampler, ResumeMismatch, check_resume
@@ -43,6 +45,6 @@ __all__ = [
     "CorruptCheckpoint", "Job", "JobEnv", "ProgressReporter", "ResumableDistributedSampler", "ResumeMismatch",
     "StopRequest", "atomic_write_bytes", "atomic_write_json", "barrier", "batch_size_of", "check_resume",
     "check_writable", "default_reporter", "destroy_process_group", "exit_process", "ignore_stop_signals",
-    "init_process_group", "is_peer_failure", "move_to", "rendezvous_generation", "report", "select_device",
-    "worker_init_fn",
+    "init_process_group", "is_peer_failure", "move_to", "rendezvous_generation", "report", "seed_step",
+    "select_device", "worker_init_fn",
 ]
