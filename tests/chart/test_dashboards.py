@@ -4,6 +4,7 @@ queries is one the operator exports, read from the operator's real registry (run
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
@@ -14,6 +15,7 @@ from prometheus_client.core import Metric
 from ddpjob_operator import run
 from ddpjob_operator.kube import Connection
 from ddpjob_operator.settings import Settings
+from ddpjob_operator.workqueue import WorkQueue
 
 from .helm_install import CHART_DIR, RELEASE_NAMESPACE, install_dry_run
 
@@ -151,8 +153,25 @@ def test_the_checker_catches_a_metric_the_operator_does_not_export():
 def test_the_queue_depth_gauge_reads_the_controllers_work_queue():
     controller, _, _ = run.create_operator(Settings(metrics_port=0, health_port=0),
                                            Connection(server="http://127.0.0.1:9"))
-    controller._running.update({("ns", "a"): None, ("ns", "b"): None})  # two jobs with a pass queued or running
-    assert "ddpjob_reconcile_queue_depth 2.0" in controller.metrics.text()
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def blocked_pass(key: tuple[str, str]) -> None:
+            await release.wait()
+
+        # The gauge reads whatever queue the controller holds: one whose passes wait on us.
+        controller.queue = WorkQueue(blocked_pass, concurrency=1, settle_seconds=0)
+        controller.queue.add(("ns", "a"))
+        controller.queue.add(("ns", "b"))  # one pass running, one queued behind it
+        await asyncio.sleep(0)
+        assert "ddpjob_reconcile_queue_depth 2.0" in controller.metrics.text()
+        release.set()
+        while not controller.queue.idle():
+            await asyncio.sleep(0)
+        assert "ddpjob_reconcile_queue_depth 0.0" in controller.metrics.text()
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize("values", [BOTH, {**BOTH, "watchNamespaces": ["team-a"]}])
