@@ -228,6 +228,8 @@ def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: 
     # restartScope Pod: a survivor's agent joins the next generation in place (contract.REJOIN_ENV).
     env[REJOIN_ENV] = "1" if spec.failure_policy.restart_scope == "Pod" else "0"
     env[REJOIN_TIMEOUT_ENV] = str(REJOIN_TIMEOUT_SECONDS)
+    if spec.failure_policy.recovery == "InProcess":
+        env[INPROCESS_ENV] = "1"  # runtime/inprocess.py; otherwise "" (UNSET_WHEN_OFF)
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     threads = default_threads(spec)

@@ -778,6 +778,14 @@ class FailurePolicy(APIModel):
     restart_scope: Literal["Pod", "All"] = Field(default="Pod", description=(
         "Pod: replace only the failed worker; the survivors keep their pods and join the next rendezvous "
         "generation in place. All: replace every worker pod in the next generation."))
+    recovery: Literal["Restart", "InProcess"] = Field(default="Restart", description=(
+        "How survivors of a peer's failure recover (restartScope Pod). Restart: their trainers restart and "
+        "every rank resumes from the rescue checkpoint on the volume. InProcess: their trainer processes "
+        "survive (model, optimizer and data position stay in memory), rebuild the process group of the next "
+        "generation and continue; a replacement or spare receives the state by broadcast from a survivor. "
+        "Needs a trainer on the runtime library (the bundled trainer, or a script using Job.carry); anything "
+        "else, and any case the runtime cannot leave the old group cleanly, takes the Restart path and says "
+        "why in the pod's log and the incident."))
     spares: int = Field(default=0, ge=0, le=64, description=(
         "Warm standby pods (restartScope Pod): each has imported torch and waits, in no rendezvous and "
         "outside the world size; when a worker is lost, a ready spare takes its place in the next "
@@ -821,6 +829,9 @@ class FailurePolicy(APIModel):
             "an exit code cannot be both retryable and permanent: remove it from one of "
             "failurePolicy.retryableExitCodes or failurePolicy.permanentExitCodes",
             ".retryableExitCodes"),
+        cel("self.recovery == 'Restart' || self.restartScope == 'Pod'",
+            "failurePolicy.recovery InProcess needs restartScope: Pod (with All every worker is replaced): "
+            "set recovery: Restart or restartScope: Pod", ".recovery"),
         cel("self.spares == 0 || self.restartScope == 'Pod'",
             "failurePolicy.spares needs restartScope: Pod (with All every worker is replaced anyway): set "
             "spares: 0 or restartScope: Pod", ".spares"),
@@ -1112,6 +1123,31 @@ class Progress(StatusModel):
         "When the operator last received a report (RFC 3339); at most about 10 s old while training runs."))
 
 
+class IncidentRecovery(StatusModel):
+    """The timeline of one incident's recovery (docs/operator.md, "Recovery timeline")."""
+
+    path: str = Field(default="", max_length=32, description=(
+        "InProcess (the survivors kept their trainer processes; the state came from a peer) or Restart (the "
+        "trainers restarted and resumed from a checkpoint); empty until a trainer of the next generation "
+        "reports."))
+    fallback_reason: str = Field(default="", max_length=1024, description=(
+        "Why recovery InProcess took the Restart path, in the trainer's words."))
+    failure_seen_time: str | None = Field(default=None, description=(
+        "When the operator saw the failure (RFC 3339)."))
+    replacement_time: str | None = Field(default=None, description=(
+        "When the replacement worker was created or a spare assigned (RFC 3339)."))
+    spare: bool = Field(default=False, description="Whether a warm spare took the lost worker's place.")
+    rendezvous_time: str | None = Field(default=None, description=(
+        "When the next generation's process group was complete, as its rank 0 reported (RFC 3339)."))
+    first_step_time: str | None = Field(default=None, description=(
+        "When the next generation's first training step was reported (RFC 3339)."))
+    seconds: float | None = Field(default=None, description=(
+        "failureSeenTime to firstStepTime: the recovery's cost in seconds (ddpjob_recovery_seconds)."))
+    steps_lost: int | None = Field(default=None, description=(
+        "Steps trained again: the step last reported before the failure minus the step the next "
+        "generation resumed from (0 when nothing was lost)."))
+
+
 class Incident(StatusModel):
     """One failure or disruption of a rendezvous generation, with every exit it caused: charged at most once."""
 
@@ -1127,6 +1163,9 @@ class Incident(StatusModel):
     step: int | None = Field(default=None, description=(
         "Training step last reported when it was recorded (status.progress.step), if any: a charged "
         "incident beyond the previous one's step is restarted without backoff."))
+    recovery: IncidentRecovery | None = Field(default=None, description=(
+        "How the job came back from it: the path taken and its timeline, filled in as the operator sees "
+        "each point (absent for an incident that ended the job)."))
 
 
 class NodeFailure(StatusModel):

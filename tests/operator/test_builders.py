@@ -119,13 +119,22 @@ def test_static_jobs_get_master_addr_and_port(replicas, expected):
     assert builders.STATIC_MASTER_PORT != model.Rendezvous().port  # never the store's port
 
 
+@pytest.mark.parametrize("policy, expected", [
+    ({}, ""),
+    ({"recovery": "Restart"}, ""),
+    ({"recovery": "InProcess"}, "1"),
+])
+def test_recovery_in_process_switches_the_runtime_on_in_every_worker(policy, expected):
+    assert env_for(spec(failurePolicy=policy))[contract.INPROCESS_ENV] == expected
+
+
 def test_worker_env_sets_what_a_worker_has_not_to_empty():
     """Explicit "" (which the launcher and trainer take as unset) rather than absent: an envFrom without a
     prefix cannot then turn on checkpoints, the spare's wait, or a progress endpoint of its own."""
     env = env_for(spec())
     off = ["DDPJOB_CHECKPOINT_DIR", "DDPJOB_CHECKPOINT_INTERVAL_STEPS", "DDPJOB_CHECKPOINT_KEEP", contract.SPARE_ENV,
            contract.ASSIGNMENT_FILE_ENV, contract.SPARE_READY_FILE_ENV, contract.PROGRESS_URL_ENV,
-           contract.PROGRESS_TOKEN_ENV, contract.PROGRESS_CA_ENV]
+           contract.PROGRESS_TOKEN_ENV, contract.PROGRESS_CA_ENV, contract.INPROCESS_ENV]
     assert {name: env.get(name) for name in off} == dict.fromkeys(off, "")
     assert env[contract.TERMINATION_LOG_ENV] == contract.TERMINATION_LOG_PATH  # where the kubelet reads it
     assert contract.FORK_TRAINER_ENV not in env  # the user's to set (spec.env)
