@@ -11,6 +11,7 @@ First the tracker alone (the pure rules), then the real operator on the API emul
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import timedelta
 from typing import Any
@@ -33,7 +34,7 @@ JOB = "job-uid"
 
 def record(tracker: progress.ProgressTracker, index: int, served: int, seconds: float, **body: Any) -> None:
     """A report from the pod of worker `index`, which the operator says serves generation `served`."""
-    report = progress.parse_report(progress.json.dumps(body).encode())
+    report = progress.parse_report(json.dumps(body).encode())
     worker = progress.Worker(JOB, index, served)
     tracker.record(JOB, ("ns", "job"), index, progress.attributed_generation(worker, report), report,
                    T0 + timedelta(seconds=seconds))

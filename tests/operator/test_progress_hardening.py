@@ -246,7 +246,7 @@ async def test_a_flood_of_made_up_tokens_does_not_starve_a_worker(harness, opera
     the job's worker 0 keeps reporting with a review cache that expires every 0.3 s: each of its reports is
     accepted, and nothing is charged."""
     await started(harness, "victim", runPolicy={"progressDeadlineSeconds": 10})
-    monkeypatch.setattr(progress, "TOKEN_CACHE_SECONDS", 0.3)
+    monkeypatch.setattr(progress.auth, "TOKEN_CACHE_SECONDS", 0.3)
     token = harness.cluster.issue_token(NAMESPACE, "victim-worker-0", (AUDIENCE,))
     url = report_url(operator, "victim")
     flood_codes: list[int] = []
@@ -288,7 +288,7 @@ async def test_no_stall_is_charged_while_the_operator_cannot_take_the_reports(ha
     other = harness.cluster.issue_token(NAMESPACE, "blind-worker-1", (AUDIENCE,))
     url = report_url(operator, "blind")
     controller = operator.controller
-    monkeypatch.setattr(progress, "TOKEN_CACHE_SECONDS", 0.0)  # every report is reviewed
+    monkeypatch.setattr(progress.auth, "TOKEN_CACHE_SECONDS", 0.0)  # every report is reviewed
     async with aiohttp.ClientSession() as session:
         assert await post(session, url, token, {"step": 5, "rank": 0}) == 204
         assert await post(session, url, other, {"step": 5, "rank": 1}) == 204
@@ -364,7 +364,7 @@ async def test_a_token_of_a_replaced_pod_of_the_same_name_is_refused(harness, op
         # The operator's pod index follows the watch: wait until it holds the replacement (same name, new
         # uid) and no longer the old pod. Before that the lookup finds no pod of that name at all, and would
         # refuse the old token even without comparing uids.
-        await eventually(lambda: {p.uid for p in controller.pods.get((NAMESPACE, job_uid), ())
+        await eventually(lambda: {p.uid for p in controller.cache.pods_of(NAMESPACE, job_uid)
                                   if p.name == "swap-worker-0"} == {new_uid},
                          what="the replacement, and only it, in the operator's index")
         assert controller.progress_server.find_worker(NAMESPACE, "swap", replace(who, pod_uid=new_uid)) is not None

@@ -1,4 +1,4 @@
-"""progress.py without a cluster: report validation, rate limits, the TokenReview cache, the tracker's
+"""The progress package without a cluster: report validation, rate limits, the TokenReview cache, the tracker's
 bounded publishing and generations, and the trainer's client against the real endpoint."""
 
 from __future__ import annotations

@@ -1,0 +1,106 @@
+"""A progress report's body -> `Report`, or `BadReport` (400 or 422) naming the field and what it must be.
+
+Bodies are hostile: nesting is measured before parsing (json.loads recurses), every field is type- and
+bound-checked, unknown keys are ignored. The same parser reads the local runner's progress.json, so a
+report means the same locally and on a cluster."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+MAX_STEP = 10**12  # beyond any real run; a larger step would freeze the stall clock (refused, 422)
+MAX_JSON_DEPTH = 8  # a report is a flat object; deeper nesting is refused before parsing (400)
+
+
+class BadReport(ValueError):
+    def __init__(self, status: int, message: str):
+        self.status = status
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Report:
+    step: int
+    total_steps: int | None = None
+    epoch: int | None = None
+    loss: float | None = None
+    samples_per_second: float | None = None
+    world_size: int | None = None
+    last_checkpoint_step: int | None = None
+    rank: int | None = None  # the global rank that sent it; rank 0's values are the job's
+    step_seconds: float | None = None  # this pod's own time per step, apart from waiting in collectives
+    # The rendezvous generation the sending trainer runs in: a survivor's old trainer may report after its pod
+    # was carried into the next generation (its last report at exit, a heartbeat): it only ever lowers the
+    # generation the report is attributed to (attributed_generation), never raises it.
+    generation: int | None = None
+
+
+_INTS = ("total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "generation")
+_FLOATS = ("loss", "samples_per_second", "step_seconds")
+MAX_STEP_SECONDS = 86400.0  # one step of a day: beyond it a report is wrong, not slow
+MAX_INT = 2**53
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in raw JSON (strings skipped), without parsing it:
+    json.loads recurses, so a few KiB of brackets would raise RecursionError."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def parse_report(raw: bytes) -> Report:
+    """A report body -> Report; BadReport(400 or 422) naming the field. Unknown keys are ignored."""
+    if json_depth(raw) > MAX_JSON_DEPTH:
+        raise BadReport(400, f"the body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels; a report is "
+                             "a flat JSON object such as {\"step\": 120}")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadReport(400, f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadReport(400, "the body must be a JSON object such as {\"step\": 120}")
+    values: dict[str, Any] = {}
+    step = body.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        raise BadReport(422, f"step must be a whole number from 0 to {MAX_STEP}, got {step!r}")
+    values["step"] = step
+    for key in _INTS:
+        value = body.get(key)
+        if value is None:
+            continue
+        limit = MAX_STEP if key in ("total_steps", "last_checkpoint_step") else MAX_INT - 1
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+            raise BadReport(422, f"{key} must be a whole number from 0 to {limit} or null, got {value!r}")
+        values[key] = value
+    for key in _FLOATS:
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise BadReport(422, f"{key} must be a finite number or null, got {value!r}")
+        if key == "samples_per_second" and value < 0:
+            raise BadReport(422, f"{key} must be >= 0, got {value!r}")
+        if key == "step_seconds" and not 0 <= value <= MAX_STEP_SECONDS:
+            raise BadReport(422, f"{key} must be from 0 to {MAX_STEP_SECONDS:g} seconds or null, got {value!r}")
+        values[key] = float(value)
+    return Report(**values)
+
