@@ -11,7 +11,8 @@ generation (rdzv id `<uid>-g<generation>`); an *incident* is one failure or disr
 generation with every exit it causes. The concerns live in their own modules: `accounting`
 (incidents and the budget), `generations` (fresh rendezvous, replacement, scaling, suspend),
 `completion` (success, deadlines, pods that cannot start, refused objects, finished jobs), `warnings`
-(what the trainer's reports say about the script: a foreign world size, no reports or checkpoints).
+(what the trainer's reports say about the script: a foreign world size, no reports or checkpoints),
+`recovery` (each incident's recovery timeline).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .common import (MESSAGE_LIMIT, Plan, parse_time, rfc3339, set_condition, sh
 from .completion import cannot_start, deadline_passed, finished, invalid_spec, rejected, succeeded
 from . import spares
 from .generations import replace_and_create, resized, store_lost, suspend
+from .recovery import follow_recovery, recovered, unix_time
 from .progress import format_eta, progress_status, record_progress, stalled
 from .nodes import avoid_nodes, record_node_failures
 from .stragglers import TimingHistory, detect_stragglers
@@ -34,7 +36,7 @@ from .types import (CONDITION_SPEC_REJECTED, PHASE_CONDITIONS, REASON_RESUMED, T
 
 __all__ = ["decide", "accounting", "classify_exit", "backoff_seconds", "rendezvous_failed", "rendezvous_closed",
            "parse_time", "rfc3339", "set_condition", "short_message", "MESSAGE_LIMIT", "format_eta", "progress_status",
-           "TimingHistory"]
+           "TimingHistory", "recovered", "unix_time"]
 
 
 def accounting(status: model.DDPJobStatus) -> tuple[object, ...]:
@@ -67,6 +69,7 @@ def decide(job: JobView, observed: Observed, options: Options = Options()) -> De
         not_reporting(plan, job.spec)
         avoid_nodes(plan)
     spares.keep_pool(plan, job.spec)
+    follow_recovery(plan)  # last: it reads what every concern recorded and did in this pass
     return _finish(plan)
 
 

@@ -113,12 +113,23 @@ class Plan:
         self.wakeups: list[float] = []
         self.phase_reason = ""
         self.phase_message = ""
+        self.recorded: list[model.Incident] = []  # incidents recorded in this pass (decisions/recovery.py)
 
     def act(self, action: Action) -> None:
         self.actions.append(action)
 
     def event(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
         self.actions.append(Event(type_, reason, message))
+
+    def last_step(self, generation: int, step: int | None) -> int | None:
+        """The highest step reported in `generation`, `step` included: each worker's newest report is fresher
+        than status.progress, which is published at a bounded rate."""
+        p = self.observed.progress
+        steps = [step] if step is not None else []
+        if p is not None:
+            steps += [r.step for r in p.ranks if r.generation == generation]
+            steps += [p.step] if p.generation == generation else []
+        return max(steps, default=None)
 
     def wake_at(self, moment: datetime) -> None:
         self.wakeups.append(max(0.0, (moment - self.now).total_seconds()))
@@ -157,6 +168,8 @@ class Plan:
         rank.pod = builders.worker_name(self.job.name, index)
 
     def record_incident(self, incident: model.Incident) -> None:
+        incident.step = self.last_step(incident.generation, incident.step)
+        self.recorded.append(incident)
         self.status.incidents = (self.status.incidents + [incident])[-INCIDENT_HISTORY:]
 
 

@@ -68,6 +68,7 @@ REASON_WORLD_SIZE_AGREES = "WorldSizeAgrees"
 REASON_NO_PROGRESS_REPORTS = "NoProgressReports"  # running a while with a checkpoint interval, no report
 REASON_NO_CHECKPOINTS = "NoCheckpointsReported"  # reports, steps past two intervals, no checkpoint
 REASON_REPORTING = "Reporting"
+REASON_RECOVERED = "Recovered"  # an incident's recovery completed: the next generation trained its first step
 
 # Container waiting reasons that never clear by themselves (a wrong image, a missing secret); a pod
 # stuck in one past Options.cannot_start_seconds fails the job instead of leaving it Pending forever.
@@ -217,6 +218,21 @@ class RankTimings:
 
 
 @dataclass(frozen=True)
+class RecoveryReport:
+    """How a generation came back from the incident before it, as its rank 0 reported it (the report's sticky
+    `recovery` object; docs/operator.md, "Recovery timeline"): the newest such report of the generation. Times
+    are the trainer's wall clock, already converted (decisions.recovery.unix_time); the decision layer bounds
+    them against its own."""
+
+    generation: int  # the generation that reported it (attributed like every report)
+    path: str  # "InProcess" or "Restart"; anything else makes the report unusable
+    reason: str = ""  # why Restart where InProcess was asked for
+    resumed_step: int | None = None  # the step the generation trains from
+    rendezvous_time: datetime | None = None  # its process group was complete
+    first_step_time: datetime | None = None  # its first optimizer step finished
+
+
+@dataclass(frozen=True)
 class ProgressObservation:
     """The trainer's reports as the operator (or the local runner) received them: the job-level values
     to show (already rate-limited by the caller) and, for hang detection, when the step last advanced."""
@@ -235,6 +251,7 @@ class ProgressObservation:
     ranks: tuple[RankReport, ...] = ()  # per worker; empty where reports carry no worker (local runs)
     last_refused: datetime | None = None  # the operator last could not take one of the job's reports
     timings: tuple[RankTimings, ...] = ()  # per worker, as last published (straggler detection)
+    recoveries: tuple[RecoveryReport, ...] = ()  # the newest per recent generation, oldest first (not rate limited)
 
 
 @dataclass(frozen=True)
