@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo crds check-crds lint clean
+.PHONY: venv test demo crds check-crds lint coverage clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,15 @@ test: venv lint
 lint: venv
 	$(BIN)/ruff check .
 
+# The suite under coverage, every process it starts measured: the pods' agent, torchrun, trainers
+# (.coveragerc, tests/coverage_everywhere.py). Slower than `make test`; not part of it.
+coverage: venv
+	rm -rf .coverage-data && mkdir -p .coverage-data
+	-$(BIN)/python -m coverage run -m pytest -p tests.coverage_everywhere $(PYTEST_ARGS)
+	$(BIN)/python -m coverage combine -q
+	$(BIN)/python -m coverage report
+	$(BIN)/python -m coverage html -d .coverage-data/html
+
 # The chart ships a byte-identical copy of the CRD (a test checks it).
 crds: venv
 	$(BIN)/ddpjob crd > crds/ddpjobs.elastic.ddp.dev.yaml
@@ -34,7 +43,7 @@ check-crds: venv
 	diff -u crds/ddpjobs.elastic.ddp.dev.yaml charts/ddpjob-operator/crds/ddpjobs.elastic.ddp.dev.yaml
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ddpjob
+	rm -rf $(VENV) .pytest_cache .ddpjob .coverage-data
 
 # ---- images, kind, helm, e2e ----
 # Images are tagged with their package's version; kind gets a GPU node when the host has the
