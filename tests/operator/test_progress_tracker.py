@@ -1,0 +1,47 @@
+"""progress/tracker.py: bounded publishing, the live stall clock, generations and rank 0's values."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from ddpjob_operator import progress
+
+T0 = datetime(2026, 11, 22, 12, tzinfo=timezone.utc)
+
+
+def test_tracker_publishes_at_a_bounded_rate_and_keeps_the_live_clock():
+    tracker = progress.ProgressTracker(write_seconds=5)
+    key = ("ns", "job")
+    tracker.record("uid", key, 0, 0, progress.Report(step=10, total_steps=100, rank=0), T0)
+    first = tracker.observation("uid", T0)
+    assert first.step == 10 and first.generation == 0 and tracker.due_in("uid", T0) is None
+    tracker.record("uid", key, 0, 0, progress.Report(step=20, total_steps=100, rank=0), T0 + timedelta(seconds=1))
+    assert tracker.due_in("uid", T0 + timedelta(seconds=1)) == pytest.approx(4)
+    held = tracker.observation("uid", T0 + timedelta(seconds=1))
+    assert held.step == 10 and held.last_advance == T0 + timedelta(seconds=1)  # display held back, clock live
+    later = tracker.observation("uid", T0 + timedelta(seconds=5))
+    assert later.step == 20 and later.steps_per_second == pytest.approx(10)
+
+
+def test_tracker_generations_rank_zero_and_heartbeats():
+    tracker = progress.ProgressTracker(write_seconds=0.001)
+    key = ("ns", "job")
+    tracker.record("uid", key, 1, 0, progress.Report(step=30, rank=1, loss=9.0), T0)
+    tracker.record("uid", key, 0, 0, progress.Report(step=30, rank=0, loss=0.5), T0)
+    tracker.record("uid", key, 1, 0, progress.Report(step=35, rank=1, loss=9.0), T0 + timedelta(seconds=1))
+    seen = tracker.observation("uid", T0 + timedelta(seconds=2))
+    assert seen.loss == 0.5  # rank 0's values are the job's
+    # A heartbeat repeats the step: it keeps the rank "seen" but does not move the clock.
+    tracker.record("uid", key, 0, 0, progress.Report(step=30, rank=0), T0 + timedelta(seconds=9))
+    seen = tracker.observation("uid", T0 + timedelta(seconds=9))
+    assert seen.last_advance == T0 + timedelta(seconds=1)
+    assert {r.index: r.last_seen for r in seen.ranks}[0] == T0 + timedelta(seconds=9)
+    # A new generation resets the clock; the old generation's stragglers never move it again.
+    tracker.record("uid", key, 0, 1, progress.Report(step=20, rank=0), T0 + timedelta(seconds=20))
+    tracker.record("uid", key, 1, 0, progress.Report(step=99, rank=1), T0 + timedelta(seconds=21))
+    seen = tracker.observation("uid", T0 + timedelta(seconds=22))
+    assert (seen.generation, seen.step, seen.last_advance) == (1, 20, T0 + timedelta(seconds=20))
+    tracker.forget("uid")
+    assert tracker.observation("uid", T0) is None
