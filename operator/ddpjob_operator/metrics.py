@@ -1,4 +1,5 @@
-"""Prometheus metrics: jobs by phase, restarts, disruptions, reconcile latency, errors and queue depth, leadership.
+"""Prometheus metrics: jobs by phase, restarts, disruptions, recovery time, reconcile latency, errors and queue depth,
+leadership.
 
 Each operator instance has its own registry (tests run several in one process).
 """
@@ -10,7 +11,10 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
-from .model import PHASES
+from .model import IncidentRecovery, PHASES
+
+# An in-process recovery takes seconds; a restart that reads a large checkpoint back, minutes.
+RECOVERY_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800)
 
 
 class Metrics:
@@ -34,6 +38,12 @@ class Metrics:
         self.progress_reports = Counter("ddpjob_progress_reports", "Progress reports received, by result (accepted, "
                                         "unauthenticated, forbidden, invalid, too_large, rate_limited, standby, "
                                         "unavailable)", ["result"], registry=self.registry)
+        # Observed once per incident, from the status it writes (decisions.recovered): an operator restart reads
+        # the timelines already complete from the stored status and observes none of them again.
+        self.recovery_seconds = Histogram("ddpjob_recovery_seconds", "An incident's recovery time: failure seen by "
+                                          "the operator to the next generation's first training step "
+                                          "(status.incidents[].recovery.seconds), by path (InProcess, Restart)",
+                                          ["path"], buckets=RECOVERY_BUCKETS, registry=self.registry)
         self.stalls = Counter("ddpjob_stalls", "Stalls detected (runPolicy.progressDeadlineSeconds passed without a "
                               "step)", registry=self.registry)
         # Set from the controller's work queue at each scrape (watch_queue): a burst waits for a reconcile slot.
@@ -53,6 +63,12 @@ class Metrics:
         if phase is not None:
             self._phase_of[uid] = phase
             self.jobs.labels(phase=phase).inc()
+
+    def recovered(self, timelines: list[IncidentRecovery]) -> None:
+        """Observe the timelines a status write completed (decisions.recovered(old, new))."""
+        for timeline in timelines:
+            if timeline.seconds is not None:
+                self.recovery_seconds.labels(path=timeline.path or "Unknown").observe(timeline.seconds)
 
     def watch_queue(self, depth: Callable[[], int]) -> None:
         """The queue depth gauge reads `depth()` when scraped."""

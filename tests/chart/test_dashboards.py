@@ -140,7 +140,7 @@ def test_every_metric_the_dashboard_queries_is_one_the_operator_exports():
     assert {"ddpjob_jobs", "ddpjob_restarts_total", "ddpjob_disruptions_total", "ddpjob_stalls_total",
             "ddpjob_job_progress_step", "ddpjob_job_samples_per_second", "ddpjob_job_seconds_since_progress",
             "ddpjob_leader", "ddpjob_reconcile_duration_seconds_bucket", "ddpjob_reconcile_queue_depth",
-            "ddpjob_rank_step_seconds"} <= used
+            "ddpjob_rank_step_seconds", "ddpjob_recovery_seconds_bucket"} <= used
 
 
 def test_the_checker_catches_a_metric_the_operator_does_not_export():
