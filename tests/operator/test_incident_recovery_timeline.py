@@ -251,3 +251,14 @@ def test_the_histogram_observes_a_timeline_once_also_after_an_operator_restart()
     assert stored.incidents[-1].recovery.seconds == 4
     again = decide(job(s, stored), observed(w(0), w(1), w(2, generation=1, attempt=1), now=at(9), p=p))
     assert d.recovered(stored, again.status) == []
+
+
+def test_an_incident_whose_timeline_fills_in_is_not_counted_again():
+    s = spec(replicas=2, failurePolicy=POD, runPolicy={"progressDeadlineSeconds": 60})
+    before = running_status(ranks=ranks(2))
+    stalled = decide(job(s, before), observed(w(0), w(1), now=at(61), p=progress(0, 40)))
+    assert [i.reason for i in d.new_incidents(before, stalled.status)] == [d.REASON_STALLED]
+    p = progress(1, 41, report(1, path="Restart", resumed=40, rendezvous=at(70), first_step=at(75)), now=at(76))
+    resumed = decide(job(s, stalled.status), observed(w(0, generation=1), w(1, generation=1), now=at(76), p=p))
+    assert resumed.status.incidents[-1].recovery.seconds == 14
+    assert d.new_incidents(stalled.status, resumed.status) == []

@@ -173,6 +173,17 @@ class Plan:
         self.status.incidents = (self.status.incidents + [incident])[-INCIDENT_HISTORY:]
 
 
+def incident_key(incident: model.Incident) -> tuple[object, ...]:
+    """An incident's identity across status writes (its recovery timeline fills in later)."""
+    return (incident.generation, incident.time, incident.cause, incident.reason)
+
+
+def new_incidents(old: model.DDPJobStatus, new: model.DDPJobStatus) -> list[model.Incident]:
+    """The incidents `new` records that `old` (the status it replaces) did not: what the counters count."""
+    known = {incident_key(i) for i in old.incidents}
+    return [i for i in new.incidents if incident_key(i) not in known]
+
+
 def promoted_to(rank: model.RankStatus, job_name: str) -> bool:
     """The rank's pod is a spare that took its place (decisions/spares.py: its name is not the rank's own)."""
     return rank.uid is not None and rank.pod != builders.worker_name(job_name, rank.index)

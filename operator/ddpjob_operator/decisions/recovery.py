@@ -25,7 +25,7 @@ import math
 from datetime import datetime, timedelta, timezone
 
 from .. import model
-from .common import Plan, parse_time, promoted_to
+from .common import Plan, incident_key, parse_time, promoted_to
 from .types import REASON_RECOVERED, TERMINAL_PHASES, CreateWorker, RecoveryReport
 
 PATHS = ("InProcess", "Restart")
@@ -134,9 +134,6 @@ def _reported(plan: Plan, incident: model.Incident, recovery: model.IncidentReco
 def recovered(old: model.DDPJobStatus, new: model.DDPJobStatus) -> list[model.IncidentRecovery]:
     """Timelines whose seconds the status `new` holds and `old` (the stored status it replaces) did not: what
     ddpjob_recovery_seconds observes after the write, once per incident also across operator restarts."""
-    def key(i: model.Incident) -> tuple[object, ...]:
-        return (i.generation, i.time, i.cause, i.reason)
-
-    done = {key(i) for i in old.incidents if i.recovery is not None and i.recovery.seconds is not None}
+    done = {incident_key(i) for i in old.incidents if i.recovery is not None and i.recovery.seconds is not None}
     return [i.recovery for i in new.incidents
-            if i.recovery is not None and i.recovery.seconds is not None and key(i) not in done]
+            if i.recovery is not None and i.recovery.seconds is not None and incident_key(i) not in done]
