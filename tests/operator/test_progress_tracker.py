@@ -45,3 +45,29 @@ def test_tracker_generations_rank_zero_and_heartbeats():
     assert (seen.generation, seen.step, seen.last_advance) == (1, 20, T0 + timedelta(seconds=20))
     tracker.forget("uid")
     assert tracker.observation("uid", T0) is None
+
+
+def test_rank_zeros_recovery_timeline_reaches_the_decision_layer_per_generation():
+    """The newest recovery report of each generation, from the pod holding rank 0's claim only, with the trainer's
+    times as datetimes, live (not held back with the rate-limited values) and bounded to recent generations."""
+    tracker = progress.ProgressTracker(write_seconds=60)
+    key = ("ns", "job")
+    rendezvous = T0.timestamp() + 3
+    restart = progress.Recovery(path="Restart", resumed_step=100, rendezvous_time=rendezvous, reason="no peer")
+    tracker.record("uid", key, 0, 1, progress.Report(step=100, rank=0, recovery=restart), T0)
+    # Another pod claiming rank 0 in its body, with a made-up timeline, is not the job's rank 0.
+    forged = progress.Recovery(path="InProcess", resumed_step=0, rendezvous_time=rendezvous - 100)
+    tracker.record("uid", key, 1, 1, progress.Report(step=100, rank=0, recovery=forged), T0)
+    seen = tracker.observation("uid", T0)
+    assert [(r.generation, r.path, r.reason, r.resumed_step) for r in seen.recoveries] == [(1, "Restart", "no peer", 100)]
+    assert seen.recoveries[0].rendezvous_time == T0 + timedelta(seconds=3) and seen.recoveries[0].first_step_time is None
+    stepped = progress.Recovery(path="Restart", resumed_step=100, rendezvous_time=rendezvous,
+                                first_step_time=rendezvous + 2, reason="no peer")
+    tracker.record("uid", key, 0, 1, progress.Report(step=101, rank=0, recovery=stepped), T0 + timedelta(seconds=5))
+    seen = tracker.observation("uid", T0 + timedelta(seconds=5))  # within write_seconds: values held, not this
+    assert seen.step == 100 and seen.recoveries[0].first_step_time == T0 + timedelta(seconds=5)
+    for generation in range(2, 2 + progress.tracker.RECOVERY_GENERATIONS):
+        tracker.record("uid", key, 0, generation, progress.Report(step=100, rank=0, recovery=restart), T0)
+    seen = tracker.observation("uid", T0 + timedelta(seconds=6))
+    generations = [r.generation for r in seen.recoveries]
+    assert generations == list(range(2, 2 + progress.tracker.RECOVERY_GENERATIONS))  # generation 1 aged out

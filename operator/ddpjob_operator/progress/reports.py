@@ -13,12 +13,28 @@ from typing import Any
 
 MAX_STEP = 10**12  # beyond any real run; a larger step would freeze the stall clock (refused, 422)
 MAX_JSON_DEPTH = 8  # a report is a flat object; deeper nesting is refused before parsing (400)
+RECOVERY_PATHS = ("InProcess", "Restart")
+MAX_REASON_CHARS = 512
+MAX_UNIX_TIME = 1e10  # the year 2286: a later time is wrong, not late
 
 
 class BadReport(ValueError):
     def __init__(self, status: int, message: str):
         self.status = status
         super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """How the generation a report belongs to came back from the incident before it (rank 0's; issue 29's
+    recovery timeline). Times are the trainer's clock (time.time()); whoever uses them bounds them against the
+    incident's own times."""
+
+    path: str  # RECOVERY_PATHS: InProcess (the process survived, or its state came from a peer) or Restart
+    resumed_step: int  # the step the generation trains from
+    rendezvous_time: float  # its process group was complete
+    first_step_time: float | None = None  # its first optimizer step finished; None until then
+    reason: str = ""  # why Restart where InProcess was asked for
 
 
 @dataclass(frozen=True)
@@ -36,6 +52,7 @@ class Report:
     # was carried into the next generation (its last report at exit, a heartbeat): it only ever lowers the
     # generation the report is attributed to (attributed_generation), never raises it.
     generation: int | None = None
+    recovery: Recovery | None = None  # sticky on every report of a generation that resumed after an incident
 
 
 _INTS = ("total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "generation")
@@ -102,5 +119,45 @@ def parse_report(raw: bytes) -> Report:
         if key == "step_seconds" and not 0 <= value <= MAX_STEP_SECONDS:
             raise BadReport(422, f"{key} must be from 0 to {MAX_STEP_SECONDS:g} seconds or null, got {value!r}")
         values[key] = float(value)
+    if body.get("recovery") is not None:
+        values["recovery"] = parse_recovery(body["recovery"])
     return Report(**values)
+
+
+def parse_recovery(value: Any) -> Recovery:
+    """A report's `recovery` object -> Recovery; BadReport(422) naming the field. Unknown keys are ignored."""
+    if not isinstance(value, dict):
+        raise BadReport(422, f"recovery must be an object such as {{\"path\": \"InProcess\", \"resumed_step\": 120, "
+                             f"\"rendezvous_time\": 1764000000.0}} or null, got {_shown(value)}")
+    path = value.get("path")
+    if path not in RECOVERY_PATHS:
+        raise BadReport(422, f"recovery.path must be one of {', '.join(RECOVERY_PATHS)}, got {_shown(path)}")
+    reason = value.get("reason")
+    if reason is None:
+        reason = ""
+    if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
+        raise BadReport(422, f"recovery.reason must be a string of at most {MAX_REASON_CHARS} characters or null, "
+                             f"got {_shown(reason)}")
+    step = value.get("resumed_step")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        raise BadReport(422, f"recovery.resumed_step must be a whole number from 0 to {MAX_STEP}, got {_shown(step)}")
+    times = {}
+    for key in ("rendezvous_time", "first_step_time"):
+        moment = value.get(key)
+        if moment is None and key == "first_step_time":
+            times[key] = None
+            continue
+        if isinstance(moment, bool) or not isinstance(moment, (int, float)) or not math.isfinite(moment) \
+                or not 0 <= moment <= MAX_UNIX_TIME:
+            optional = " or null" if key == "first_step_time" else ""
+            raise BadReport(422, f"recovery.{key} must be a unix time in seconds (time.time()){optional}, "
+                                 f"got {_shown(moment)}")
+        times[key] = float(moment)
+    return Recovery(path=path, resumed_step=step, reason=reason, **times)
+
+
+def _shown(value: Any) -> str:
+    """A hostile value in an error message, cut short (a reason may be kilobytes)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 

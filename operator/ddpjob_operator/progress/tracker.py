@@ -15,6 +15,7 @@ from .reports import Report
 
 RANK0_CLAIM_SECONDS = 15.0  # a pod's claim to rank 0 lapses after this long without its reports
 RATE_WINDOW_SECONDS = 120.0  # the step rate behind the ETA is measured over about this long
+RECOVERY_GENERATIONS = 8  # recovery reports kept: the newest per generation, for the last this many generations
 
 
 @dataclass
@@ -40,6 +41,7 @@ class JobProgress:
     rank0_claimed: datetime | None = None  # that pod's newest report saying rank 0
     last_refused: datetime | None = None  # the operator last could not take a report for this job
     timings: decisions.TimingHistory = field(default_factory=decisions.TimingHistory)  # straggler detection
+    recoveries: dict[int, decisions.RecoveryReport] = field(default_factory=dict)  # rank 0's, by generation
 
 
 class ProgressTracker:
@@ -86,6 +88,8 @@ class ProgressTracker:
             job.rank0_claimed = now
         elif report.rank == 0:
             report = dataclasses.replace(report, rank=None)
+        if report.rank == 0 and report.recovery is not None:
+            _keep_recovery(job, generation, report)
         if job.latest is None or report.rank == 0 or (job.latest.rank != 0 and report.step >= job.latest.step):
             job.latest, job.received_at, job.dirty = report, now, True
 
@@ -123,7 +127,7 @@ class ProgressTracker:
             return None
         ranks = tuple(decisions.RankReport(i, r.generation, r.step, r.last_seen) for i, r in sorted(job.ranks.items()))
         return _replace(job.published, generation=job.generation, last_advance=job.last_advance, ranks=ranks,
-                        last_refused=job.last_refused)
+                        last_refused=job.last_refused, recoveries=tuple(v for _, v in sorted(job.recoveries.items())))
 
     @staticmethod
     def _rate(job: JobProgress) -> float | None:
@@ -140,6 +144,19 @@ class ProgressTracker:
     def forget(self, uid: str) -> None:
         self.jobs.pop(uid, None)
         self.names.pop(uid, None)
+
+
+def _keep_recovery(job: JobProgress, generation: int, report: Report) -> None:
+    """Rank 0's recovery timeline of its generation (the newest wins: its first step time comes later), kept
+    apart from the rate-limited values: decisions/recovery.py reads it in the pass that sees it."""
+    given = report.recovery
+    assert given is not None
+    job.recoveries[generation] = decisions.RecoveryReport(
+        generation=generation, path=given.path, reason=given.reason, resumed_step=given.resumed_step,
+        rendezvous_time=decisions.unix_time(given.rendezvous_time),
+        first_step_time=None if given.first_step_time is None else decisions.unix_time(given.first_step_time))
+    for old in sorted(job.recoveries)[:-RECOVERY_GENERATIONS]:
+        del job.recoveries[old]
 
 
 def _replace(observation: decisions.ProgressObservation, **changes: Any) -> decisions.ProgressObservation:
