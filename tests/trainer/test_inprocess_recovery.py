@@ -134,6 +134,16 @@ def undisturbed(tmp_path_factory) -> dict:
         gang.close()
 
 
+def assert_recovery_reported(gang: Gang, path: str, generation: int, reason: str = "") -> None:
+    """Rank 0's last report (progress.json) carries its generation's recovery timeline (recovery_contract)."""
+    progress = json.loads((gang.ckpt / "progress.json").read_text())
+    recovery = progress.get("recovery") or {}
+    assert progress["generation"] == generation and progress["step"] == STEPS, progress
+    assert (recovery.get("path"), recovery.get("reason"), recovery.get("resumed_step")) == (path, reason, KILL_AT), \
+        progress
+    assert time.time() - 120 < recovery["rendezvous_time"] <= recovery["first_step_time"] <= progress["time"], progress
+
+
 def corrupt_checkpoints(gang: Gang) -> None:
     """Every checkpoint on the volume unusable (same size, other bytes): a trainer that reads one finds none."""
     for path in steps_dir(gang.ckpt).glob("step-*.pt"):
@@ -161,6 +171,7 @@ def test_killed_rank_0_survivors_keep_their_processes_and_the_replacement_gets_t
     assert f"resumed from peer rank 1 by broadcast step={KILL_AT}" in gang.text(0, 2)
     assert "resumed from checkpoint" not in gang.text(0, 2) and "skipping unreadable" not in gang.text(0, 2)
     assert_bit_identical(final_state(gang), undisturbed)
+    assert_recovery_reported(gang, "InProcess", 2)  # rank 0 is the replacement: its state came from a peer
 
 
 def test_a_second_failure_during_the_hand_over_moves_everyone_to_the_next_generation(gangs, undisturbed) -> None:
@@ -202,6 +213,7 @@ def test_a_changed_world_size_takes_the_volume_path(gangs) -> None:
         assert gang.wait(proc) == 0, gang.logs()
     assert f"resumed from checkpoint step={KILL_AT}" in gang.text(0, 2)
     assert "(saved at world_size=3, now 2)" in gang.text(0, 2)
+    assert_recovery_reported(gang, "Restart", 2, "generation 2 has 2 ranks, not 3: the state is resumed from the volume")
 
 
 def test_a_group_that_cannot_be_left_falls_back_to_the_exit_path_and_says_why(gangs) -> None:
@@ -287,3 +299,4 @@ def test_a_silent_peer_ends_the_collective_at_the_steady_timeout_and_the_survivo
     assert gang.wait(replacement) == 0, gang.logs()
     assert f"resumed from peer rank 0 by broadcast step={KILL_AT}" in gang.text(2, 2)
     assert_bit_identical(final_state(gang), undisturbed)
+    assert_recovery_reported(gang, "InProcess", 2)  # rank 0 survived in process

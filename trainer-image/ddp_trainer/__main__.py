@@ -23,17 +23,23 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     cfg = parse_config(argv)
     c = cfg.checkpoint
+    # build_first: a warm spare's trainer builds its model before it has a place (Trainer takes it, in _resume).
     job = Job.start(device=cfg.device, backend=cfg.dist.backend, timeout_s=cfg.dist.timeout_s,
-                    steady_timeout_s=cfg.dist.steady_timeout_s,
-                    checkpoint_dir=c.dir or "", keep=c.keep, every_steps=c.every_steps, async_save=c.async_save)
-    env, log = job.env, logging.getLogger(__name__)
-    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
-                        format=f"%(asctime)s rank{env.rank} %(levelname)s %(name)s: %(message)s")
-    log.info("rank=%d world_size=%d group_rank=%d restart_count=%d generation=%d workload=%s", env.rank,
-             env.world_size, env.group_rank, env.restart_count, env.generation, cfg.workload.name)
+                    steady_timeout_s=cfg.dist.steady_timeout_s, checkpoint_dir=c.dir or "", keep=c.keep,
+                    every_steps=c.every_steps, async_save=c.async_save, build_first=True)
+    log = logging.getLogger(__name__)
+    handler = logging.StreamHandler()
+    handler.addFilter(_RankOfJob(job))
+    logging.basicConfig(level=logging.INFO, handlers=[handler],
+                        format="%(asctime)s %(rank)s %(levelname)s %(name)s: %(message)s")
+    spare = not job.seated
+    if not spare:
+        _log_start(job, cfg)
     trainer, clean = None, False
     try:
         trainer = Trainer(cfg, job)
+        if spare:
+            _log_start(job, cfg)
         code = trainer.run()
         clean = True
     finally:
@@ -43,6 +49,27 @@ def _main(argv: list[str] | None) -> int:
             job.close(clean=False)
     (log.warning if code else log.info)("exiting with code %d", code)
     return code
+
+
+class _RankOfJob(logging.Filter):
+    """Names the rank in every line, and shows INFO on rank 0 only, once the job has a place (a warm spare
+    logs as `spare` before)."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__()
+        self.job = job
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        env = self.job.env if self.job.seated else None
+        record.rank = f"rank{env.rank}" if env is not None else "spare"
+        return record.levelno >= logging.WARNING or env is None or env.is_main
+
+
+def _log_start(job: Job, cfg) -> None:
+    env = job.env
+    logging.getLogger(__name__).info("rank=%d world_size=%d group_rank=%d restart_count=%d generation=%d workload=%s",
+                                     env.rank, env.world_size, env.group_rank, env.restart_count, env.generation,
+                                     cfg.workload.name)
 
 
 if __name__ == "__main__":

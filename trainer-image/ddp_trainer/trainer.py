@@ -62,7 +62,9 @@ def default_train_step(model: torch.nn.Module, batch: Any, loss_fn) -> torch.Ten
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, job: Job, workload: Workload | None = None) -> None:
-        self.cfg, self.job, self.env, self.device = cfg, job, job.env, job.device
+        # A warm spare's job has no place (no rank) yet: what does not depend on the rank is built first, and
+        # the place is taken in _resume (Job.start(build_first=True)), so that it costs a rendezvous and a broadcast.
+        self.cfg, self.job, self.device = cfg, job, job.device
         self.workload = workload or load_workload(cfg.workload.name)
         self.train_set, self.eval_set = self.workload.build_datasets(cfg)
         torch.manual_seed(cfg.data.seed)  # identical init everywhere (DDP broadcasts rank 0's anyway)
@@ -76,10 +78,10 @@ class Trainer:
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]  # the schedule scales these
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.optim.precision == "fp16")
         self.progress = Progress()
+        self._resume(model)
         self.sampler = ResumableDistributedSampler(len(self.train_set), self.env.rank, self.env.world_size,
                                                    seed=cfg.data.seed, shuffle=cfg.data.shuffle,
                                                    drop_last=cfg.data.drop_last)
-        self._resume(model)
         self._module = model
         self._wrap()
         # DDPJOB_INPROCESS=1: a peer's failure leaves this process training in the next generation.
@@ -199,7 +201,7 @@ class Trainer:
             self._records.flush()
         start, n, loss_total, steps = self._window
         self._window = (start, n + samples, loss_total + loss_sum, steps + 1)
-        if p.step % self.cfg.log_every == 0:
+        if p.step % self.cfg.log_every == 0 or self.job.recovering:  # a resumed generation's first step: at once
             self._log_progress()
         if fault_due(self.cfg.fault, self.env.rank, p.step):
             fault_strike(self.cfg.fault, self.env.rank, p.step)
@@ -336,8 +338,9 @@ class Trainer:
                 "world_size": self.env.world_size, "rng": rng, "data": self._data_signature()}
 
     def _resume(self, model: torch.nn.Module) -> None:
-        """All ranks load the checkpoint rank 0 found to be the newest intact one."""
+        """All ranks load the checkpoint rank 0 found to be the newest intact one (or a peer's state)."""
         state = self.job.resume(announce=False)
+        self.env = self.job.env  # a warm spare's rank is known from here on
         if state is None:
             if self.job.checkpoints is not None and self.env.is_main:
                 log.info("no checkpoint found: starting from scratch")

@@ -15,11 +15,19 @@ it, and then every rank of the new group takes part in one exchange: each says w
 training state and at which step; the lowest rank holding the newest step broadcasts its state (model,
 optimizer, scaler, progress) to the ranks that do not hold it (a replacement, a survivor a step behind),
 over a group of just those ranks. Nobody holding state (the whole gang was replaced) means the volume.
+
+A survivor that cannot take this path notes why in the store (`<prefix of its generation>fallback`), so that
+rank 0 of the generation that resumes from the volume reports the reason (its `recovery` timeline).
+
+A warm spare (the agent sets SPARE_PLACE_ENV in its trainers' environment, a store key of its own) starts its
+trainer before it has a place: the trainer builds what does not depend on its rank, then waits for the agent
+to write its assignment under that key (`Rendezvous.wait_place`) and joins the generation it was given.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
 import threading
@@ -41,6 +49,11 @@ REJOIN_TIMEOUT_S = 120.0
 GENERATION_KEY = "ddpjob/{uid}/generation"
 NNODES_KEY = "ddpjob/{uid}/nnodes/{generation}"
 GROUP_PREFIX = "ddpjob/{uid}/inprocess/g{generation}/"
+FALLBACK = "fallback"  # under a generation's GROUP_PREFIX: why its survivors took the exit path
+FALLBACK_LOOKBACK = 32  # generations before this one whose fallback notes rank 0 reads (one store round trip each)
+# A warm spare's trainer: the store key its agent writes the spare's assignment to ({"index", "generation", ...}:
+# the operator's answer, once the agent published the generation). Set by the agent only (agent/contract.py).
+SPARE_PLACE_ENV = "DDPJOB_SPARE_PLACE_KEY"
 JOIN_TIMEOUT_S = 600.0  # every rank of a generation arrives within this (a pod's start: image pull, scheduling)
 CONNECT_TIMEOUT_S = 60.0  # every rank has arrived: the group's own connections take this at most
 LEAVE_TIMEOUT_S = 10.0
@@ -218,6 +231,7 @@ class Rendezvous:
     def __init__(self, store: dist.Store, uid: str, seat: Seat, *, backend: str) -> None:
         self.store, self.uid, self.seat, self.backend = store, uid, seat, backend
         self.generation: int | None = None  # the one whose group this process is in
+        self.place_key: str | None = None  # a warm spare's, until it has its place (wait_place)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], backend: str) -> tuple["Rendezvous", int]:
@@ -235,11 +249,48 @@ class Rendezvous:
         except ValueError as e:
             raise CannotRecover(f"{INPROCESS_ENV}=1 needs TORCHELASTIC_RUN_ID (or PET_RDZV_ID) <uid>-g<N>, "
                                 f"DDPJOB_REPLICA_INDEX, LOCAL_RANK and LOCAL_WORLD_SIZE: {e}") from None
-        if replica < 0 or not 0 <= seat.local_rank < seat.nproc:
+        place_key = environ.get(SPARE_PLACE_ENV, "")
+        if (replica < 0 and not place_key) or not 0 <= seat.local_rank < seat.nproc:
             raise CannotRecover(f"no seat for replica index {replica}, local rank {seat.local_rank} of {seat.nproc}")
         store = dist.TCPStore(host, int(port), is_master=False,
                               timeout=datetime.timedelta(seconds=CONNECT_TIMEOUT_S))
-        return cls(store, uid, seat, backend=backend), generation
+        rdzv = cls(store, uid, seat, backend=backend)
+        rdzv.place_key = place_key or None
+        return rdzv, generation
+
+    def wait_place(self, stopped: Callable[[], bool]) -> int | None:
+        """A warm spare: wait for its assignment (written by its agent under `place_key` once the generation it
+        takes a place in is published); this trainer's seat is then that place. The generation; None: stopped."""
+        key = self.place_key
+        while not self.store.check([key]):
+            if stopped():
+                return None
+            time.sleep(POLL_S)
+        given = json.loads(self.store.get(key))
+        index, generation = given.get("index"), given.get("generation")
+        if not (isinstance(index, int) and isinstance(generation, int) and index >= 0 and generation >= 0):
+            raise CannotRecover(f"the spare's assignment under {key} is not {{index, generation}}: {str(given)[:200]}")
+        self.seat = Seat(index, self.seat.local_rank, self.seat.nproc)
+        self.place_key = None
+        return generation
+
+    def note_fallback(self, generation: int, reason: str) -> None:
+        """Why the survivors of `generation` take the exit path, for the next generation's rank 0 (the first
+        note stays). Best effort: a lost store loses only the reason."""
+        try:
+            self.store.compare_set(GROUP_PREFIX.format(uid=self.uid, generation=generation) + FALLBACK, "", reason)
+        except RuntimeError:
+            pass
+
+    def fallback_reason(self, generation: int, since: int | None = None) -> str | None:
+        """The newest fallback note of a generation before `generation` (back to `since`, the one the state
+        resumed from the volume was saved in, at most FALLBACK_LOOKBACK), None where there is none."""
+        oldest = max(0, generation - FALLBACK_LOOKBACK, since if since is not None else 0)
+        for g in range(generation - 1, oldest - 1, -1):
+            key = GROUP_PREFIX.format(uid=self.uid, generation=g) + FALLBACK
+            if self.store.check([key]):
+                return self.store.get(key).decode("utf-8", "replace")
+        return None
 
     def newest(self) -> int | None:
         key = GENERATION_KEY.format(uid=self.uid)
@@ -329,27 +380,29 @@ class Rendezvous:
                                 f"{type(errors[0]).__name__}: {errors[0]}")
 
     def exchange(self, held: Callable[[], dict[str, Any]] | None, step: int,
-                 device: torch.device) -> tuple[dict[str, Any] | None, int | None]:
+                 device: torch.device) -> tuple[dict[str, Any] | None, int | None, int | None]:
         """Every rank of the new group: (the state received, or None where this rank holds the newest one
-        or nobody holds any; the rank it came from, None: nobody holds it, the volume)."""
+        or nobody holds any; the rank it came from, None: nobody holds it, the volume; its step)."""
         world, rank = dist.get_world_size(), dist.get_rank()
         mine = torch.tensor([1 if held is not None else 0, step if held is not None else -1], dtype=torch.int64,
                             device=device)
         rows = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(rows, mine)
-        choice = choose_source([(bool(r[0]), int(r[1])) for r in torch.stack(rows).tolist()])
+        table = [(bool(r[0]), int(r[1])) for r in torch.stack(rows).tolist()]
+        choice = choose_source(table)
         if choice is None:
-            return None, None
+            return None, None, None
         source, receivers = choice
+        newest = table[source][1]
         if not receivers:
-            return None, source
+            return None, source, newest
         members = sorted([source, *receivers])
         group = dist.new_group(members) if len(members) < world else None  # every rank calls new_group
         if rank not in members:
-            return None, source
+            return None, source, newest
         try:
             state = broadcast_state(held() if rank == source else None, source, group, device)
         finally:
             if group is not None:
                 dist.destroy_process_group(group)
-        return (state if rank in receivers else None), source
+        return (state if rank in receivers else None), source, newest

@@ -13,7 +13,11 @@
 
 In-process recovery (`DDPJOB_INPROCESS=1`, runtime/inprocess.py): `job.carry(state=..., load=..., rewrap=...,
 step=...)` once the model is wrapped, and around the steps `except Exception as e: if job.recover(e): <go on
-from the progress in memory>`; `resume()` then returns a peer's state where a survivor holds it.
+from the progress in memory>`; `resume()` then returns a peer's state where a survivor holds it. A warm spare
+(`Job.start(build_first=True)`) returns before it has a place: build the model first, `resume()` takes the place.
+
+A generation that resumed (in process, or from the volume) keeps its recovery timeline in `job.recovery`, which
+rank 0's reports carry (`progress.recovery_field`); `job.recovering` is True until its first step is reported.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from .distributed import (CollectiveTimeout, JobEnv, StopRequest, abort_process_
                           destroy_process_group, init_process_group, select_device)
 from . import inprocess
 from .distributed import is_peer_failure
-from .progress import ProgressReporter
+from .progress import ProgressReporter, recovery_field
 from .timing import StepTimer
 from .watchdog import StallWatchdog
 
@@ -45,30 +49,29 @@ META = "ddpjob"  # key of the runtime's own entry in every checkpoint dict
 
 
 class Job:
-    def __init__(self, env: JobEnv, device: torch.device, stop: StopRequest, *,
+    def __init__(self, env: JobEnv | None, device: torch.device, stop: StopRequest, *,
                  checkpoint_dir: str | os.PathLike | None = None, keep: int | None = None,
                  every_steps: int | None = None, async_save: bool = False,
                  reporter: ProgressReporter | None = None, owns_process_group: bool = False,
                  timeouts: CollectiveTimeout | None = None, rendezvous: inprocess.Rendezvous | None = None) -> None:
-        self.env, self.device, self.stop = env, device, stop
+        """`env` None: a warm spare without a place yet (`Job.start(build_first=True)`; `resume()` takes it)."""
+        self.device, self.stop = device, stop
         self.rendezvous = rendezvous  # in-process recovery: this trainer forms its groups through the job's store
         self._carried: _Carried | None = None
         self._group_wedged = False  # the old group could not be left: never touch it again
         self.timeouts = timeouts if timeouts is not None else CollectiveTimeout(1800.0)
-        directory = checkpoint_dir if checkpoint_dir is not None else env.checkpoint_dir
-        self.checkpoint_dir = str(directory) if directory else None
-        self.every_steps = env.checkpoint_interval_steps if every_steps is None else every_steps
+        # How this generation came back from the incident before it (None: it did not resume), and when its
+        # process group was complete: rank 0's reports carry it (progress.recovery_field).
+        self.recovery: dict[str, Any] | None = None
+        self._group_time = time.time()
+        self._storage = (checkpoint_dir, keep, every_steps, async_save, reporter)
+        self._env: JobEnv | None = None
+        self.checkpoint_dir: str | None = None
+        self.every_steps = 0
         self.checkpoints: CheckpointManager | None = None
-        if self.checkpoint_dir:  # checks that rank 0 can write there, now rather than at the first save
-            # Under <dir>/<job name>/ (two jobs on one claim never see each other's steps), fenced by the
-            # rendezvous generation of torchrun's run id (the pod's DDPJOB_GENERATION may be stale).
-            self.checkpoints = CheckpointManager(self.checkpoint_dir, keep if keep is not None else env.checkpoint_keep,
-                                                 is_writer=env.is_main, async_save=async_save,
-                                                 job_name=env.job_name or "")
-        self.reporter = reporter if reporter is not None else ProgressReporter(
-            self.checkpoint_dir, os.environ.get("DDPJOB_PROGRESS_URL") or None, enabled=env.is_main,
-            http_enabled=env.local_rank == 0, token_file=os.environ.get("DDPJOB_PROGRESS_TOKEN_FILE") or None,
-            rank=env.rank)
+        self.reporter: ProgressReporter | None = None
+        if env is not None:
+            self._bind(env)
         self._owns_pg = owns_process_group
         self._closed = False
         # Own time per step, apart from waits in collectives (straggler detection; runtime/timing.py).
@@ -79,30 +82,75 @@ class Job:
         self.watchdog = StallWatchdog(lambda: self.timeouts.steady_s if self.timeouts.steady else 0.0,
                                       abort=lambda: abort_process_groups(self.timeouts.groups))
 
+    def _bind(self, env: JobEnv) -> None:
+        """What depends on this process's rank: the checkpoint manager (rank 0 writes) and the reporter."""
+        checkpoint_dir, keep, every_steps, async_save, reporter = self._storage
+        self._env = env
+        directory = checkpoint_dir if checkpoint_dir is not None else env.checkpoint_dir
+        self.checkpoint_dir = str(directory) if directory else None
+        self.every_steps = env.checkpoint_interval_steps if every_steps is None else every_steps
+        if self.checkpoint_dir:  # checks that rank 0 can write there, now rather than at the first save
+            # Under <dir>/<job name>/ (two jobs on one claim never see each other's steps), fenced by the
+            # rendezvous generation of torchrun's run id (the pod's DDPJOB_GENERATION may be stale).
+            self.checkpoints = CheckpointManager(self.checkpoint_dir, keep if keep is not None else env.checkpoint_keep,
+                                                 is_writer=env.is_main, async_save=async_save,
+                                                 job_name=env.job_name or "")
+        self.reporter = reporter if reporter is not None else ProgressReporter(
+            self.checkpoint_dir, os.environ.get("DDPJOB_PROGRESS_URL") or None, enabled=env.is_main,
+            http_enabled=env.local_rank == 0, token_file=os.environ.get("DDPJOB_PROGRESS_TOKEN_FILE") or None,
+            rank=env.rank)
+
+    @property
+    def env(self) -> JobEnv:
+        if self._env is None:
+            raise RuntimeError("job.env: this warm spare has no place yet; job.resume() waits for it and joins "
+                               "(Job.start(build_first=True): build only what does not depend on the rank before)")
+        return self._env
+
+    @env.setter
+    def env(self, env: JobEnv) -> None:
+        self._env = env
+
+    @property
+    def seated(self) -> bool:
+        """False only in a warm spare started with build_first=True, until `resume()` took its place."""
+        return self._env is not None
+
     @classmethod
     def start(cls, *, device: str = "auto", backend: str = "auto", timeout_s: float = 1800.0,
               steady_timeout_s: float = 0.0, checkpoint_dir: str | os.PathLike | None = None,
-              keep: int | None = None, every_steps: int | None = None, async_save: bool = False) -> "Job":
+              keep: int | None = None, every_steps: int | None = None, async_save: bool = False,
+              build_first: bool = False) -> "Job":
         """Read the environment, install the stop handler, pick the device (cuda:LOCAL_RANK or cpu)
         and initialise the process group (unless already initialised). Checkpoint settings default
         to the DDPJOB_CHECKPOINT_* variables. `steady_timeout_s` > 0: the collective timeout after the
-        first steps (`CollectiveTimeout`), so a hung peer fails the job's collectives in that time."""
+        first steps (`CollectiveTimeout`), so a hung peer fails the job's collectives in that time.
+        A warm spare's trainer (DDPJOB_INPROCESS=1, started by its agent before it has a place) waits here for
+        its place, or with `build_first=True` returns at once: build what does not depend on the rank (the
+        dataset, the model, the optimizer), then `resume()` waits for the place, joins and receives the state;
+        `job.env` is known from then on."""
         stop = StopRequest()  # first: a SIGTERM during start-up is not lost
         try:
             rendezvous = None
             if inprocess.enabled() and not dist.is_initialized():
-                env, dev, rendezvous = _join_in_process(device, backend, timeout_s)
+                rendezvous, generation = inprocess.Rendezvous.from_env(os.environ, backend)
+                seat = rendezvous.seat
+                dev = select_device(device, JobEnv(rank=0, local_rank=seat.local_rank, world_size=1))
+                env = None if rendezvous.place_key else _join_in_process(rendezvous, generation, dev, timeout_s)
             else:
                 env = JobEnv.from_env()
                 dev = select_device(device, env)
-            owns = not dist.is_initialized()
+            owns = not dist.is_initialized() and rendezvous is None
             if owns:
                 init_process_group(env, dev, backend=backend, timeout_s=timeout_s)
             owns = owns or rendezvous is not None
             try:
-                return cls(env, dev, stop, checkpoint_dir=checkpoint_dir, keep=keep, every_steps=every_steps,
-                           async_save=async_save, owns_process_group=owns,
-                           timeouts=CollectiveTimeout(timeout_s, steady_timeout_s), rendezvous=rendezvous)
+                job = cls(env, dev, stop, checkpoint_dir=checkpoint_dir, keep=keep, every_steps=every_steps,
+                          async_save=async_save, owns_process_group=owns,
+                          timeouts=CollectiveTimeout(timeout_s, steady_timeout_s), rendezvous=rendezvous)
+                if env is None and not build_first:
+                    job._take_place()
+                return job
             except BaseException:
                 if owns:
                     destroy_process_group()
@@ -111,11 +159,30 @@ class Job:
             stop.close(drain=False)
             raise
 
+    def _take_place(self) -> None:
+        """A warm spare: wait for the place its agent is given (runtime/inprocess.py), then join that
+        generation's group. A stop signal meanwhile (the spare's pod deleted) ends the process with 128+N."""
+        rdzv = self.rendezvous
+        announce_line("spare: trainer ready, waiting for its place")
+        generation = rdzv.wait_place(lambda: self.stop.requested)
+        if generation is None:
+            raise SystemExit(self.stop.exit_code)
+        placed = time.monotonic()
+        generation, world = rdzv.join_newest(generation, self.device, self.timeouts.long_s)
+        self._group_time = time.time()
+        _publish_environ(rdzv, generation, world)
+        self._bind(JobEnv.from_env())
+        log.warning("spare: took the place of rank %d of %d in generation %d (%.2f s to form the group)",
+                    rdzv.seat.rank, world, generation, time.monotonic() - placed)
+
     # ---- checkpoints --------------------------------------------------------------------------
 
     def resume(self, *, announce: bool = True) -> dict[str, Any] | None:
         """Every rank: the state of the newest checkpoint that verifies (rank 0 chooses, all load
-        the same step), or None. Its `state["ddpjob"]` holds the step and the world size it was saved at."""
+        the same step), or None. Its `state["ddpjob"]` holds the step and the world size it was saved at.
+        A warm spare started with build_first=True takes its place here first."""
+        if self._env is None:
+            self._take_place()
         if self.rendezvous is not None and dist.is_initialized():  # a survivor may hold the state: no volume read
             state = self._from_peer(announce)
             if state is not None:
@@ -135,7 +202,40 @@ class Job:
         meta = state.get(META) or {}
         if announce and self.env.is_main:  # shown even where the script configured no logging
             announce_line(resume_message(step, meta.get("world_size", "?"), self.env.world_size))
+        self._recovered("Restart", self._restart_reason(meta.get("generation")) if self.env.is_main else "", step)
         return state
+
+    def _restart_reason(self, saved_in: int | None) -> str:
+        """Why this generation resumed from the volume where in-process recovery was asked for ("" where not)."""
+        if not inprocess.enabled():
+            return ""
+        if self.rendezvous is None:
+            return "the script formed its own process group: in-process recovery needs Job.start to form it"
+        try:
+            note = self.rendezvous.fallback_reason(self.env.generation, saved_in)
+        except RuntimeError:  # the store: the reason only
+            note = None
+        return note or (f"no rank of generation {self.env.generation} held the training state in memory (every "
+                        f"one started anew): resumed from the volume")
+
+    def _recovered(self, path: str, reason: str, step: int) -> None:
+        """This generation resumed: its timeline starts (rank 0's reports carry it from now on)."""
+        self.recovery = recovery_field(path, reason=reason, resumed_step=step, rendezvous_time=self._group_time)
+        if self.env.is_main and self.reporter is not None:
+            self.reporter.recovery = self.recovery
+
+    @property
+    def recovering(self) -> bool:
+        """This generation resumed and its first step has not been reported yet: a script reports its first
+        step at once (the bundled trainer does), so that the operator sees the recovery end without a wait."""
+        return self.recovery is not None and self.recovery["first_step_time"] is None
+
+    def _stepped(self) -> None:
+        """An optimizer step of this generation finished: the first one ends the recovery's timeline."""
+        if self.recovering:
+            self.recovery = {**self.recovery, "first_step_time": time.time()}
+            if self.env.is_main and self.reporter is not None:
+                self.reporter.recovery = self.recovery
 
     def should_save(self, step: int) -> bool:
         """A periodic checkpoint is due after `step` (DDPJOB_CHECKPOINT_INTERVAL_STEPS)."""
@@ -195,12 +295,12 @@ class Job:
         group with the newest state (a peer's when it was behind), rewrapped; go on from the progress in
         memory (the step that failed is trained again). False: not a peer's failure, in-process recovery is
         off, or it is not possible here (logged with the reason): re-raise, the exit path as before."""
-        if self.rendezvous is None or self._carried is None or not is_peer_failure(error):
+        if self.rendezvous is None or not is_peer_failure(error):
             return False
+        if self._carried is None:
+            return self._fall_back("the script did not call job.carry() (what a survivor keeps in memory)")
         if self.watchdog.verdict is not None:
-            log.warning("in-process recovery not attempted: the stall watchdog's verdict (%s) ends the process",
-                        self.watchdog.verdict[1])
-            return False
+            return self._fall_back(f"the stall watchdog's verdict ({self.watchdog.verdict[1]}) ends the process")
         started = time.monotonic()
         old = self.env.generation
         self.watchdog.release()
@@ -212,15 +312,22 @@ class Job:
         try:
             generation, source, received, seen = self._rejoin(carried, rescue)
         except inprocess.CannotRecover as e:
-            log.warning("in-process recovery not possible: %s; leaving the process as before", e)
             rescue.join()
-            return False
+            return self._fall_back(str(e))
+        self._recovered("InProcess", "", carried.step())
         now = time.monotonic()
         log.warning("recovered in process: generation %d -> %d, rank %d of %d, state %s, %.2f s after the failure "
                     "(%.2f s after the generation was seen: group, exchange, DDP)", old, generation, self.env.rank,
                     self.env.world_size, f"received from rank {source}" if received else "kept", now - started,
                     now - seen)
         return True
+
+    def _fall_back(self, reason: str, generation: int | None = None) -> bool:
+        """In-process recovery is not possible: say why, in the log and in the store for the next generation's
+        rank 0 (its timeline's reason). False: the caller re-raises (today's exit path)."""
+        log.warning("in-process recovery not possible: %s; leaving the process as before", reason)
+        self.rendezvous.note_fallback(self.env.generation if generation is None else generation, reason)
+        return False
 
     def _rescue_in_background(self, carried: "_Carried") -> threading.Thread:
         step, state = carried.step(), carried.state() if carried.rescue else {}
@@ -261,10 +368,11 @@ class Job:
                     raise
                 generation = newer
                 continue
+            joined = time.time()  # the new generation's group is complete
             rescue.join()  # written under the failed generation's fence, before this process moves its own
             self._enter(generation, world)
             try:
-                received, source = rdzv.exchange(carried.state, carried.step(), self.device)
+                received, source, _ = rdzv.exchange(carried.state, carried.step(), self.device)
             except Exception as e:  # a second failure during the hand-over: the next generation
                 if not is_peer_failure(e):
                     raise
@@ -272,6 +380,7 @@ class Job:
             if received is not None:
                 carried.load(received)
             carried.rewrap()
+            self._group_time = joined
             return generation, source, received is not None, seen
 
     def _enter(self, generation: int, world: int) -> None:
@@ -289,15 +398,15 @@ class Job:
         """A fresh process of an in-process job (a replacement): the newest state a survivor holds, by
         broadcast, or None when nobody holds one (the volume then)."""
         started = time.monotonic()
-        state, source = self.rendezvous.exchange(None, -1, self.device)
+        state, source, step = self.rendezvous.exchange(None, -1, self.device)
         if state is None:
             return None
-        progress = state.get("progress") or {}
-        state[META] = {"step": progress.get("step"), "world_size": self.env.world_size, "peer": source,
+        state[META] = {"step": step, "world_size": self.env.world_size, "peer": source,
                        "generation": self.env.generation, "seconds": time.monotonic() - started}
         if announce and self.env.is_main:
-            announce_line(f"resumed from peer rank {source} step={progress.get('step')} by broadcast in "
+            announce_line(f"resumed from peer rank {source} step={step} by broadcast in "
                           f"{time.monotonic() - started:.2f} s (no checkpoint read)")
+        self._recovered("InProcess", "", step)
         return state
 
     @property
@@ -308,6 +417,7 @@ class Job:
 
     def should_stop(self) -> bool:
         """Call once per step on every rank: True on all of them once any was signalled."""
+        self._stepped()
         self.timeouts.step()
         self.watchdog.step()
         self.step_timer.boundary()
@@ -319,7 +429,10 @@ class Job:
 
     def report(self, *, step: int, total_steps: int | None = None, loss: float | None = None, **fields: Any) -> None:
         """Non-blocking progress report; call it on every rank (the file is rank 0's, the endpoint gets
-        local rank 0 of every pod). Adds world_size and last_checkpoint_step."""
+        local rank 0 of every pod). Adds world_size and last_checkpoint_step; on rank 0 of a generation that
+        resumed, its recovery timeline (`recovery`; a step past the resumed one ends it, if should_stop() did not)."""
+        if self.recovery is not None and step > self.recovery["resumed_step"]:
+            self._stepped()
         fields.setdefault("world_size", self.env.world_size)
         fields.setdefault("last_checkpoint_step", self.last_checkpoint_step)
         if "step_seconds" not in fields:  # this rank's own time per step since the last report (no collective)
@@ -373,7 +486,8 @@ class Job:
                 self.checkpoints.wait()
         finally:
             try:
-                self.reporter.close()
+                if self.reporter is not None:
+                    self.reporter.close()
                 self.stop.close(drain=clean)
             finally:
                 if self.watchdog.verdict is not None:
@@ -397,14 +511,11 @@ class _Carried:
     rescue: bool
 
 
-def _join_in_process(device: str, backend: str, timeout_s: float) -> tuple[JobEnv, torch.device, inprocess.Rendezvous]:
+def _join_in_process(rdzv: inprocess.Rendezvous, generation: int, device: torch.device, timeout_s: float) -> JobEnv:
     """Form the first group of an in-process job through the job's store (runtime/inprocess.py)."""
-    rdzv, generation = inprocess.Rendezvous.from_env(os.environ, backend)
-    seat = rdzv.seat
-    dev = select_device(device, JobEnv(rank=seat.rank, local_rank=seat.local_rank, world_size=1))
-    generation, world = rdzv.join_newest(generation, dev, timeout_s)
+    generation, world = rdzv.join_newest(generation, device, timeout_s)
     _publish_environ(rdzv, generation, world)
-    return JobEnv.from_env(), dev, rdzv
+    return JobEnv.from_env()
 
 
 def _publish_environ(rdzv: inprocess.Rendezvous, generation: int, world: int) -> None:
@@ -412,4 +523,5 @@ def _publish_environ(rdzv: inprocess.Rendezvous, generation: int, world: int) ->
     seat = rdzv.seat
     os.environ.update(RANK=str(seat.rank), WORLD_SIZE=str(world), LOCAL_RANK=str(seat.local_rank),
                       LOCAL_WORLD_SIZE=str(seat.nproc), GROUP_RANK=str(seat.replica_index),
+                      DDPJOB_REPLICA_INDEX=str(seat.replica_index),
                       DDPJOB_GENERATION=str(generation), TORCHELASTIC_RUN_ID=f"{rdzv.uid}-g{generation}")

@@ -27,6 +27,12 @@ Succeeded carries the final step.
 Every report names the rendezvous generation its trainer runs in (`generation`, from torchrun's run id): a
 survivor's trainer that reports once more as it stops, after the operator carried its pod into the next
 generation, is then not taken for the new generation's.
+
+A generation that came back from an incident (its trainers resumed: in process, or from a checkpoint) carries
+its recovery timeline in every report of its rank 0 (`recovery`, `recovery_field()`; set by `Job`, or a
+framework callback, as `ProgressReporter.recovery`): sticky, because reports are latest-wins. A report whose
+`recovery` differs from the last one sent (the generation's first, the one after its first step) is sent at
+once, past the pacing.
 """
 
 from __future__ import annotations
@@ -55,7 +61,22 @@ FILE_INTERVAL_S = 0.1
 # A loop with short steps need not build a report per step: most would be overwritten before a publish.
 REPORT_PACE_S = FILE_INTERVAL_S / 4
 CORE_KEYS = ("step", "total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "generation", "loss",
-             "samples_per_second", "step_seconds", "time")
+             "samples_per_second", "step_seconds", "time", "recovery")
+RECOVERY_PATHS = ("InProcess", "Restart")
+RECOVERY_REASON_LIMIT = 512  # characters of `recovery.reason` (the whole report stays under MAX_BODY)
+
+
+def recovery_field(path: str, *, resumed_step: int, rendezvous_time: float, first_step_time: float | None = None,
+                   reason: str = "") -> dict[str, Any]:
+    """The report's `recovery` object (docs/launch-contract.md, "Progress"): how this generation came back from
+    the incident before it. `path` InProcess (this process survived, or its state came from a peer) or
+    Restart; `reason`: why Restart where in-process recovery was asked for; `resumed_step`: the step the
+    generation trains from; the times (time.time()): its process group complete, its first optimizer step done."""
+    if path not in RECOVERY_PATHS:
+        raise ValueError(f"recovery path {path!r} is not one of {', '.join(RECOVERY_PATHS)}")
+    return {"path": path, "reason": reason[:RECOVERY_REASON_LIMIT], "resumed_step": int(resumed_step),
+            "rendezvous_time": float(rendezvous_time),
+            "first_step_time": None if first_step_time is None else float(first_step_time)}
 
 
 class ProgressReporter:
@@ -94,6 +115,11 @@ class ProgressReporter:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._write_lock = threading.Lock()
+        # The generation's recovery timeline (recovery_field), added to every report while set; a report whose
+        # recovery is not the last one sent skips the pacing (_prompt).
+        self.recovery: dict[str, Any] | None = None
+        self._recovery_sent: dict[str, Any] | None = None
+        self._prompt = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ProgressReporter":
@@ -112,12 +138,15 @@ class ProgressReporter:
         values = {"step": int(step), "total_steps": total_steps, "loss": None if loss is None else float(loss),
                   "rank": self.rank, "generation": _generation(os.environ) if self.generation is None else self.generation,
                   **fields, "time": time.time()}
+        if self.recovery is not None:
+            values["recovery"] = dict(self.recovery)
         with self._cond:
             self._latest = values
+            self._prompt = values.get("recovery") != self._recovery_sent
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="ddpjob-progress", daemon=True)
                 self._thread.start()
-            if self._idle:
+            if self._idle or self._prompt:  # a prompt report also ends a pacing wait
                 self._cond.notify()
 
     def _run(self) -> None:
@@ -128,12 +157,13 @@ class ProgressReporter:
                     self._idle = True
                     self._cond.wait(self.heartbeat_s if self.url is not None else None)
                     self._idle = False
-                while self.url is not None and not self._closed and time.monotonic() < self._next_post:
+                while self.url is not None and not self._closed and not self._prompt \
+                        and time.monotonic() < self._next_post:
                     self._cond.wait(self._next_post - time.monotonic())
-                while self.url is None and self.path is not None and not self._closed \
+                while self.url is None and self.path is not None and not self._closed and not self._prompt \
                         and time.monotonic() < self._next_file:
                     self._cond.wait(self._next_file - time.monotonic())
-                values, self._latest = self._latest, None
+                values, self._latest, self._prompt = self._latest, None, False
                 if values is None and self._closed:
                     return
             if values is not None:
@@ -144,6 +174,7 @@ class ProgressReporter:
 
     def _send(self, values: dict[str, Any]) -> None:
         with self._write_lock:
+            self._recovery_sent = values.get("recovery")
             if self.path is not None:
                 try:
                     _replace_json(self.path, values)
