@@ -1,0 +1,168 @@
+"""The machinery every DDPJob model is built on: one typed, validated model that is also the CRD's schema.
+
+Field constraints (types, ranges, enums, patterns) become the OpenAPI schema; cross-field rules are CEL
+expressions (`cel()`) that the API server evaluates at `kubectl apply` (x-kubernetes-validations) and that
+`APIModel` evaluates locally with the same text (`evaluate_cel`), so `ddpjob validate` and the cluster agree.
+`salvage` reads back what a cluster stored (a status) keeping every valid field.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, TypeVar, get_origin
+
+import celpy
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from .. import k8s_fields as k8s
+
+DNS_1035_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+DNS_1123_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+QUANTITY_PATTERN = k8s.NONNEGATIVE_QUANTITY
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One cross-field rule, in the shape of a CRD `x-kubernetes-validations` entry."""
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+def cel_string(text: str) -> str:
+    """`text` as a CEL string literal: a regex's backslashes doubled (`\\.` alone is an invalid escape in
+    CEL's grammar, and an API server would refuse the CRD)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def free_form(description: str) -> Any:
+    """A Kubernetes object passed through as-is (affinity, tolerations, volumes...)."""
+    return Field(default=None, description=description,
+                 json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "type": "object"})
+
+
+class APIModel(BaseModel):
+    """camelCase on the wire, unknown fields rejected, CEL rules checked after field validation."""
+
+    # strict: no true -> 1 or "2" -> 2, as the API server's `type: integer` refuses both.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
+                              validate_default=True, strict=True)
+    cel_rules: ClassVar[tuple[dict[str, str], ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.cel_rules:
+            extra = dict(cls.model_config.get("json_schema_extra") or {})
+            extra["x-kubernetes-validations"] = [dict(r) for r in cls.cel_rules]
+            cls.model_config = {**cls.model_config, "json_schema_extra": extra}
+
+    @model_validator(mode="after")
+    def _check_cel_rules(self) -> "APIModel":
+        # First what the CRD declares for pass-through objects (maxLength of a volume's name, ...): the
+        # model's types do not check it, the API server does, and the rules below rely on it.
+        for name, field in type(self).model_fields.items():
+            value, declared = getattr(self, name), field.json_schema_extra
+            if value is None or not isinstance(declared, dict):
+                continue
+            key = field.alias or name
+            problem = k8s.schema_problem({k: v for k, v in declared.items() if k != "type"} if isinstance(
+                value, list) else declared, value, key)
+            if problem:
+                raise CelRuleError({"rule": "", "message": f"{problem[0]}: {problem[1]}", "fieldPath": f".{key}"})
+        if self.cel_rules:
+            wire = self.model_dump(by_alias=True, exclude_none=True, mode="json")
+            for rule in self.cel_rules:
+                if not evaluate_cel(rule["rule"], wire):
+                    raise CelRuleError(rule)
+        return self
+
+    def wire(self) -> dict[str, Any]:
+        """The object as the API server stores it (camelCase, no nulls)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+
+class StatusModel(APIModel):
+    """What the operator writes: built in code, so not strict (the spec's models are, as the API server is)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
+                              validate_default=True, strict=False)
+
+
+def model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model class inside a field annotation such as `Backoff`, `list[EnvVar]` or `X | None`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def salvage(model_cls: type[M], raw: Any) -> M | None:
+    """`model_cls` from `raw`, keeping every valid field (for data read back, such as a stored status).
+
+    Unknown keys are ignored; an invalid field is dropped alone (its default applies); in a list of
+    objects only the entries that cannot be built are dropped; nested objects are salvaged the same
+    way. None when `raw` is not a mapping or a required field is missing or invalid.
+    """
+    if not isinstance(raw, Mapping):
+        return None
+    kept: dict[str, Any] = {}
+    for name, field in model_cls.model_fields.items():
+        key = field.alias or name
+        if key not in raw and name not in raw:
+            continue
+        value = raw[key] if key in raw else raw[name]
+        inner = model_in(field.annotation)
+        if inner is not None:
+            if isinstance(value, list) and _is_list(field.annotation):
+                value = [item for item in (salvage(inner, v) for v in value) if item is not None]
+            elif isinstance(value, Mapping):
+                value = salvage(inner, value)
+                if value is None:
+                    continue
+        try:
+            kept[name] = _field_adapter(model_cls, name).validate_python(value)
+        except ValidationError:
+            continue
+    try:
+        return model_cls.model_validate(kept)
+    except ValidationError:
+        return None
+
+
+def _is_list(annotation: Any) -> bool:
+    if get_origin(annotation) is list:
+        return True
+    return any(_is_list(arg) for arg in getattr(annotation, "__args__", ()) or ())
+
+
+@functools.lru_cache(maxsize=None)
+def _field_adapter(model_cls: type[BaseModel], name: str) -> TypeAdapter[Any]:
+    field = model_cls.model_fields[name]  # its type and constraints (ge, pattern...), not its alias
+    return TypeAdapter(Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation)
+
+
+class CelRuleError(ValueError):
+    """A failed cross-field rule; carries the rule so the error can name its field."""
+
+    def __init__(self, rule: dict[str, str]):
+        self.rule = rule
+        super().__init__(rule["message"])
+
+
+@functools.lru_cache(maxsize=None)
+def _cel_program(rule: str) -> Any:
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
+
+
+def evaluate_cel(rule: str, value: Any) -> bool:
+    return bool(_cel_program(rule).evaluate({"self": celpy.json_to_cel(value)}))
