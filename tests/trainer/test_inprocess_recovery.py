@@ -234,8 +234,9 @@ def test_the_pods_agents_leave_survivors_training_and_start_a_replacement_that_j
         gangs, tmp_path, replacement_kind: str) -> None:
     """The worker agent (WORKER_PROGRAM, the pod's command) with DDPJOB_INPROCESS=1: each pod's torchrun only
     starts and watches its own trainer; the survivors' trainers keep their PIDs through the incident, and the
-    replacement's agent (a new worker's, or a warm spare's given the rank) publishes generation 2 and starts a
-    trainer that joins them and gets the state by broadcast."""
+    replacement's agent (a new worker's) publishes generation 2 and starts a trainer that joins them and gets the
+    state by broadcast. A warm spare's trainer runs before the incident (its model built, waiting for its place)
+    and is the one that takes the place: a rendezvous and a broadcast, no checkpoint read."""
     gang = gangs("agents")
 
     def agent(replica: int, generation: int, args: list[str] = ()) -> subprocess.Popen:
@@ -258,10 +259,16 @@ def test_the_pods_agents_leave_survivors_training_and_start_a_replacement_that_j
                               DDPJOB_SPARE_READY_FILE=str(tmp_path / "spare.ready"))
         spare = agent(-1, 1)
         wait_for((tmp_path / "spare.ready").exists, "the spare ready", 60, explain=gang.logs)
+        gang.saw(-1, 1, "spare: trainer ready, waiting for its place")  # imports done, model and optimizer built
+        spare_trainer = descendants(spare.pid)
+        assert spare_trainer, gang.logs()
     assert gang.wait(agents.pop(0)) == 139, gang.logs()  # the crashed trainer's own code
     for replica in agents:
         gang.saw(replica, 1, f"at step {KILL_AT}: a peer failed in generation 1")
     if replacement_kind == "spare":  # what the local runner writes for a promoted spare (by rename)
+        wait_for(lambda: (steps_dir(gang.ckpt) / f"step-{KILL_AT:08d}.committed").exists(), "the rescue checkpoint",
+                 30, explain=gang.logs)
+        corrupt_checkpoints(gang)  # the spare must not need the volume
         (tmp_path / "assignment.tmp").write_text(json.dumps({"index": 0, "generation": 2, "rdzvId": f"{UID}-g2",
                                                              "nnodes": "3:3"}))
         (tmp_path / "assignment.tmp").rename(assignment)
@@ -271,9 +278,14 @@ def test_the_pods_agents_leave_survivors_training_and_start_a_replacement_that_j
     for replica, proc in agents.items():
         gang.saw(replica, 1, "recovered in process: generation 1 -> 2")
         assert descendants(proc.pid) == trainers[replica]  # the same trainer process trains on
+    if replacement_kind == "spare":
+        gang.saw(-1, 1, "spare: took the place of rank 0 of 3 in generation 2")
+        assert descendants(spare.pid) == spare_trainer  # started before the kill, trains on as rank 0
     for proc in (*agents.values(), replacement):
         assert gang.wait(proc) == 0, gang.logs()
     assert f"resumed from peer rank 1 by broadcast step={KILL_AT}" in gang.text(*log)
+    assert "resumed from checkpoint" not in gang.text(*log) and "skipping unreadable" not in gang.text(*log)
+    assert_recovery_reported(gang, "InProcess", 2)
     assert "joining rendezvous generation" not in gang.text(1, 1) + gang.text(2, 1)  # no torchrun run again
 
 

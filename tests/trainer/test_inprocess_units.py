@@ -71,6 +71,7 @@ def test_the_trainer_reads_the_store_keys_and_switch_the_agent_writes() -> None:
     assert inprocess.REJOIN_TIMEOUT_ENV == contract.REJOIN_TIMEOUT_ENV
     assert inprocess.REJOIN_TIMEOUT_S == contract.REJOIN_TIMEOUT_SECONDS
     assert inprocess.INPROCESS_ENV == contract.INPROCESS_ENV
+    assert inprocess.SPARE_PLACE_ENV == contract.SPARE_PLACE_ENV  # the agent names a spare's key there
 
 
 def test_the_agent_gives_torchrun_a_rendezvous_of_the_pods_own_only_in_process(monkeypatch) -> None:

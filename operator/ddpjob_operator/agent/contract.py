@@ -58,6 +58,11 @@ PROGRESS_CA_ENV = "DDPJOB_PROGRESS_CA"  # PEM: the CA the client verifies an htt
 # can never take a place (a NetworkPolicy, a CA it cannot verify, no token) is never Ready, never promoted.
 SPARE_READY_FILE_ENV = "DDPJOB_SPARE_READY_FILE"
 SPARE_COMPLAINT_SECONDS = 30  # a spare whose requests keep failing says why at most this often
+# With INPROCESS_ENV=1 a spare's agent starts its trainers before it has a place: they build what does not
+# depend on the rank, then wait for the assignment, which the agent writes (JSON, after publishing its generation)
+# under a store key of its own that it names in their environment (the trainer runtime's inprocess.SPARE_PLACE_ENV).
+SPARE_PLACE_ENV = "DDPJOB_SPARE_PLACE_KEY"
+SPARE_PLACE_KEY = "ddpjob/{uid}/spare/{token}"
 
 # The trainer runtime's exit for a checkpoint volume that is full or keeps failing reads (its
 # CHECKPOINT_VOLUME_* constants; a test keeps the two equal): infrastructure, never the user's bug.

@@ -32,7 +32,8 @@ from .contract import (ASSIGNMENT_FILE_ENV, ASSIGNMENT_PATH, FORK_TRAINER_ENV, I
                        GPU_DEVICE_FILES, NNODES_KEY, PEER_FAILURE_PATTERN, PRELOAD_ENV, PROGRESS_CA_ENV,
                        PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV, REJOIN_FAILED_PREFIX, REJOIN_TIMEOUT_ENV,
                        REJOIN_TIMEOUT_SECONDS, RENDEZVOUS_CLOSED_MARK, RENDEZVOUS_FAILED_PREFIX,
-                       SPARE_COMPLAINT_SECONDS, SPARE_ENV, SPARE_READY_FILE_ENV, STOP_EXIT_CODES,
+                       SPARE_COMPLAINT_SECONDS, SPARE_ENV, SPARE_PLACE_ENV, SPARE_PLACE_KEY, SPARE_READY_FILE_ENV,
+                       STOP_EXIT_CODES,
                        TERMINATION_LOG_ENV, TERMINATION_LOG_PATH, TERMINATION_MESSAGE_LIMIT)
 
 PEER_FAILURE = re.compile(PEER_FAILURE_PATTERN, re.IGNORECASE)
@@ -237,10 +238,16 @@ def stop_watching():
         thread.join()
 
 
+AFTER_START = []  # what runs once the trainers are started (a thread must not be copied into a forked trainer)
+
+
 def unwatched_start(start_workers):
     def start(self, worker_group):
         stop_watching()
-        return start_workers(self, worker_group)
+        started = start_workers(self, worker_group)
+        while AFTER_START:
+            AFTER_START.pop()()
+        return started
     return start
 
 
@@ -391,7 +398,7 @@ def mark_ready():
     print("spare: ready (the operator answers its assignment requests)", file=sys.stderr, flush=True)
 
 
-def wait_as_spare(args):
+def warm_up(args):
     # Warm: what every worker imports, and the entrypoint's package (never its __main__).
     import importlib
     import torch._dynamo, torch.optim  # noqa: F401 (warm: what every trainer imports)
@@ -401,11 +408,16 @@ def wait_as_spare(args):
             importlib.import_module(entry.split(".")[0])
         except Exception as error:
             print(f"spare: could not preload {entry}: {error}", file=sys.stderr, flush=True)
+
+
+def await_assignment(stop=None):
+    # The operator's assignment for this spare, asked for until it gives one; None once `stop` is set.
     print("spare: warm, asking for an assignment", file=sys.stderr, flush=True)
     every = 0.1 if os.environ.get(ASSIGNMENT_FILE_ENV) else 0.5  # a file is cheap to read; a request is not
     # said: when the last failure was logged (at most every SPARE_COMPLAINT_SECONDS, with the count since)
     ready, failed, said = False, 0, None
-    while True:
+    stop = stop or threading.Event()
+    while not stop.is_set():
         given, why = assignment()
         if why is None:
             if not ready:
@@ -425,13 +437,59 @@ def wait_as_spare(args):
                 print(f"spare: cannot get an assignment ({failed} failed request(s)): {why}; {state}",
                       file=sys.stderr, flush=True)
                 failed, said = 0, time.monotonic()
-        time.sleep(every)
+        stop.wait(every)
+    return given if not stop.is_set() else None
+
+
+def take_place(args, given):
+    # This agent is the worker it was assigned to be from now on: its environment and torchrun's flags say so.
     generation = int(given["generation"])
     print(f"spare: taking the place of worker {given['index']} in rendezvous generation {generation}",
           file=sys.stderr, flush=True)
     os.environ.update(DDPJOB_REPLICA_INDEX=str(given["index"]), DDPJOB_GENERATION=str(generation),
                       PET_RDZV_ID=given["rdzvId"], PET_NNODES=given["nnodes"])
     return with_flags(args, rdzv_id=given["rdzvId"], nnodes=given["nnodes"])
+
+
+def wait_as_spare(args):
+    warm_up(args)
+    return take_place(args, await_assignment())
+
+
+class SparePlace:
+    # DDPJOB_INPROCESS=1: this spare's trainers start before it has a place (they build what does not depend
+    # on the rank, then wait in their runtime); once the trainers run, a thread asks for the assignment,
+    # publishes the generation and writes the assignment under the store key named in the trainers'
+    # environment (SPARE_PLACE_ENV): a place then costs the trainers a rendezvous and a broadcast.
+    def __init__(self, args):
+        import secrets
+        rdzv_id = flag(args, "rdzv-id") or ""
+        self.uid = rdzv_id[:-len(f"-g{generation_of(rdzv_id)}")] if generation_of(rdzv_id) is not None else rdzv_id
+        self.key = SPARE_PLACE_KEY.format(uid=self.uid, token=secrets.token_hex(8))
+        os.environ[SPARE_PLACE_ENV] = self.key
+        self.args, self.stop, self.taken, self.lock = args, threading.Event(), threading.Event(), threading.Lock()
+        self.generation, self.generations = None, None
+
+    def start(self):
+        threading.Thread(target=self.run, name="ddpjob-spare-place", daemon=True).start()
+
+    def run(self):
+        import json
+        given = await_assignment(self.stop)
+        with self.lock:  # the trainers' end (stop) and the place taken never cross
+            if given is None or self.stop.is_set():
+                return
+            args = take_place(self.args, given)
+            try:
+                generations = Generations(flag(args, "rdzv-endpoint"), self.uid)
+                generations.publish(int(given["generation"]), given["nnodes"])
+                generations.store.set(self.key, json.dumps(given))
+            except Exception as error:  # the trainers cannot reach the store either: they fail, so does the pod
+                print(f"spare: cannot take the place in the job's store: {error}", file=sys.stderr, flush=True)
+                return
+            os.environ.pop(SPARE_PLACE_ENV, None)  # a later generation's trainers are this worker's, not a spare's
+            self.args, self.generation, self.generations = args, int(given["generation"]), generations
+            self.taken.set()
 
 
 def drop_foreign_torchrun_settings(args):
@@ -476,28 +534,59 @@ def next_generation(failure, generation, generations, timeout):
     return newest
 
 
+def publishing(args, generation):
+    # The job's store as the survivors' channel (REJOIN_ENV), this agent's generation published in it; None
+    # where the pod does not rejoin or the store cannot be reached (torchrun's own join reports that).
+    if os.environ.get(REJOIN_ENV) != "1" or generation is None:
+        return None
+    uid = flag(args, "rdzv-id")[:-len(f"-g{generation}")]
+    try:
+        generations = Generations(flag(args, "rdzv-endpoint"), uid)
+        generations.publish(generation, flag(args, "nnodes"))
+        return generations
+    except Exception as error:
+        print(f"cannot publish generation {generation}: {error}", file=sys.stderr, flush=True)
+        return None
+
+
+def run_as_spare(args):
+    # DDPJOB_INPROCESS=1: the trainers run from now on (SparePlace); (args, generation, generations, its
+    # outcome) once they end after taking a place. Ended without one: the pod's exit, nothing to rejoin.
+    warm_up(args)
+    place = SparePlace(args)
+    AFTER_START.append(place.start)
+    signal.signal(signal.SIGUSR1, on_superseded)
+    outcome = run_generation(args, None, None)
+    with place.lock:
+        place.stop.set()
+    if not place.taken.is_set():
+        code, text, closed, _ = outcome if outcome is not None else (1, "torchrun ended without a place", True, False)
+        report(text, closed=closed)
+        finish(code)
+    return place.args, place.generation, place.generations, outcome
+
+
 def launch(args):
     flags = next((args[:i] for i, a in enumerate(args) if not a.startswith("--")), args)  # torchrun's own
     drop_foreign_torchrun_settings(flags)
     if forks_trainers():
         preload(entry_of(args))
-    if os.environ.get(SPARE_ENV) == "1":
-        args = wait_as_spare(args)
-    generation = generation_of(flag(args, "rdzv-id"))
-    generations = None
-    if os.environ.get(REJOIN_ENV) == "1" and generation is not None:
-        uid = flag(args, "rdzv-id")[:-len(f"-g{generation}")]
-        try:
-            generations = Generations(flag(args, "rdzv-endpoint"), uid)
-            generations.publish(generation, flag(args, "nnodes"))
-        except Exception as error:  # no store: torchrun's own join reports it
-            print(f"cannot publish generation {generation}: {error}", file=sys.stderr, flush=True)
-            generations = None
+    os.environ.pop(SPARE_PLACE_ENV, None)  # this agent's own to set (SparePlace), never the pod's
+    first = None  # the outcome of a generation already run (an in-process spare's)
+    if os.environ.get(SPARE_ENV) == "1" and os.environ.get(INPROCESS_ENV) == "1":
+        args, generation, generations, outcome = run_as_spare(args)
+        first = [outcome]
+    else:
+        if os.environ.get(SPARE_ENV) == "1":
+            args = wait_as_spare(args)
+        generation = generation_of(flag(args, "rdzv-id"))
+        generations = publishing(args, generation)
     signal.signal(signal.SIGUSR1, on_superseded)
     timeout = float(os.environ.get(REJOIN_TIMEOUT_ENV, str(REJOIN_TIMEOUT_SECONDS)))
     while True:
         try:
-            newest = next_generation(run_generation(args, generation, generations), generation, generations, timeout)
+            outcome = first.pop() if first else run_generation(args, generation, generations)
+            newest = next_generation(outcome, generation, generations, timeout)
         except SignalException as stopped:
             # torchrun's handler stays installed between generations: the pod's own stop, while it waits.
             text = f"stopped by {stopped.sigval.name} between rendezvous generations; exit code {128 + stopped.sigval}"
