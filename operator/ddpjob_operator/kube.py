@@ -8,12 +8,13 @@ retries the whole reconcile (level-based, so that is always safe).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 import kopf
@@ -77,6 +78,10 @@ class NotOwned(ApiError):
     """A create met an object of the same name that belongs to something else."""
 
 
+# What a call may end in that the next try can fix: a refusal, a dropped connection, a timeout.
+RETRYABLE_ERRORS = (ApiError, aiohttp.ClientError, asyncio.TimeoutError)
+
+
 @dataclass(frozen=True)
 class Kind:
     """Where a resource lives in the URL space."""
@@ -120,9 +125,14 @@ def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 class Kube:
-    def __init__(self, connection: Connection, *, timeout_seconds: float = 30.0):
+    """`user_agent` names the caller; `before_write` runs before every call but a GET and refuses it by
+    raising (leader.FencedKube: no write while this replica is not the leader)."""
+
+    def __init__(self, connection: Connection, *, timeout_seconds: float = 30.0, user_agent: str = USER_AGENT,
+                 before_write: Callable[[], None] | None = None):
         self.connection = connection
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self.user_agent, self.before_write = user_agent, before_write
         self._session: aiohttp.ClientSession | None = None
 
     def _open(self) -> aiohttp.ClientSession:
@@ -132,7 +142,7 @@ class Kube:
                 cafile=conn.ca_path)
             if isinstance(ssl_context, ssl.SSLContext) and conn.certificate_path:
                 ssl_context.load_cert_chain(conn.certificate_path, conn.private_key_path)
-            headers = {"User-Agent": USER_AGENT}
+            headers = {"User-Agent": self.user_agent}
             self._session = aiohttp.ClientSession(
                 base_url=conn.server.rstrip("/") + "/", headers=headers, timeout=self.timeout,
                 connector=aiohttp.TCPConnector(ssl=ssl_context if conn.server.startswith("https") else None))
@@ -144,6 +154,8 @@ class Kube:
 
     async def _call(self, method: str, path: str, *, body: Any = None, params: dict[str, str] | None = None,
                     content_type: str = "application/json") -> tuple[int, Any]:
+        if method != "GET" and self.before_write is not None:
+            self.before_write()
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if body is not None else {}
         token = self.connection.current_token()
@@ -158,6 +170,22 @@ class Kube:
                 raise ApiError(response.status, info.get("reason") or response.reason or "",
                                info.get("message") or text[:200])
             return response.status, payload
+
+    async def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
+        """Read one object; ApiError (a 404 included) when it cannot."""
+        _, body = await self._call("GET", kind.path(namespace, name))
+        return body or {}
+
+    async def write(self, kind: Kind, manifest: dict[str, Any], *, create: bool) -> dict[str, Any]:
+        """Create (POST) or replace (PUT) one object exactly as given, and return what the server stored.
+        Unlike `create`, a 409 raises: a name already taken, or a replace decided on a resourceVersion that
+        someone else has changed since (the Lease's optimistic concurrency)."""
+        meta = manifest["metadata"]
+        if create:
+            _, written = await self._call("POST", kind.path(meta["namespace"]), body=manifest)
+        else:
+            _, written = await self._call("PUT", kind.path(meta["namespace"], meta["name"]), body=manifest)
+        return written or {}
 
     async def create(self, manifest: dict[str, Any], kind: Kind | None = None, *,
                      dry_run: bool = False) -> dict[str, Any] | None:
@@ -179,7 +207,7 @@ class Kube:
         owners = {ref.get("uid") for ref in meta.get("ownerReferences") or ()}
         if owners:
             try:
-                _, existing = await self._call("GET", kind.path(meta["namespace"], meta["name"]))
+                existing = await self.get(kind, meta["namespace"], meta["name"])
             except ApiError as exc:
                 if exc.status != 404:
                     raise

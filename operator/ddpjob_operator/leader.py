@@ -269,8 +269,8 @@ class Elector:
 
     async def _read(self) -> None:
         try:
-            _, body = await asyncio.wait_for(self.api._call("GET", LEASES.path(self.namespace, self.name)),
-                                             self.timing.renew_deadline)
+            body: dict[str, Any] | None = await asyncio.wait_for(
+                self.api.get(LEASES, self.namespace, self.name), self.timing.renew_deadline)
         except kube.ApiError as exc:
             if exc.status != 404:
                 raise
@@ -292,11 +292,7 @@ class Elector:
             self.on_change(holder)
 
     async def _write(self, body: dict[str, Any], *, create: bool) -> dict[str, Any]:
-        if create:
-            _, written = await self.api._call("POST", LEASES.path(self.namespace), body=body)
-        else:
-            _, written = await self.api._call("PUT", LEASES.path(self.namespace, self.name), body=body)
-        return written
+        return await self.api.write(LEASES, body, create=create)
 
     def _arm_expiry(self) -> None:
         """Tell the operator the moment the renew deadline passes without a renewal."""
@@ -332,16 +328,11 @@ class Elector:
 class NamedKube(kube.Kube):
     """The API client with a User-Agent that names the replica: `ddpjob-operator/<identity>`."""
 
-    def __init__(self, connection: kube.Connection, identity: str, *, timeout_seconds: float = 30.0):
-        super().__init__(connection, timeout_seconds=timeout_seconds)
+    def __init__(self, connection: kube.Connection, identity: str, *, timeout_seconds: float = 30.0,
+                 before_write: Callable[[], None] | None = None):
+        super().__init__(connection, timeout_seconds=timeout_seconds, user_agent=f"{kube.USER_AGENT}/{identity}",
+                         before_write=before_write)
         self.identity = identity
-
-    def _open(self) -> Any:
-        fresh = self._session is None or self._session.closed
-        session = super()._open()
-        if fresh:
-            session.headers["User-Agent"] = f"{kube.USER_AGENT}/{self.identity}"
-        return session
 
 
 class FencedKube(NamedKube):
@@ -351,10 +342,9 @@ class FencedKube(NamedKube):
     server, past its renew deadline sends nothing once it runs again."""
 
     def __init__(self, connection: kube.Connection, elector: Elector, *, timeout_seconds: float = 30.0):
-        super().__init__(connection, elector.identity, timeout_seconds=timeout_seconds)
+        super().__init__(connection, elector.identity, timeout_seconds=timeout_seconds, before_write=self._fence)
         self.elector = elector
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
-        if method != "GET" and not self.elector.leading():
+    def _fence(self) -> None:
+        if not self.elector.leading():
             raise NotLeader(self.elector.identity)
-        return await super()._call(method, path, **kwargs)

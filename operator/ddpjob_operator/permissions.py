@@ -67,7 +67,7 @@ PERMISSIONS: tuple[Permission, ...] = (
 LEADER_ELECTION_PERMISSIONS: tuple[Permission, ...] = (
     Permission("coordination.k8s.io", "leases", ("get", "create", "update")),
     # The leader labels its own pod (and a replica that stops leading removes the label), so the progress
-    # Service routes reports to the acting replica only (handlers.PROGRESS_LEADER_LABEL).
+    # Service routes reports to the acting replica only (progress_router.PROGRESS_LEADER_LABEL).
     Permission("", "pods", ("patch",)),
 )
 

@@ -30,7 +30,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         return validation.EXIT_INVALID
     ca = ""
     if args.progress_ca:
-        try:  # as the operator reads its DDPJOB_OPERATOR_PROGRESS_CA_FILE (handlers._read_ca)
+        try:  # as the operator reads its DDPJOB_OPERATOR_PROGRESS_CA_FILE (progress_router.read_ca)
             with open(args.progress_ca, encoding="ascii") as f:
                 ca = f.read().strip()
         except (OSError, UnicodeDecodeError) as exc:

@@ -401,7 +401,7 @@ def test_render_shows_the_progress_token_volume_and_env_as_the_operator_creates_
 
 def test_render_shows_the_progress_ca_of_an_https_endpoint(tmp_path, capsys):
     """With --progress-ca, render gives workers DDPJOB_PROGRESS_CA as the operator does from its CA file."""
-    from ddpjob_operator import handlers  # the operator's own reader of DDPJOB_OPERATOR_PROGRESS_CA_FILE
+    from ddpjob_operator import progress_router  # the operator's own reader of DDPJOB_OPERATOR_PROGRESS_CA_FILE
 
     path, ca = tmp_path / "job.yaml", tmp_path / "ca.crt"
     path.write_text(yaml.safe_dump(manifest()))
@@ -411,7 +411,7 @@ def test_render_shows_the_progress_ca_of_an_https_endpoint(tmp_path, capsys):
     workers = [m for m in yaml.safe_load_all(capsys.readouterr().out)
                if m["kind"] == "Pod" and "worker" in m["metadata"]["name"]]
     spec, ref = validation.parse_job(manifest()).spec, builders.JobRef.preview("victim", "team-a")
-    operator = builders.ProgressEndpoint(url, audience, handlers._read_ca(str(ca)))
+    operator = builders.ProgressEndpoint(url, audience, progress_router.read_ca(str(ca)))
     assert workers == [builders.worker_pod(ref, spec, index=i, generation=0, progress=operator) for i in range(2)]
     env = {e["name"]: e.get("value") for e in workers[0]["spec"]["containers"][0]["env"]}
     assert env[contract.PROGRESS_CA_ENV] == ca.read_text().strip()

@@ -190,7 +190,7 @@ def test_metrics_service_targets_the_operator_pod():
                                          "protocol": "TCP"}]
     # Issue 12: trainers reach the progress endpoint through its own Service (DDPJOB_PROGRESS_URL).
     progress = services["ddpjob-operator-progress"]
-    # Issue 23: and only to the acting replica, whose pod the operator labels (handlers.PROGRESS_LEADER_LABEL).
+    # Issue 23: and only to the acting replica, whose pod the operator labels (progress_router.PROGRESS_LEADER_LABEL).
     selector = dict(progress["spec"]["selector"])
     assert selector.pop("elastic.ddp.dev/progress-leader") == "true" and selector.items() <= pod_labels.items()
     assert progress["spec"]["ports"] == [{"name": "progress", "port": 8090, "targetPort": "progress",

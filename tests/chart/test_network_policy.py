@@ -7,7 +7,7 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
-from ddpjob_operator import builders, handlers
+from ddpjob_operator import builders, progress_router
 
 from .helm_install import RELEASE_NAMESPACE, install_dry_run
 
@@ -82,7 +82,7 @@ def test_bad_values_are_refused(bad):
 def test_the_progress_service_selects_the_acting_replica_only():
     release = install_dry_run()
     [service] = [s for s in release.of_kind("Service") if s["metadata"]["name"].endswith("-progress")]
-    assert service["spec"]["selector"][handlers.PROGRESS_LEADER_LABEL] == "true"
+    assert service["spec"]["selector"][progress_router.PROGRESS_LEADER_LABEL] == "true"
     env = {e["name"]: e.get("value") for e in release.one("Deployment")["spec"]["template"]["spec"]["containers"][0]
            ["env"]}
     assert env["DDPJOB_OPERATOR_PROGRESS_LEADER_LABEL"] == "true"

@@ -152,7 +152,7 @@ async def _idle(operator, harness, name: str) -> bool:
     """The operator holds the job as the server does now (the echo of its last write delivered) and runs
     no pass: read in the operator's own loop, where its events are handled."""
     async def check() -> bool:
-        held = operator.controller.jobs.get((NAMESPACE, name))
+        held = operator.controller.cache.get((NAMESPACE, name))
         return bool(held) and held["metadata"]["resourceVersion"] == \
             harness.job(name)["metadata"]["resourceVersion"] and operator.controller.queue.idle()
     return await operator.in_operator(check())
@@ -166,7 +166,7 @@ async def test_the_echo_of_its_own_status_write_triggers_nothing_and_a_burst_is_
     pod_events: list[str] = []
     gate = threading.Event()
     gate.set()
-    reconcile, pod_event = controller.reconcile, controller.pod_event
+    reconcile, pod_event = controller.reconciler.reconcile, controller.pod_event
 
     async def counted(key):
         passes.append(key[1])
@@ -177,7 +177,7 @@ async def test_the_echo_of_its_own_status_write_triggers_nothing_and_a_burst_is_
     def seen(namespace, labels):
         pod_events.append(labels.get(builders.LABEL_JOB_NAME, ""))
         pod_event(namespace, labels)
-    controller.reconcile, controller.pod_event = counted, seen
+    controller.reconciler.reconcile, controller.pod_event = counted, seen
 
     async def idle() -> bool:
         return await _idle(operator, harness, "echo")
@@ -231,7 +231,7 @@ async def test_deleting_the_job_removes_everything_and_nothing_comes_back(harnes
                          what="garbage collection (running pods are deleted gracefully)")
     # The operator forgot the job (its DELETED event) and runs nothing: it cannot recreate anything.
     async def forgotten() -> bool:
-        return (NAMESPACE, "doomed") not in operator.controller.jobs and operator.controller.queue.idle()
+        return operator.controller.cache.get((NAMESPACE, "doomed")) is None and operator.controller.queue.idle()
     await eventually(forgotten, what="the operator to forget the job")
     assert not harness.pods("doomed") and not harness.pods("doomed", builders.ROLE_STORE)
 

@@ -1,5 +1,5 @@
 """Issue 23 (item 12): progress reports reach the acting replica only. The leader labels its own pod
-(handlers.PROGRESS_LEADER_LABEL), which the chart's progress Service selects; a replica that stops leading
+(progress_router.PROGRESS_LEADER_LABEL), which the chart's progress Service selects; a replica that stops leading
 removes it. Two real operators (kopf, leader election) against the emulator."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from ddpjob_operator import handlers
+from ddpjob_operator import progress_router
 from ddpjob_operator.settings import AUTO_PORT
 
 from .conftest import FAST, OperatorProcess, assert_within_permissions, eventually
@@ -20,7 +20,7 @@ SYSTEM = "ddpjob-system"
 
 def labeled(emulator) -> set[str]:
     return {p["metadata"]["name"] for p in emulator.live(PODS, SYSTEM)
-            if (p["metadata"].get("labels") or {}).get(handlers.PROGRESS_LEADER_LABEL) == "true"}
+            if (p["metadata"].get("labels") or {}).get(progress_router.PROGRESS_LEADER_LABEL) == "true"}
 
 
 async def test_only_the_leaders_pod_carries_the_progress_label(cluster):
@@ -39,7 +39,7 @@ async def test_only_the_leaders_pod_carries_the_progress_label(cluster):
     await second.start()
     await eventually(lambda: labeled(emulator) == {"operator-a"}, 15, "the leader's label")
     # The standby stays unlabeled: it keeps standing by (its Lease loop ran meanwhile).
-    await eventually(lambda: second.controller is not None and second.controller._routing_labeled is False, 15,
+    await eventually(lambda: second.controller is not None and second.controller.router.labeled is False, 15,
                      "the standby to settle its (absent) label")
     assert labeled(emulator) == {"operator-a"}
     # The leader stops (SIGTERM): its label goes, and the new leader's pod gets it.
