@@ -41,6 +41,7 @@ import argparse
 import os
 import platform
 import re
+import signal
 import socket
 import statistics
 import subprocess
@@ -51,10 +52,11 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 from ddpjob_operator import validation
 from ddpjob_operator.local.logs import RESUME_LINE, STEP_LINE, LogTail
-from ddpjob_operator.local.processes import MARKER_ENV, kill_marked, marker_for
+from ddpjob_operator.local.processes import MARKER_ENV, LocalProcess, kill_marked, marked_pids, marker_for
 from ddpjob_operator.local.runner import (COLD_CPU_NODE, COLD_GPU_NODE, DELETE, KILL, FaultInjection, LocalRunner,
                                          RunOptions)
 from ddpjob_operator.local.view import Snapshot, Summary
@@ -63,8 +65,18 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cpu-digits.yaml"
 STEPS_PER_EPOCH = 23  # digits: 1,437 training samples / (32 x 2 workers), rounded up
 TRAINER_START = re.compile(r"rank=0 world_size=\d+ ")
+# In-process recovery (failurePolicy.recovery InProcess, docs/trainer.md): a survivor's step raised a peer's failure
+# (any rank: the first one marks "failure seen"), rank 0 survived and trains on ("recovered in process", at the step
+# its failure line named), or rank 0 is new and got the state from a peer (the bundled trainer's line, or the
+# runtime's announce line for other scripts; every receiving rank logs the trainer's: rank 0's is the mark).
+PEER_FAILED = re.compile(r"rank (\d+) at step (\d+): a peer failed in generation")
+RANK0_RECOVERED = re.compile(r"recovered in process: generation \d+ -> \d+, rank 0 of ")
+PEER_RESUME = re.compile(r"resumed from peer rank \d+ (?:by broadcast )?step=(\d+)")
+OTHER_RANK = re.compile(r"^\S+ \S+ rank[1-9]\d* [A-Z]+ ")  # the trainer's logging format: time, rank, level
 RESCUE = re.compile(r"rescue checkpoint: rank \d+ saved step (\d+)")
 ASCTIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+STOP = "stop"  # --fault stop: the bench freezes a worker's pod (SIGSTOP), a silent peer
+FROZEN_FOR_AT_MOST_S = 300.0  # a frozen pod no survivor's step failed on within this is killed anyway
 KUBECTL_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,6})?)\d*Z ")
 
 
@@ -77,6 +89,9 @@ class Timeline:
     entries: list[tuple[float, str, int]] = field(default_factory=list)
     tails: dict[str, LogTail] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    rank0_failed_at: int = 0  # the step of rank 0's last "a peer failed" line: where it trains on in process
+    # (time.time(), {(pod, its root's pid): its trainers' pids}) of the pods serving a rank, at each local pass
+    trainers: list[tuple[float, dict[tuple[str, int], frozenset[int]]]] = field(default_factory=list)
 
     def poll(self) -> None:
         with self.lock:
@@ -90,8 +105,18 @@ class Timeline:
                         at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
                     else:
                         at = time.time()
-                    for kind, pattern in (("resume", RESUME_LINE), ("rescue", RESCUE), ("start", TRAINER_START),
-                                          ("step", STEP_LINE)):
+                    if failed := PEER_FAILED.search(line):
+                        if failed.group(1) == "0":
+                            self.rank0_failed_at = int(failed.group(2))
+                        self.entries.append((at, "failed", int(failed.group(2))))
+                        continue
+                    if RANK0_RECOVERED.search(line):
+                        self.entries.append((at, "in process", self.rank0_failed_at))
+                        continue
+                    if OTHER_RANK.match(line):
+                        continue
+                    for kind, pattern in (("resume", RESUME_LINE), ("in process", PEER_RESUME), ("rescue", RESCUE),
+                                          ("start", TRAINER_START), ("step", STEP_LINE)):
                         if match := pattern.search(line):
                             value = int(match.group(1)) if pattern.groups else 0
                             self.entries.append((at, kind, value))
@@ -110,6 +135,20 @@ class Timeline:
         with self.lock:
             return sorted(self.entries)
 
+    def seen_since(self, kind: str, at: float) -> bool:
+        with self.lock:
+            return any(k == kind and t >= at for t, k, _ in self.entries)
+
+    def survivors_kept_trainers(self, killed_at: float, trained_at: float) -> bool | None:
+        """Whether every pod that served a rank before the kill and still runs after the first step of the
+        recovery (same pod, same root process) has the same trainer processes; None: not observed."""
+        before = next((pods for t, pods in reversed(self.trainers) if t < killed_at), None)
+        after = next((pods for t, pods in self.trainers if t > trained_at), None)
+        if before is None or after is None:
+            return None
+        survivors = [key for key, pids in before.items() if pids and key in after]
+        return all(before[key] == after[key] for key in survivors) if survivors else None
+
 
 @dataclass(frozen=True)
 class Recovery:
@@ -120,27 +159,37 @@ class Recovery:
     phases: dict[str, float]
     trainers_start: float | None = None  # kill -> rank 0's trainer of the generation that resumed logs its start
     resumed: float | None = None  # kill -> rank 0 logs the resume
+    trainers_kept: bool | None = None  # the survivors' trainer processes are the same after it (None: not seen)
+    resumed_in_process: bool = False  # rank 0 logged an in-process recovery (kept or by a peer's broadcast)
+    kill: int = 0  # which kill of the run (1, 2, ...): a kill after which training never resumed has no Recovery
 
     @property
     def steps_lost(self) -> int:
         return max(self.last_step - self.resumed_from, 0)
 
 
-def recoveries(entries: list[tuple[float, str, int]]) -> list[Recovery]:
+def recoveries(entries: list[tuple[float, str, int]],
+               kept: Callable[[float, float], bool | None] = lambda killed, trained: None) -> list[Recovery]:
+    """`kept(kill, first step)`: whether the survivors kept their trainer processes across that recovery."""
     out = []
+    kills = 0
     for i, (killed_at, kind, worker) in enumerate(entries):
         if kind != "kill":
             continue
+        kills += 1
         last_step = max((v for _, k, v in entries[:i] if k == "step"), default=0)
         nxt = next((j for j, e in enumerate(entries[i + 1:], i + 1) if e[1] == "kill"), len(entries))
         after = entries[i + 1:nxt]
-        resume = next(((t, v) for t, k, v in after if k == "resume"), None)
+        resume = next(((t, v, k) for t, k, v in after if k in ("resume", "in process")), None)
         if resume is None:
             continue
         first_step = next((t for t, k, _ in after if k == "step" and t >= resume[0]), None)
         if first_step is None:
             continue
         marks = {"kill": killed_at}
+        failed = next((t for t, k, _ in after if k == "failed" and t <= resume[0]), None)
+        if failed is not None:  # in process: a survivor's step raised the peer's failure
+            marks["failure seen"] = failed
         restarted = next((t for t, k, _ in after if k == "restart" and t <= resume[0]), None)
         if restarted is not None:  # ours: the runner's decision to start a new generation
             marks["new generation"] = restarted
@@ -148,11 +197,12 @@ def recoveries(entries: list[tuple[float, str, int]]) -> list[Recovery]:
         if starts:  # the trainer that resumed: its start line is the last one before the resume
             marks["trainer up"] = max(starts)
         marks["resumed"], marks["first step"] = resume[0], first_step
-        names = list(marks)
+        names = sorted(marks, key=marks.get)
         phases = {f"{a} -> {b}": marks[b] - marks[a] for a, b in zip(names, names[1:])}
         up = marks.get("trainer up")
         out.append(Recovery(worker, last_step, resume[1], first_step - killed_at, phases,
-                            trainers_start=None if up is None else up - killed_at, resumed=resume[0] - killed_at))
+                            trainers_start=None if up is None else up - killed_at, resumed=resume[0] - killed_at,
+                            trainers_kept=kept(killed_at, first_step), resumed_in_process=resume[2] == "in process", kill=kills))
     return out
 
 
@@ -178,16 +228,18 @@ def kill_step(k: int, every: int) -> int:
     return every * (k + 1) + 7
 
 
-def load_example(kills: int, every: int, scope: str = "Pod", spares: int = 0, state_mb: float = 0):
+def load_example(kills: int, every: int, scope: str = "Pod", spares: int = 0, state_mb: float = 0,
+                 recovery: str = "Restart", steady_timeout: float | None = None):
     job = validation.load_jobs(EXAMPLE)[0]
     spec = job.spec
     epochs = 2 + (every * (kills + 1)) // STEPS_PER_EPOCH
     # state_mb: a parameter block that makes model + AdamW state this size (ddp_trainer/workloads/state.py)
     state = ["--workload-option", f"state_mb={state_mb:g}"] if state_mb else []
+    steady = [] if steady_timeout is None else ["--dist-steady-timeout", f"{steady_timeout:g}"]
     spec = spec.model_copy(update={
-        "args": [*spec.args, *state, "--epochs", str(epochs), "--log-every", "1"],  # a later --epochs wins
+        "args": [*spec.args, *state, *steady, "--epochs", str(epochs), "--log-every", "1"],  # a later --epochs wins
         "failure_policy": spec.failure_policy.model_copy(update={"max_restarts": kills + 2, "restart_scope": scope,
-                                                                 "spares": spares}),
+                                                                 "spares": spares, "recovery": recovery}),
     })
     return job.model_copy(update={"spec": spec})
 
@@ -203,6 +255,8 @@ class RecordingView:
         self.timeline.poll()
 
     def event(self, text: str) -> None:
+        with open(self.timeline.log_dir.parent / "events.log", "a") as out:  # the run's events, kept by --keep-logs
+            out.write(f"{datetime.now().isoformat(timespec='milliseconds')} {text}\n")
         if text.startswith(("fault injection: killed", "fault injection: deleted")):
             # The pod serving the worker: its own, or a spare that took its place (`--spares`), which the
             # fault's index names as well: kills alternate 1, 0, 1, ...
@@ -229,22 +283,83 @@ def poll_in_background(timeline: Timeline, stop: threading.Event) -> threading.T
     return thread
 
 
+def descendants(pid: int) -> frozenset[int]:
+    found, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        for children in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                todo += [int(child) for child in children.read_text().split()]
+            except OSError:
+                continue  # the thread or the process ended meanwhile
+        found.update(todo)
+    return frozenset(found)
+
+
+class RecordingRunner(LocalRunner):
+    """The local runner that also notes, at every pass, the trainer processes of each pod serving a rank (the
+    survivors must keep theirs), and hands it the faults one at a time: `faults` (rank index, step, kind), each
+    once rank 0 logged the step, training resumed after the previous one (steps take milliseconds: faults given
+    to the runner at once would strike together, or during a recovery) and every spare is ready again. KILL and DELETE are the runner's
+    faults; STOP is the bench's silent peer: every process of the rank's pod is frozen (SIGSTOP), as a node that
+    went silent, and once a survivor's step failed on it (its steady timeout) the pod is SIGKILLed, as the
+    node's loss would end it, and the runner replaces it."""
+
+    def __init__(self, *args, timeline: Timeline, faults: tuple[tuple[int, int, str], ...] = (), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.timeline, self.faults = timeline, list(faults)
+        self.faulted_at: float | None = None
+        self.frozen: tuple[LocalProcess, float] | None = None
+
+    def reconcile(self):
+        decision = super().reconcile()
+        serving = {r.pod: r.index for r in self.status.ranks}
+        pods = {(name, w.process.pid): descendants(w.process.pid) for name, w in list(self.workers.items())
+                if name in serving and w.process.started and w.process.poll(self.clock()) is None}
+        self.timeline.trainers.append((time.time(), pods))
+        if self.frozen is not None:
+            process, at = self.frozen
+            # a survivor's step failed on it: in process ("a peer failed") or on the restart path (its rescue)
+            if self.timeline.seen_since("failed", at) or self.timeline.seen_since("rescue", at) \
+                    or time.time() > at + FROZEN_FOR_AT_MOST_S:
+                kill_marked(process.marker, sessions=(process.pid,))
+                self.frozen = None
+        elif self.faults and self.timeline.last_step() >= self.faults[0][1] and self.status.phase == "Running" \
+                and self.status.ready_spares >= self.spec.failure_policy.spares \
+                and (self.faulted_at is None or trained_since(self.timeline, self.faulted_at)):
+            index, step, kind = self.faults.pop(0)
+            self.faulted_at = time.time()
+            if kind != STOP:
+                self.pending_faults.append(FaultInjection(index=index, at_step=step, kind=kind))  # due now
+                return decision
+            w = self.workers[next(pod for pod, i in serving.items() if i == index)]
+            pids = marked_pids(w.process.marker, sessions=(w.process.pid,))
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            self.timeline.add("kill", index)
+            self.frozen = (w.process, time.time())
+            self.view.event(f"bench: froze {w.process.name} (SIGSTOP to its {len(pids)} processes) at step "
+                            f"{self.timeline.last_step()}")
+        return decision
+
+
 def run_ours(job, kills: int, every: int, state: Path, cold_start: str | None = None,
              kind: str = KILL) -> tuple[str, list[Recovery]]:
-    faults = tuple(FaultInjection(index=(k + 1) % 2, at_step=kill_step(k, every), kind=kind) for k in range(kills))
+    """`kind`: KILL, DELETE (the runner's faults) or STOP (the bench's: a silent peer)."""
     timeline = Timeline(state / job.metadata.name / "logs")
     stop = threading.Event()
     poller = poll_in_background(timeline, stop)
     try:
-        phase = LocalRunner(job, RunOptions(state_dir=state, faults=faults, cold_start=cold_start),
-                            RecordingView(timeline)).run()
+        phase = RecordingRunner(job, RunOptions(state_dir=state, cold_start=cold_start), RecordingView(timeline),
+                                timeline=timeline,
+                                faults=tuple(((k + 1) % 2, kill_step(k, every), kind) for k in range(kills))).run()
     finally:
         stop.set()
         poller.join()
     timeline.poll()
     step = step_seconds(timeline.sorted())
     return phase + ("" if step is None else f", one step {step:.3f} s (mean between kills)"), \
-        recoveries(timeline.sorted())
+        recoveries(timeline.sorted(), timeline.survivors_kept_trainers)
 
 
 # ---- stock: torchrun elastic as Kubeflow's PyTorchJob runs it ---------------------------------------
@@ -381,7 +496,7 @@ def follow_logs(namespace: str, job_name: str, log_dir: Path, stop: threading.Ev
 def trained_since(timeline: Timeline, at: float) -> bool:
     """Training resumed after `at` and took a step."""
     entries = timeline.sorted()
-    resumed = next((t for t, kind, _ in entries if kind == "resume" and t > at), None)
+    resumed = next((t for t, kind, _ in entries if kind in ("resume", "in process") and t > at), None)
     return resumed is not None and any(kind == "step" and t >= resumed for t, kind, _ in entries)
 
 
@@ -407,7 +522,7 @@ def node_to_lose(cluster, status: dict, first: int, namespace: str, job_name: st
 
 
 def run_cluster(kills: int, every: int, state: Path, timeout: float, scope: str = "Pod", spares: int = 0,
-                fault: str = "kill") -> tuple[str, list[Recovery]]:
+                fault: str = "kill", recovery: str = "Restart") -> tuple[str, list[Recovery]]:
     """The same job and faults through the operator on the cluster KUBECONFIG names (installed by the
     chart, trainer image loaded: `make kind-up kind-load helm-install`), each fault by the fault command
     on rank 1, 0, 1, ...: `kill NAMESPACE/POD` of the pod that holds the rank now (its own, or the spare
@@ -422,6 +537,7 @@ def run_cluster(kills: int, every: int, state: Path, timeout: float, scope: str 
     epochs = 2 + (every * (kills + 1)) // STEPS_PER_EPOCH
     manifest = digits_job(name, max_steps=every * (kills + 2), trainer_args=["--log-every", "1", "--epochs", str(epochs)],
                           failure_policy={"maxRestarts": kills + 2, "restartScope": scope, "spares": spares,
+                                          "recovery": recovery,
                                           "backoff": {"initialSeconds": 1, "maxSeconds": 30}},
                           # node-down: a survivor on another node, and a replacement that can start while it is down
                           template={"podSpec": spread_over_nodes(name)} if fault == "node-down" else None)
@@ -486,11 +602,11 @@ def run_cluster(kills: int, every: int, state: Path, timeout: float, scope: str 
 
 # ---- report ------------------------------------------------------------------------------------------
 
-def table(name: str, phase: str, results: list[Recovery], interval: int) -> None:
+def table(name: str, phase: str, results: list[Recovery], interval: int, kills: int) -> None:
     print(f"\n{name}: {phase}")
-    print("| kill | worker | last step | resumed from | steps lost | trainers start | training resumed "
-          "| seconds to next step |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| kill | worker | last step | resumed from | steps lost | path | survivors' trainers kept | trainers start "
+          "| training resumed | seconds to next step |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 
     def shown(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
@@ -498,18 +614,25 @@ def table(name: str, phase: str, results: list[Recovery], interval: int) -> None
     def median(values: list[float | None]) -> str:
         known = [v for v in values if v is not None]
         return f"**{statistics.median(known):.1f}**" if known else "-"
-    for n, r in enumerate(results, 1):
-        print(f"| {n} | {r.worker} | {r.last_step} | {r.resumed_from} | {r.steps_lost} | {shown(r.trainers_start)} "
+    for r in results:
+        kept = {None: "-", True: "yes", False: "no"}[r.trainers_kept]
+        print(f"| {r.kill} | {r.worker} | {r.last_step} | {r.resumed_from} | {r.steps_lost} "
+              f"| {'in process' if r.resumed_in_process else 'checkpoint'} | {kept} | {shown(r.trainers_start)} "
               f"| {shown(r.resumed)} | {r.seconds:.1f} |")
     if results:
+        in_process = sum(r.resumed_in_process for r in results)
+        kept = sum(r.trainers_kept is True for r in results)
         print(f"| **median** | | | | **{statistics.median(r.steps_lost for r in results):g}** "
+              f"| {in_process}/{len(results)} in process | {kept}/{len(results)} "
               f"| {median([r.trainers_start for r in results])} | {median([r.resumed for r in results])} "
               f"| **{statistics.median(r.seconds for r in results):.1f}** |")
         print(f"max: {max(r.steps_lost for r in results)} steps lost (interval {interval}), "
               f"{max(r.seconds for r in results):.1f} s")
+    if len(results) < kills:
+        print(f"{kills - len(results)} of {kills} kills: no resume and next step seen before the next kill or the end")
     phases = list(dict.fromkeys(p for r in results for p in r.phases))
     if phases and any(len(r.phases) > 2 for r in results):
-        print("\n| phase | " + " | ".join(f"kill {n}" for n in range(1, len(results) + 1)) + " | median |")
+        print("\n| phase | " + " | ".join(f"kill {r.kill}" for r in results) + " | median |")
         print("| --- |" + " --- |" * (len(results) + 1))
         for p in phases:
             values = [r.phases.get(p) for r in results]
@@ -544,22 +667,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scope", choices=("Pod", "All"), default="Pod",
                         help="failurePolicy.restartScope of ours and cluster (Pod: survivors stay in place)")
     parser.add_argument("--spares", type=int, default=0, help="failurePolicy.spares of ours and cluster (warm spares)")
-    parser.add_argument("--fault", choices=("kill", "delete", "node-down"), default="kill",
-                        help="kill: SIGKILL of a worker's processes; delete (ours/cold only): a graceful pod deletion "
-                             "(SIGTERM, as an eviction; the trainers save at the step they agree on); node-down "
-                             "(cluster only): its node goes silent")
+    parser.add_argument("--fault", choices=("kill", "delete", STOP, "node-down"), default="kill",
+                        help="kill: SIGKILL of a worker's processes; delete (local setups): a graceful pod deletion "
+                             "(SIGTERM, as an eviction; the trainers save at the step they agree on); stop (local "
+                             "setups): a silent peer, its pod frozen (SIGSTOP) until a survivor's step fails on it "
+                             "(--steady-timeout), then killed as its node's loss would; node-down (cluster only): its "
+                             "node goes silent")
+    parser.add_argument("--recovery", choices=("Restart", "InProcess"), default="Restart",
+                        help="failurePolicy.recovery of the local setups and cluster: Restart (today's path: trainers "
+                             "restart and read the rescue checkpoint) or InProcess (survivors keep their processes "
+                             "and state, a replacement gets it by broadcast; needs --scope Pod)")
+    parser.add_argument("--steady-timeout", type=float, metavar="S",
+                        help="the trainer's --dist-steady-timeout (default: the trainer's, 30 s): how long a survivor "
+                             "waits on a silent peer in a collective")
     args = parser.parse_args(argv)
+    if args.recovery == "InProcess" and args.scope != "Pod":
+        parser.error("--recovery InProcess needs --scope Pod")
     if args.spares and args.scope != "Pod":
         parser.error("--spares needs --scope Pod")
     if args.fault == "node-down" and args.setups != "cluster":
         parser.error("--fault node-down needs --setups cluster (a node to lose)")
-    if args.fault == "delete" and not set(args.setups.split(",")) <= set(LOCAL_SETUPS):
-        parser.error(f"--fault delete needs local setups only ({', '.join(LOCAL_SETUPS)})")
-    job = load_example(args.kills, args.every, args.scope, args.spares, args.state_mb)
+    if args.fault in ("delete", STOP) and not set(args.setups.split(",")) <= set(LOCAL_SETUPS):
+        parser.error(f"--fault {args.fault} needs local setups only ({', '.join(LOCAL_SETUPS)})")
+    job = load_example(args.kills, args.every, args.scope, args.spares, args.state_mb, args.recovery,
+                       args.steady_timeout)
     interval = job.spec.checkpoint.interval_steps
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
           f"{datetime.now().isoformat(timespec='minutes')}; job {EXAMPLE.name}, checkpoint every {interval} steps, "
-          f"kills every {args.every} steps, restartScope {args.scope}, spares {args.spares}, fault {args.fault}, "
+          f"kills every {args.every} steps, restartScope {args.scope}, recovery {args.recovery}, spares {args.spares}, "
+          f"fault {args.fault}, steady timeout {args.steady_timeout or 'default'}, "
           f"state {args.state_mb:g} MiB; load average {load()}")
     medians = {}
     for setup in args.setups.split(","):
@@ -570,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             if setup in LOCAL_SETUPS:
                 phase, results = run_ours(job, args.kills, args.every, Path(tmp), LOCAL_SETUPS[setup],
-                                          DELETE if args.fault == "delete" else KILL)
+                                          {"delete": DELETE, STOP: STOP}.get(args.fault, KILL))
             elif setup == "stock":
                 phase, results = run_stock(job, args.kills, args.every, Path(tmp), args.timeout)
             elif setup == "cluster":
@@ -578,11 +714,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"\ncluster: skipped: {reason}")
                     continue
                 phase, results = run_cluster(args.kills, args.every, Path(tmp), args.timeout, args.scope, args.spares,
-                                             args.fault)
+                                             args.fault, args.recovery)
             else:
                 parser.error(f"unknown setup {setup!r}")
             table(f"{setup} ({time.monotonic() - started:.0f} s wall, load average {load()} at its end)", phase,
-                  results, interval)
+                  results, interval, args.kills)
             if results:
                 medians[setup] = statistics.median(r.seconds for r in results)
     if {"ours", "stock"} <= medians.keys():

@@ -27,6 +27,11 @@ from .workloads import Workload, load_workload
 
 log = logging.getLogger(__name__)
 
+
+class PeerStopped(dist.DistError):
+    """A peer was signalled to stop (its pod deleted or evicted) and left after the agreed final checkpoint.
+    With in-process recovery this rank is a survivor as after a peer's failure (`Job.recover`: a DistError)."""
+
 MicroBatch = tuple[list[int], Any]  # (sample indices, collated batch)
 
 
@@ -122,6 +127,8 @@ class Trainer:
             except Exception as e:
                 if self.job.recover(e):  # in process: the epoch goes on from the progress in memory
                     continue
+                if isinstance(e, PeerStopped):  # no in-process path after all: stop as the signalled peer did
+                    return self.job.stop.exit_code
                 raise
             if code is not None:
                 return code
@@ -142,6 +149,9 @@ class Trainer:
                 log.warning("stop requested at step %d: writing a final checkpoint (%s)", self.progress.step,
                             "signalled here" if self.job.stop.requested else "a peer was signalled")
                 self._save(final=True)
+                if not self.job.stop.requested and self.job.rendezvous is not None:  # in process: a survivor
+                    raise PeerStopped(f"a peer was stopped at step {self.progress.step} (its pod deleted or "
+                                      f"evicted) and left after the final checkpoint")
                 return self.job.stop.exit_code
             if self._finished():
                 return None
