@@ -174,5 +174,5 @@ def build_crd() -> dict[str, Any]:
 
 
 def render_crd_yaml() -> str:
-    header = "# Generated from operator/ddpjob_operator/model.py by `make crds`. Do not edit.\n"
+    header = "# Generated from operator/ddpjob_operator/model/ by `make crds`. Do not edit.\n"
     return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
