@@ -6,33 +6,24 @@ remembers them, and posts Events beside the pass."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import AsyncIterator
+
+import pytest_asyncio
 
 from ddpjob_operator import builders, decisions, kube, model, store
-from ddpjob_operator.actuator import Actuator
-from ddpjob_operator.job_cache import WrittenStatuses
-from ddpjob_operator.metrics import Metrics
-from ddpjob_operator.side_tasks import SideTasks
 
-from .conftest import NAMESPACE, Harness, eventually
+from .conftest import FAST, NAMESPACE, Harness, eventually
+from .controller_rooms import Rooms
 from .emulator import PODS, api_error
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 FIRST_PODS = (decisions.CreateStore(), decisions.CreateWorker(0, 0, 0), decisions.CreateWorker(1, 0, 0))
 
 
-class Rig:
-    """An actuator on its own client, with what it was given to report to."""
-
-    def __init__(self, url: str) -> None:
-        self.api = kube.Kube(kube.Connection(server=url))
-        self.written, self.metrics, self.side_tasks = WrittenStatuses(), Metrics(), SideTasks()
-        self.refused_jobs: list[tuple[str, str]] = []
-        self.actuator = Actuator(self.api, self.written, self.metrics, self.side_tasks, progress_endpoint=None,
-                                 on_refused=self.refused_jobs.append)
-
-    async def close(self) -> None:
-        await self.side_tasks.stop()
-        await self.api.close()
+@pytest_asyncio.fixture()
+async def rig(harness: Harness) -> AsyncIterator[Rooms]:
+    async with Rooms(harness.url, FAST) as rooms:
+        yield rooms
 
 
 async def view_of(harness: Harness, name: str) -> decisions.JobView:
@@ -40,103 +31,83 @@ async def view_of(harness: Harness, name: str) -> decisions.JobView:
     return store.job_view(body)
 
 
-async def test_the_server_judges_every_object_then_shared_store_and_workers_are_created(harness):
-    rig = Rig(harness.url)
-    try:
-        view = await view_of(harness, "fresh")
-        await rig.actuator.execute(view, FIRST_PODS, NOW, {})
-        judged = [name for plural, name in harness.cluster.dry_runs]
-        assert {"fresh-worker-0", "fresh-worker-1", "fresh-rdzv"} <= set(judged)
-        assert set(harness.pods("fresh")) == {"fresh-worker-0", "fresh-worker-1"}
-        assert set(harness.pods("fresh", builders.ROLE_STORE)) == {"fresh-rdzv"}
-        created = harness.cluster.created
-        assert created[(NAMESPACE, "fresh-rdzv")] < min(created[(NAMESPACE, "fresh-worker-0")],
-                                                         created[(NAMESPACE, "fresh-worker-1")])
-        assert rig.actuator.refusals(view.uid) == () and not rig.refused_jobs
-        # The same generation again (a replacement): judged once already, the shared objects exist.
-        dry_runs = len(harness.cluster.dry_runs)
-        await rig.actuator.execute(view, (decisions.DeleteWorker("fresh-worker-1", "test"),), NOW,
-                                   {"fresh-worker-1": harness.pods("fresh")["fresh-worker-1"]["metadata"]["uid"]})
-        await harness.finish_terminating("fresh")
-        await rig.actuator.execute(view, (decisions.CreateWorker(1, 0, 1),), NOW, {})
-        assert len(harness.cluster.dry_runs) == dry_runs
-        assert harness.pods("fresh")["fresh-worker-1"]["metadata"]["labels"][builders.LABEL_ATTEMPT] == "1"
-    finally:
-        await rig.close()
+async def test_the_server_judges_every_object_then_shared_store_and_workers_are_created(harness, rig):
+    view = await view_of(harness, "fresh")
+    await rig.actuator.execute(view, FIRST_PODS, NOW, {})
+    judged = [name for plural, name in harness.cluster.dry_runs]
+    assert {"fresh-worker-0", "fresh-worker-1", "fresh-rdzv"} <= set(judged)
+    assert set(harness.pods("fresh")) == {"fresh-worker-0", "fresh-worker-1"}
+    assert set(harness.pods("fresh", builders.ROLE_STORE)) == {"fresh-rdzv"}
+    created = harness.cluster.created
+    assert created[(NAMESPACE, "fresh-rdzv")] < min(created[(NAMESPACE, "fresh-worker-0")],
+                                                     created[(NAMESPACE, "fresh-worker-1")])
+    assert rig.actuator.refusals(view.uid) == () and not rig.refused
+    # The same generation again (a replacement): judged once already, the shared objects exist.
+    dry_runs = len(harness.cluster.dry_runs)
+    await rig.actuator.execute(view, (decisions.DeleteWorker("fresh-worker-1", "test"),), NOW,
+                               {"fresh-worker-1": harness.pods("fresh")["fresh-worker-1"]["metadata"]["uid"]})
+    await harness.finish_terminating("fresh")
+    await rig.actuator.execute(view, (decisions.CreateWorker(1, 0, 1),), NOW, {})
+    assert len(harness.cluster.dry_runs) == dry_runs
+    assert harness.pods("fresh")["fresh-worker-1"]["metadata"]["labels"][builders.LABEL_ATTEMPT] == "1"
 
 
-async def test_a_refused_pod_is_the_jobs_create_rejected_and_nothing_is_created(harness):
+async def test_a_refused_pod_is_the_jobs_create_rejected_and_nothing_is_created(harness, rig):
     harness.cluster.admit_pods = lambda pod: (api_error(403, "Forbidden", "exceeded quota: compute", PODS,
                                                         pod["metadata"]["name"])
                                               if pod["metadata"]["name"] == "quota-worker-1" else None)
-    rig = Rig(harness.url)
-    try:
-        view = await view_of(harness, "quota")
-        await rig.actuator.execute(view, FIRST_PODS, NOW, {})
-        refusals = rig.actuator.refusals(view.uid)
-        assert [(r.kind, r.name, r.status) for r in refusals] == [("Pod", "quota-worker-1", 403)]
-        assert "exceeded quota" in refusals[0].message and refusals[0].at == NOW
-        assert rig.refused_jobs == [(NAMESPACE, "quota")]  # its next pass decides on it now
-        assert not harness.pods("quota") and not harness.pods("quota", builders.ROLE_STORE)
-        rig.actuator.retry_refused(view.uid)  # the user changed the spec
-        assert rig.actuator.refusals(view.uid) == ()
-    finally:
-        await rig.close()
+    view = await view_of(harness, "quota")
+    await rig.actuator.execute(view, FIRST_PODS, NOW, {})
+    refusals = rig.actuator.refusals(view.uid)
+    assert [(r.kind, r.name, r.status) for r in refusals] == [("Pod", "quota-worker-1", 403)]
+    assert "exceeded quota" in refusals[0].message and refusals[0].at == NOW
+    assert rig.refused == [(NAMESPACE, "quota")]  # its next pass decides on it now
+    assert not harness.pods("quota") and not harness.pods("quota", builders.ROLE_STORE)
+    rig.actuator.retry_refused(view.uid)  # the user changed the spec
+    assert rig.actuator.refusals(view.uid) == ()
 
 
-async def test_a_status_write_is_remembered_and_counted_and_a_gone_job_is_no_error(harness):
-    rig = Rig(harness.url)
-    try:
-        view = await view_of(harness, "counted")
-        job = builders.JobRef(view.name, view.namespace, view.uid)
-        new = view.status.model_copy(update={"phase": "Running", "restarts": 2})
-        patch = kube.merge_patch(view.status.wire(), new.wire())
-        assert await rig.actuator.write_status(job, view.status, new, patch)
-        assert harness.status("counted")["restarts"] == 2 and harness.status("counted")["phase"] == "Running"
-        assert rig.written[view.uid] == new
-        assert rig.metrics.restarts._value.get() == 2
-        await harness.delete_job("counted")
-        assert not await rig.actuator.write_status(job, new, new.model_copy(update={"restarts": 3}), {"restarts": 3})
-        assert rig.written[view.uid] == new and rig.metrics.restarts._value.get() == 2
-    finally:
-        await rig.close()
+async def test_a_status_write_is_remembered_and_counted_and_a_gone_job_is_no_error(harness, rig):
+    view = await view_of(harness, "counted")
+    job = builders.JobRef(view.name, view.namespace, view.uid)
+    new = view.status.model_copy(update={"phase": "Running", "restarts": 2})
+    patch = kube.merge_patch(view.status.wire(), new.wire())
+    assert await rig.actuator.write_status(job, view.status, new, patch)
+    assert harness.status("counted")["restarts"] == 2 and harness.status("counted")["phase"] == "Running"
+    assert rig.cache.written[view.uid] == new
+    assert rig.counted("ddpjob_restarts_total") == 2
+    await harness.delete_job("counted")
+    assert not await rig.actuator.write_status(job, new, new.model_copy(update={"restarts": 3}), {"restarts": 3})
+    assert rig.cache.written[view.uid] == new and rig.counted("ddpjob_restarts_total") == 2
 
 
-async def test_events_are_posted_beside_the_pass_and_a_deleted_job_goes(harness):
-    rig = Rig(harness.url)
-    try:
-        view = await view_of(harness, "noted")
-        await rig.actuator.execute(view, (decisions.Event("Warning", "Tested", "a warning for the test"),
-                                          decisions.DeleteJob("done")), NOW, {})
-        await eventually(lambda: harness.events("noted"), what="the Event")
-        event = harness.events("noted")[0]
-        assert (event["type"], event["reason"], event["message"]) == ("Warning", "Tested", "a warning for the test")
-        assert event["involvedObject"]["uid"] == view.uid and event["involvedObject"]["kind"] == model.KIND
-        await eventually(lambda: harness.job("noted") is None, what="the job deleted")
-        await eventually(lambda: len(rig.side_tasks) == 0, what="the side task to end")
-    finally:
-        await rig.close()
+async def test_events_are_posted_beside_the_pass_and_a_deleted_job_goes(harness, rig):
+    view = await view_of(harness, "noted")
+    await rig.actuator.execute(view, (decisions.Event("Warning", "Tested", "a warning for the test"),
+                                      decisions.DeleteJob("done")), NOW, {})
+    await eventually(lambda: harness.events("noted"), what="the Event")
+    event = harness.events("noted")[0]
+    assert (event["type"], event["reason"], event["message"]) == ("Warning", "Tested", "a warning for the test")
+    assert event["involvedObject"]["uid"] == view.uid and event["involvedObject"]["kind"] == model.KIND
+    await eventually(lambda: harness.job("noted") is None, what="the job deleted")
+    await eventually(lambda: len(rig.side_tasks) == 0, what="the side task to end")
 
 
 
-async def test_a_stall_is_counted_once_while_its_incident_is_filled_in(harness):
+async def test_a_stall_is_counted_once_while_its_incident_is_filled_in(harness, rig):
     """The incident's recovery timeline and ranks are written as the operator sees them: the same stall."""
-    rig = Rig(harness.url)
-    try:
-        view = await view_of(harness, "stalled")
-        job = builders.JobRef(view.name, view.namespace, view.uid)
-        stall = model.Incident(generation=0, time="2026-11-29T12:00:00Z", cause="Retryable",
-                               reason=decisions.REASON_STALLED, charged=True, ranks=[1])
-        statuses = [view.status, view.status.model_copy(update={"incidents": [stall]}),
-                    view.status.model_copy(update={"incidents": [stall.model_copy(update={
-                        "ranks": [0, 1], "message": "the gang was replaced"})]})]
-        for old, new in zip(statuses, statuses[1:]):
-            assert await rig.actuator.write_status(job, old, new, kube.merge_patch(old.wire(), new.wire()))
-        assert rig.metrics.stalls._value.get() == 1
-        later = stall.model_copy(update={"generation": 1, "time": "2026-11-29T12:05:00Z"})
-        last = statuses[-1].model_copy(update={"incidents": [*statuses[-1].incidents, later]})
-        assert await rig.actuator.write_status(job, statuses[-1], last,
-                                               kube.merge_patch(statuses[-1].wire(), last.wire()))
-        assert rig.metrics.stalls._value.get() == 2
-    finally:
-        await rig.close()
+    view = await view_of(harness, "stalled")
+    job = builders.JobRef(view.name, view.namespace, view.uid)
+    stall = model.Incident(generation=0, time="2026-11-29T12:00:00Z", cause="Retryable",
+                           reason=decisions.REASON_STALLED, charged=True, ranks=[1])
+    statuses = [view.status, view.status.model_copy(update={"incidents": [stall]}),
+                view.status.model_copy(update={"incidents": [stall.model_copy(update={
+                    "ranks": [0, 1], "message": "the gang was replaced"})]})]
+    for old, new in zip(statuses, statuses[1:]):
+        assert await rig.actuator.write_status(job, old, new, kube.merge_patch(old.wire(), new.wire()))
+    assert rig.counted("ddpjob_stalls_total") == 1
+    later = stall.model_copy(update={"generation": 1, "time": "2026-11-29T12:05:00Z"})
+    last = statuses[-1].model_copy(update={"incidents": [*statuses[-1].incidents, later]})
+    assert await rig.actuator.write_status(job, statuses[-1], last,
+                                           kube.merge_patch(statuses[-1].wire(), last.wire()))
+    assert rig.counted("ddpjob_stalls_total") == 2

@@ -6,17 +6,16 @@ Event, retried with a growing backoff, and the next pass that goes through clear
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timezone
-from typing import Any, Iterator, Mapping
+from typing import Any, AsyncIterator, Iterator, Mapping
 
-from ddpjob_operator import builders, kube, progress
-from ddpjob_operator.actuator import Actuator
-from ddpjob_operator.job_cache import JobCache, JobKey
-from ddpjob_operator.metrics import Metrics
-from ddpjob_operator.reconciler import CONDITION_RECONCILE_ERROR, REASON_RECONCILE_ERROR, Reconciler
-from ddpjob_operator.side_tasks import SideTasks
+import pytest_asyncio
+
+from ddpjob_operator import builders
+from ddpjob_operator.job_cache import JobKey
+from ddpjob_operator.reconciler import CONDITION_RECONCILE_ERROR, REASON_RECONCILE_ERROR
 
 from .conftest import FAST, NAMESPACE, Harness, eventually
+from .controller_rooms import Rooms
 
 SETTINGS = dataclasses.replace(FAST, retry_seconds=1.0)
 
@@ -34,79 +33,54 @@ class BrokenIndex(Mapping[Any, Any]):
         return 0
 
 
-class Rig:
-    def __init__(self, url: str) -> None:
-        self.api = kube.Kube(kube.Connection(server=url))
-        self.cache, self.side_tasks, self.metrics = JobCache(), SideTasks(), Metrics()
-        self.requeued: list[tuple[JobKey, float]] = []
-        self.refused: list[JobKey] = []
-        self.leads = True
-        self.actuator = Actuator(self.api, self.cache.written, self.metrics, self.side_tasks,
-                                 progress_endpoint=None, on_refused=self.refused.append)
-        self.reconciler = Reconciler(self.api, self.cache, self.actuator, progress.ProgressTracker(), SETTINGS,
-                                     self.metrics, clock=lambda: datetime.now(timezone.utc),
-                                     leading=lambda: self.leads,
-                                     requeue=lambda key, delay: self.requeued.append((key, delay)))
-
-    async def close(self) -> None:
-        await self.side_tasks.stop()
-        await self.api.close()
+@pytest_asyncio.fixture()
+async def rig(harness: Harness) -> AsyncIterator[Rooms]:
+    async with Rooms(harness.url, SETTINGS) as rooms:
+        yield rooms
 
 
-async def applied(harness: Harness, rig: Rig, name: str) -> JobKey:
+async def applied(harness: Harness, rig: Rooms, name: str) -> JobKey:
     body = await harness.apply(name)
     key = (NAMESPACE, name)
     rig.cache.saw(key, body)
     return key
 
 
-async def test_a_pass_writes_the_decided_status_and_creates_the_decided_pods(harness):
-    rig = Rig(harness.url)
-    try:
-        key = await applied(harness, rig, "handed")
-        await rig.reconciler.reconcile(key)
-        status = harness.status("handed")
-        assert status["phase"] == "Pending" and status["observedGeneration"] == 1 and status["lastReconcileTime"]
-        assert set(harness.pods("handed")) == {"handed-worker-0", "handed-worker-1"}
-        assert set(harness.pods("handed", builders.ROLE_STORE)) == {"handed-rdzv"}
-        uid = harness.job("handed")["metadata"]["uid"]
-        assert rig.cache.written[uid].wire() == status  # the write is remembered: its echo is no news
-        assert rig.cache.saw(key, harness.job("handed")).needs_pass is False
-    finally:
-        await rig.close()
+async def test_a_pass_writes_the_decided_status_and_creates_the_decided_pods(harness, rig):
+    key = await applied(harness, rig, "handed")
+    await rig.reconciler.reconcile(key)
+    status = harness.status("handed")
+    assert status["phase"] == "Pending" and status["observedGeneration"] == 1 and status["lastReconcileTime"]
+    assert set(harness.pods("handed")) == {"handed-worker-0", "handed-worker-1"}
+    assert set(harness.pods("handed", builders.ROLE_STORE)) == {"handed-rdzv"}
+    uid = harness.job("handed")["metadata"]["uid"]
+    assert rig.cache.written[uid].wire() == status  # the write is remembered: its echo is no news
+    assert rig.cache.saw(key, harness.job("handed")).needs_pass is False
 
 
-async def test_a_standby_pass_does_nothing(harness):
-    rig = Rig(harness.url)
-    try:
-        key = await applied(harness, rig, "standby")
-        rig.leads = False
+async def test_a_standby_pass_does_nothing(harness, rig):
+    key = await applied(harness, rig, "standby")
+    rig.leads = False
+    await rig.reconciler.run(key)
+    assert not harness.status("standby") and not harness.pods("standby") and not rig.requeued
+
+
+async def test_a_pass_that_raises_is_the_jobs_condition_until_a_pass_goes_through(harness, rig):
+    key = await applied(harness, rig, "buggy")
+    rig.cache.pods = BrokenIndex()
+    for _ in range(3):
         await rig.reconciler.run(key)
-        assert not harness.status("standby") and not harness.pods("standby") and not rig.requeued
-    finally:
-        await rig.close()
-
-
-async def test_a_pass_that_raises_is_the_jobs_condition_until_a_pass_goes_through(harness):
-    rig = Rig(harness.url)
-    try:
-        key = await applied(harness, rig, "buggy")
-        rig.cache.pods = BrokenIndex()
-        for _ in range(3):
-            await rig.reconciler.run(key)
-        assert [delay for _, delay in rig.requeued] == [1.0, 2.0, 4.0]  # retry_seconds, doubled each time
-        condition = harness.condition("buggy", CONDITION_RECONCILE_ERROR)
-        assert condition["status"] == "True" and condition["reason"] == REASON_RECONCILE_ERROR
-        assert "ValueError: an index that cannot be read" in condition["message"]
-        await eventually(lambda: harness.events("buggy"), what="the Warning Event")
-        assert rig.metrics.reconcile_errors._value.get() == 3
-        # One Event for the three failures: the message did not change.
-        assert [(e["type"], e["reason"]) for e in harness.events("buggy")] == [("Warning", REASON_RECONCILE_ERROR)]
-        assert not harness.pods("buggy")
-        rig.cache.pods = {}
-        await rig.reconciler.run(key)
-        cleared = harness.condition("buggy", CONDITION_RECONCILE_ERROR)
-        assert cleared["status"] == "False" and cleared["reason"] == "Reconciled"
-        assert set(harness.pods("buggy")) == {"buggy-worker-0", "buggy-worker-1"}
-    finally:
-        await rig.close()
+    assert [delay for _, delay in rig.requeued] == [1.0, 2.0, 4.0]  # retry_seconds, doubled each time
+    condition = harness.condition("buggy", CONDITION_RECONCILE_ERROR)
+    assert condition["status"] == "True" and condition["reason"] == REASON_RECONCILE_ERROR
+    assert "ValueError: an index that cannot be read" in condition["message"]
+    await eventually(lambda: harness.events("buggy"), what="the Warning Event")
+    assert rig.counted("ddpjob_reconcile_errors_total") == 3
+    # One Event for the three failures: the message did not change.
+    assert [(e["type"], e["reason"]) for e in harness.events("buggy")] == [("Warning", REASON_RECONCILE_ERROR)]
+    assert not harness.pods("buggy")
+    rig.cache.pods = {}
+    await rig.reconciler.run(key)
+    cleared = harness.condition("buggy", CONDITION_RECONCILE_ERROR)
+    assert cleared["status"] == "False" and cleared["reason"] == "Reconciled"
+    assert set(harness.pods("buggy")) == {"buggy-worker-0", "buggy-worker-1"}
