@@ -172,6 +172,9 @@ def test_a_resume_at_another_world_size_goes_on_from_the_checkpoints_step_with_i
     assert again == set(order[n * b:twice * b])  # consumed by the two trainers (rank 1: odd batches), trained again
     result = read_json(ck / "result.json")
     assert result["status"] == "completed" and result["step"] == RESIZE_STEPS and result["world_size"] == 1
+    recovery = read_json(ck / "progress.json")["recovery"]  # the callback's timeline: the restart path (issue 29)
+    assert (recovery["path"], recovery["reason"], recovery["resumed_step"]) == ("Restart", "", n)
+    assert recovery["rendezvous_time"] <= recovery["first_step_time"]
 
 # ---- issue 23, items 4-6, with HF's own saves -----------------------------------------------------------
 

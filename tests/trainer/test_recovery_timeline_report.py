@@ -8,6 +8,9 @@ test_inprocess_recovery.py."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -20,6 +23,8 @@ import torch.distributed as dist
 from ddp_trainer.runtime import Job, JobEnv, ProgressReporter, StopRequest
 from ddp_trainer.runtime.inprocess import FALLBACK, GROUP_PREFIX, Rendezvous, Seat
 from ddp_trainer.runtime.progress import MAX_BODY, RECOVERY_REASON_LIMIT, recovery_field
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Endpoint:
@@ -154,3 +159,49 @@ def test_a_restart_where_in_process_was_asked_for_says_why(tmp_path: Path, monke
     assert job.recovery["reason"] == ("no rank of generation 2 held the training state in memory (every one "
                                       "started anew): resumed from the volume")
     job.close()
+
+
+def test_a_lightning_resume_reports_the_restart_path_and_its_first_step(tmp_path: Path, monkeypatch) -> None:
+    """The framework callbacks keep the restart path and report its timeline (here Lightning's, in process)."""
+    import importlib.util
+
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from ddp_trainer.runtime import ResumableDistributedSampler, lightning
+
+    spec = importlib.util.spec_from_file_location("lightning_example", ROOT / "examples" / "lightning" / "train.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)  # (Lightning would take the process for torchrun's)
+    monkeypatch.setenv("DDPJOB_CHECKPOINT_DIR", str(tmp_path))
+    ck = tmp_path / "lightning"
+
+    def fit(max_steps: int, ckpt_path: str | None = None) -> None:
+        data = example.Points(64, seed=1)
+        loader = DataLoader(data, batch_size=4, sampler=ResumableDistributedSampler(len(data), 0, 1, seed=0))
+        trainer = L.Trainer(max_steps=max_steps, callbacks=[lightning.DDPJobCallback(every_steps=2, keep=2,
+                                                                                     directory=ck)],
+                            use_distributed_sampler=False, enable_checkpointing=False, logger=False,
+                            enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
+        trainer.fit(example.Tiny(1e-2, 1, max_steps, 0.0), loader, ckpt_path=ckpt_path)
+
+    fit(4)
+    assert "recovery" not in json.loads((tmp_path / "progress.json").read_text())  # a fresh start
+    started = time.time()
+    fit(8, ckpt_path=lightning.resume_from_checkpoint(ck))
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    recovery = progress["recovery"]
+    assert (progress["step"], recovery["path"], recovery["reason"], recovery["resumed_step"]) == (8, "Restart", "", 4)
+    assert started <= recovery["rendezvous_time"] <= recovery["first_step_time"] <= progress["time"]
+
+
+def test_a_framework_callback_refuses_in_process_recovery_with_the_fix() -> None:
+    """Its framework forms the process group from torchrun's, which under DDPJOB_INPROCESS=1 is each pod's own."""
+    code = "from ddp_trainer.runtime import frameworks; frameworks.check_restart_path('the Lightning Trainer')"
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DDPJOB_INPROCESS": "1"},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert ("failurePolicy.recovery InProcess (DDPJOB_INPROCESS=1) needs a script on ddp_trainer.runtime.Job; the "
+            "Lightning Trainer owns its DDP wrapper and its loop") in done.stderr
+    assert "Fix: failurePolicy.recovery: Restart" in done.stderr

@@ -49,6 +49,8 @@ from .checkpoint import (MARKER_LIMIT_BYTES, CheckpointVolumeError, CorruptCheck
                          newer_generation, prune_fences, raise_fence, read_regular_file, refuse_impossible_fence,
                          rendezvous_generation, retry_reads, volume_full)
 from .distributed import CollectiveTimeout, StopRequest, abort_process_groups, exit_process
+from .inprocess import INPROCESS_ENV, enabled as inprocess_enabled
+from .progress import ProgressReporter, recovery_field
 from .watchdog import StallWatchdog
 
 log = logging.getLogger(__name__)
@@ -224,9 +226,37 @@ def check_world_size(framework_world_size: int, framework: str, fix: str) -> Non
     launched = os.environ.get("WORLD_SIZE")
     if not launched or not launched.isdigit() or int(launched) == int(framework_world_size):
         return
-    message = (f"DDPJob: {framework} runs at world size {framework_world_size}, but torchrun started "
-               f"{launched} processes (WORLD_SIZE={launched}): each process would train alone on all the data. "
-               f"Fix: {fix}")
+    refuse(f"DDPJob: {framework} runs at world size {framework_world_size}, but torchrun started "
+           f"{launched} processes (WORLD_SIZE={launched}): each process would train alone on all the data. Fix: {fix}")
+
+
+def check_restart_path(framework: str) -> None:
+    """At the start of training: in-process recovery (DDPJOB_INPROCESS=1, `failurePolicy.recovery: InProcess`)
+    needs a script on `Job`, which forms its process group through the job's store; a framework forms its own
+    from torchrun's, which is then each pod's alone. End every process at once with 1 and the fix."""
+    if inprocess_enabled():
+        refuse(f"DDPJob: failurePolicy.recovery InProcess ({INPROCESS_ENV}=1) needs a script on "
+               f"ddp_trainer.runtime.Job; {framework} owns its DDP wrapper and its loop, so its callback keeps the "
+               f"restart path. Fix: failurePolicy.recovery: Restart")
+
+
+def resumed(reporter: ProgressReporter | None, step: int, is_main: bool) -> None:
+    """A callback's resume from `step` as the recovery timeline rank 0 reports (path Restart, the callbacks'
+    only one; the framework's process group is complete by the time training begins)."""
+    if reporter is not None and is_main:
+        reporter.recovery = recovery_field("Restart", resumed_step=step, rendezvous_time=time.time())
+
+
+def first_step(reporter: ProgressReporter | None) -> bool:
+    """After each optimizer step: True once, at a resumed run's first (its time ends the timeline: report now)."""
+    if reporter is None or reporter.recovery is None or reporter.recovery["first_step_time"] is not None:
+        return False
+    reporter.recovery = {**reporter.recovery, "first_step_time": time.time()}
+    return True
+
+
+def refuse(message: str) -> None:
+    """End this process with 1 and `message` (stderr, and torchrun's error file: the termination message)."""
     with contextlib.suppress(OSError, ValueError):
         print(message, file=sys.stderr, flush=True)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")

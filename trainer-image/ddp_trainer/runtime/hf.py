@@ -189,6 +189,7 @@ class DDPJobCallback(TrainerCallback):
             args.world_size, "the Hugging Face Trainer",
             "TrainingArguments(..., use_cpu=True) when the processes see no GPU (without it, HF on CPU runs each "
             "process alone), or one GPU per process (torchrun --nproc-per-node = the GPUs)")
+        frameworks.check_restart_path("the Hugging Face Trainer")
         self._refs = {"args": args, "state": state, "model": model, "optimizer": optimizer,
                       "lr_scheduler": lr_scheduler}
         self._trainer, resumed_from = _calling_trainer()
@@ -215,6 +216,7 @@ class DDPJobCallback(TrainerCallback):
         if state.global_step:
             self.last_checkpoint_step = state.global_step  # resumed from it
             self._restore_loss(resumed_from, state.global_step)
+            frameworks.resumed(self.reporter, state.global_step, self.env is None or self.env.is_main)
 
     def on_step_begin(self, args, state, control, **kwargs):
         # This step's dropout (every draw of its forward and backward passes) from (seed, step, rank) alone:
@@ -277,7 +279,8 @@ class DDPJobCallback(TrainerCallback):
             control.should_training_stop = True
         now = time.monotonic()
         self._times.append((now, step))
-        if self.reporter is not None and (step % self.report_every == 0 or control.should_training_stop):
+        first = frameworks.first_step(self.reporter)  # of a resumed run: reported at once
+        if self.reporter is not None and (step % self.report_every == 0 or control.should_training_stop or first):
             rate = None
             if len(self._times) >= 2 and now > self._times[0][0]:
                 per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size

@@ -175,6 +175,7 @@ class DDPJobCallback(Callback):
             frameworks.check_world_size(
                 trainer.world_size, "the Lightning Trainer",
                 "L.Trainer(**ddpjob.trainer_kwargs(), ...) (devices and num_nodes of this generation, strategy ddp)")
+            frameworks.check_restart_path("the Lightning Trainer")
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if batch_idx % max(1, trainer.accumulate_grad_batches) == 0:  # an optimizer step's first micro-batch
@@ -200,6 +201,7 @@ class DDPJobCallback(Callback):
             self._guard(lambda: frameworks.start_generation(self.directory), "a generation fence")
         if trainer.global_step:
             self.last_checkpoint_step = trainer.global_step
+            frameworks.resumed(self.reporter, trainer.global_step, trainer.is_global_zero)
         if self.timer is None:  # own time per step, apart from waiting for the others (issue 22)
             self.timer = StepTimer(pl_module.device)
             self.timer.watch(pl_module)
@@ -252,11 +254,12 @@ class DDPJobCallback(Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         # The previous step's loss: long computed by now, so reading it never waits for the GPU.
         loss, self._loss = self._loss, loss.detach() if isinstance(loss, torch.Tensor) else None
-        if self.reporter is not None and step % self.report_every == 0:
+        first = frameworks.first_step(self.reporter)  # of a resumed run: reported at once
+        if self.reporter is not None and (step % self.report_every == 0 or first):
             self._unreported = (step, samples, now, loss, trainer.current_epoch)
             # The reporter publishes at most every FILE_INTERVAL_S: a report per short step would be overwritten
             # unseen, and building one is most of this hook's cost. Whatever is left is sent when training ends.
-            if now >= self._next_report or stop or step == self._total_steps:
+            if now >= self._next_report or stop or step == self._total_steps or first:
                 self._report()
 
     def _report(self) -> None:
