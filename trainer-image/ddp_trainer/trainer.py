@@ -121,17 +121,24 @@ class Trainer:
             raise
 
     def _run(self) -> int:
-        while not self._finished():
+        while True:
             try:
-                code = self._train_epoch()
+                while not self._finished():
+                    code = self._train_epoch()
+                    if code is not None:
+                        return code
+                return self._finish()
             except Exception as e:
-                if self.job.recover(e):  # in process: the epoch goes on from the progress in memory
+                # In process: on from the progress in memory, the epoch's steps or the work after the last one.
+                if self.job.recover(e):
+                    self._eval = None  # every rank evaluates again (a collective), the replacement included
                     continue
                 if isinstance(e, PeerStopped):  # no in-process path after all: stop as the signalled peer did
                     return self.job.stop.exit_code
                 raise
-            if code is not None:
-                return code
+
+    def _finish(self) -> int:
+        """After the last step: its report, the final evaluation, the final checkpoint, result.json."""
         if self.progress.step % self.cfg.log_every:
             self._log_progress()  # the final step reported (sent before exit: the status shows it with Succeeded)
         metrics = self.evaluate()
