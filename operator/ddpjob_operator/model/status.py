@@ -105,7 +105,7 @@ class Incident(StatusModel):
     message: str = Field(default="", description="The first failure and how many workers exited with it.")
     ranks: list[int] = Field(default_factory=list, description="Replica indices that exited or were lost in it.")
     step: int | None = Field(default=None, description=(
-        "Training step last reported when it was recorded (status.progress.step), if any: a charged "
+        "The highest training step any worker had reported in its generation when it was recorded, if any: a charged "
         "incident beyond the previous one's step is restarted without backoff."))
     recovery: IncidentRecovery | None = Field(default=None, description=(
         "How the job came back from it: the path taken and its timeline, filled in as the operator sees "
