@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from ddpjob_operator import builders, model, validation
-from ddpjob_operator.local import runner as runner_module
+from ddpjob_operator.local import faults as fault_schedule
 from ddpjob_operator.local.runner import KILL, FaultInjection, LocalRunner, RunOptions
 from ddpjob_operator.local.view import Summary
 from ddp_trainer.runtime import ResumableDistributedSampler
@@ -195,7 +195,7 @@ def test_kill_at_step_fires_on_step_lines_of_a_script_that_reports_no_progress(t
 
 @pytest.mark.slow
 def test_kill_at_step_that_cannot_fire_is_said_during_the_run_and_in_the_summary(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(runner_module, "NO_PROGRESS_WARNING_SECONDS", 0.5)
+    monkeypatch.setattr(fault_schedule, "NO_PROGRESS_WARNING_SECONDS", 0.5)
     runner, view, _ = run(tmp_path, job(tmp_path, "silent", "quiet", steps=3),
                           faults=(FaultInjection(index=0, at_step=5, kind=KILL),))
     assert runner.status.phase == "Succeeded" and runner.status.restarts == 0, view.transcript()

@@ -8,7 +8,6 @@ environment comes from builders.py; this module only maps pods onto local proces
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import shutil
@@ -25,9 +24,20 @@ from typing import Callable
 from .. import builders, decisions, model, validation
 from ..agent import contract
 from ..validation import FieldError, InvalidJob
+from .faults import Schedule
 from .logs import RESUME_LINE, LogTail, newest_checkpoint, read_report
-from .processes import LocalProcess, Zygote, kill_marked, kill_together, marker_for
+from .options import (COLD_CPU_NODE, COLD_GPU_NODE, COLD_STARTS, DELETE, FAULT_KINDS, KILL, KILL_STORE,
+                      NO_PROGRESS_WARNING_SECONDS, STATE_DIR, FaultInjection, RunOptions, SpecChange, Unschedulable)
+from .processes import LocalProcess, Zygote, kill_marked, marker_for
+from .progress_file import ProgressFile
 from .view import Snapshot, Summary, View, WorkerRow
+
+# The run's options live in options.py; importers of the runner (the CLI, function jobs, benchmarks) keep
+# finding them here.
+__all__ = ["COLD_CPU_NODE", "COLD_GPU_NODE", "COLD_STARTS", "DELETE", "EXIT_FAILED", "EXIT_INTERRUPTED", "FAULT_KINDS",
+           "KILL", "KILL_STORE", "NO_PROGRESS_WARNING_SECONDS", "STATE_DIR", "ExitRecord", "FaultInjection",
+           "LocalRunner", "Resume", "RunOptions", "SpecChange", "Unschedulable", "WorkerProcess", "base_environment",
+           "free_port", "refuse_links", "utc_now"]
 
 NAMESPACE = "local"
 LOCALHOST = "127.0.0.1"
@@ -37,95 +47,6 @@ EXIT_INTERRUPTED = 130
 # What the scheduler says of a pod no node can take (an Unschedulable option's worker).
 UNSCHEDULABLE = "Unschedulable"
 UNSCHEDULABLE_MESSAGE = "0/1 nodes are available: held Pending by the local run's Unschedulable option"
-# Where the local "volumes" and logs live, relative to the working directory.
-STATE_DIR = Path(".ddpjob")
-# A fault or spec change due at a training step waits for the trainer's progress reports; a trainer that
-# has reported nothing this long after the start is said (once) to never trigger it.
-NO_PROGRESS_WARNING_SECONDS = 60.0
-
-
-# What a FaultInjection does.
-KILL = "kill"  # SIGKILL worker `index`'s whole process tree (a crashed node, an OOM-killed container)
-DELETE = "delete"  # graceful deletion behind the runner's back, like `kubectl delete pod`: SIGTERM to the
-#                    worker (torchrun forwards it, the trainer checkpoints), SIGKILL after the grace period,
-#                    and the pod is gone once it exited
-KILL_STORE = "kill-store"  # SIGKILL the rendezvous store process (`index` is ignored)
-FAULT_KINDS = (KILL, DELETE, KILL_STORE)
-
-# RunOptions.cold_start: every worker and spare starts as its pod's container does, on a node without a GPU
-# (the agent forks its trainers) or with one (each trainer is a new interpreter: no fork after CUDA).
-COLD_CPU_NODE = "cpu-node"
-COLD_GPU_NODE = "gpu-node"
-COLD_STARTS = (COLD_CPU_NODE, COLD_GPU_NODE)
-
-
-@dataclass(frozen=True)
-class FaultInjection:
-    """A fault, once, at a time or a training step (`kind`: KILL, DELETE or KILL_STORE).
-
-    Faults due in the same pass strike in the same instant: every process tree they kill is frozen
-    (SIGSTOP) before any of them is killed, so no agent sees one peer die before the other."""
-
-    index: int = 0
-    after_seconds: float | None = None  # since the run started
-    at_step: int | None = None  # once the trainer's progress.json reports this step
-    kind: str = KILL
-
-    def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            raise ValueError(f"FaultInjection.kind must be one of {', '.join(FAULT_KINDS)}, got {self.kind!r}")
-
-
-@dataclass(frozen=True)
-class SpecChange:
-    """A spec update during the run, like `kubectl scale ddpjob/<name> --replicas=N` (`replicas`) or
-    `kubectl patch ... runPolicy.suspend` (`suspend`): validated as the API server would, then seen
-    by the next reconcile with a new metadata.generation. Changes apply one after the other, each
-    once its moment has come: every condition given holds. `at_step` and `world_size`: the trainer's
-    progress.json reports at least this step, this world size; `after_seconds`: since the run
-    started; `in_phase`: the job is in this phase and none of its worker pods remain."""
-
-    replicas: int | None = None
-    suspend: bool | None = None
-    at_step: int | None = None
-    world_size: int | None = None
-    after_seconds: float | None = None
-    in_phase: str | None = None
-
-
-@dataclass(frozen=True)
-class Unschedulable:
-    """Pods of worker `index`, from its `from_creation`-th creation on (1: every one; 2: every
-    replacement), stay Pending with no process for `seconds` (None: for ever), as a pod that no
-    node can take (resources no node has) waits for the scheduler."""
-
-    index: int
-    from_creation: int = 2
-    seconds: float | None = None
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    checkpoint_dir: Path | None = None  # None: STATE_DIR/<name>/checkpoints, emptied unless resume
-    resume: bool = False
-    print_logs: bool = False
-    faults: tuple[FaultInjection, ...] = ()
-    changes: tuple[SpecChange, ...] = ()
-    unschedulable: tuple[Unschedulable, ...] = ()
-    state_dir: Path = STATE_DIR
-    # A job with a checkpoint interval whose workers all ran this long without a progress report is warned of
-    # (decisions/warnings.py: the HF/Lightning callback or job.report missing).
-    unreported_warning_seconds: float = NO_PROGRESS_WARNING_SECONDS
-    # None: workers are forks of the run's zygote. COLD_CPU_NODE / COLD_GPU_NODE: each worker and spare is a new
-    # interpreter started with the pod's argv and env, nothing preloaded (docs/local.md, "Cold start").
-    cold_start: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.cold_start is not None and self.cold_start not in COLD_STARTS:
-            raise ValueError(f"RunOptions.cold_start must be None or one of {', '.join(COLD_STARTS)}, "
-                             f"got {self.cold_start!r}")
-
-
 @dataclass(frozen=True)
 class ExitRecord:
     """A worker pod's process ended: what the decision layer was shown (code, termination message)."""
@@ -277,23 +198,26 @@ class LocalRunner:
         self.store_ready = False
         self.workers: dict[str, WorkerProcess] = {}
         self.tails: dict[str, LogTail] = {}
-        self.pending_faults = list(options.faults)
-        self.pending_changes = list(options.changes)
         self.metadata_generation = 1  # moves with every spec change, as the API server's does
         self.creations: dict[int, int] = {}  # worker pods created per index
         self.exits: list[ExitRecord] = []
         self.resumes: list[Resume] = []
         self.interrupted = False
-        self._warned_no_progress = False
         self._signals: list[int] = []
         self.created_at = clock()
-        # Progress as the decision layer sees it (hang detection, status.progress): from progress.json.
-        self._progress_stamp: object = None
-        self._progress: tuple[int, int, datetime | None] = (-1, -1, None)  # generation, step, last advance
-        self._progress_history: collections.deque[tuple[datetime, int]] = collections.deque(maxlen=64)
-        self._progress_raw: dict | None = None
-        self._progress_at: datetime | None = None
-        self._timings = decisions.TimingHistory()  # per worker, from progress.json (straggler detection)
+        # Progress as the decision layer sees it (hang detection, status.progress, straggler timings): the
+        # trainer's progress.json through the operator's own tracker.
+        self.progress = ProgressFile(self.checkpoint_dir, self.uid, (NAMESPACE, self.name), self.created_at,
+                                     self.view.event)
+        self.schedule = Schedule(options.faults, options.changes, self.created_at, self.view.event)
+
+    @property
+    def pending_faults(self) -> list[FaultInjection]:
+        return self.schedule.faults
+
+    @property
+    def pending_changes(self) -> list[SpecChange]:
+        return self.schedule.changes
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -334,8 +258,8 @@ class LocalRunner:
         for action in decision.actions:
             self.execute(action, now)
         self._assign_spares()
-        self._inject_faults(now)
-        self._apply_changes(now)
+        self.schedule.inject(self, now)
+        self.schedule.apply_changes(self, now)
         self._show(now)
         return decision
 
@@ -381,56 +305,7 @@ class LocalRunner:
                 w.process.kill()  # the grace period is over, as the kubelet would do
             (spares if w.assignment_file is not None else workers).append(self._observation(name, w, code))
         return decisions.Observed(workers=tuple(workers), store=self._store_observation(now), now=now,
-                                  progress=self._observe_progress(now), spares=tuple(spares))
-
-    def _observe_progress(self, now: datetime) -> decisions.ProgressObservation | None:
-        """The trainer's progress.json as the decision layer's ProgressObservation: a new report (its
-        `time` changed) belongs to the generation in use, unless it names an older one (a survivor's trainer
-        writing once more as it stops); the clock of hang detection is this runner's. Locally there are no
-        per-worker reports (only global rank 0 writes the file)."""
-        raw = read_report(self.checkpoint_dir, "progress.json")
-        stamp = raw.get("time") if isinstance(raw, dict) else None
-        named = raw.get("generation") if isinstance(raw, dict) else None
-        left_behind = isinstance(named, int) and not isinstance(named, bool) and named < self.status.generation
-        if isinstance(raw, dict) and isinstance(raw.get("step"), int) and stamp != self._progress_stamp \
-                and not left_behind \
-                and not (isinstance(stamp, (int, float)) and stamp < self.created_at.timestamp()):
-            self._progress_stamp = stamp
-            generation, step, advanced = self._progress
-            if generation != self.status.generation:
-                generation, step, advanced = self.status.generation, -1, None
-                self._progress_history.clear()
-            if raw["step"] > step:
-                step, advanced = raw["step"], now
-                self._progress_history.append((now, step))
-            self._progress = (generation, step, advanced)
-            self._progress_raw, self._progress_at = raw, now
-            # Rank 0 writes every worker's own step time (gathered at its log interval), by replica index.
-            by_worker = raw.get("step_seconds_by_worker")
-            if isinstance(by_worker, dict):
-                for index, seconds in by_worker.items():
-                    if str(index).isdigit() and isinstance(seconds, (int, float)) and not isinstance(seconds, bool) \
-                            and 0 <= seconds < 86400:
-                        self._timings.add(int(index), generation, raw["step"], float(seconds), now)
-        generation, step, advanced = self._progress
-        raw = self._progress_raw
-        if raw is None or advanced is None:
-            return None
-
-        def number(key: str, kind: type) -> object:
-            value = raw.get(key)
-            return value if isinstance(value, (int, float)) and not isinstance(value, bool) and \
-                (kind is float or isinstance(value, int)) else None
-        history = list(self._progress_history)
-        rate = None
-        if len(history) >= 2 and (history[-1][0] - history[0][0]).total_seconds() > 0:
-            rate = (history[-1][1] - history[0][1]) / (history[-1][0] - history[0][0]).total_seconds()
-        return decisions.ProgressObservation(
-            generation=generation, step=raw["step"], last_advance=advanced, total_steps=number("total_steps", int),
-            epoch=number("epoch", int), loss=number("loss", float),
-            samples_per_second=number("samples_per_second", float),
-            last_checkpoint_step=number("last_checkpoint_step", int), world_size=number("world_size", int),
-            steps_per_second=rate, updated_at=self._progress_at, timings=self._timings.snapshot())
+                                  progress=self.progress.observe(self.status.generation, now), spares=tuple(spares))
 
     def _record_exit(self, name: str, w: WorkerProcess, code: int) -> None:
         w.exit_recorded = True
@@ -443,7 +318,7 @@ class LocalRunner:
                         + (" after its deletion" if w.deleted else "")
                         + (f": {decisions.short_message(message)}" if message else ""))
 
-    def _pod_of(self, index: int) -> str:
+    def pod_of(self, index: int) -> str:
         """The pod that serves worker `index` now: its own, or the spare that took its place."""
         rank = next((r for r in self.status.ranks if r.index == index), None)
         return rank.pod if rank is not None else builders.worker_name(self.name, index)
@@ -623,104 +498,13 @@ class LocalRunner:
         else:
             self.store = None
 
-    def _reported_step(self, progress: dict) -> int | None:
+    def reported_step(self, progress: dict) -> int | None:
         """The newest step the trainer reported: progress.json, or its rank-0 `step=N epoch=E loss=L` log
         lines for a script that prints them without reporting progress."""
         steps = [s for s in (progress.get("step"), *(t.step for t in self.tails.values())) if isinstance(s, int)]
         return max(steps) if steps else None
 
-    def _due(self, at_step: int | None, after_seconds: float | None, progress: dict, now: datetime) -> bool:
-        elapsed = (now - self.created_at).total_seconds()
-        return (after_seconds is not None and elapsed >= after_seconds) or \
-               (at_step is not None and (self._reported_step(progress) or 0) >= at_step)
-
-    def _waiting_on_steps(self) -> list[str]:
-        """The faults and spec changes still waiting for a training step, as the command line gives them."""
-        return ([f"--kill-at-step {f.at_step}" for f in self.pending_faults if f.at_step is not None]
-                + [f"--scale-at-step {c.at_step}" for c in self.pending_changes if c.at_step is not None])
-
-    def _warn_without_progress(self, progress: dict, now: datetime) -> None:
-        if self._warned_no_progress or self._reported_step(progress) is not None or not self._waiting_on_steps():
-            return
-        if (now - self.created_at).total_seconds() >= NO_PROGRESS_WARNING_SECONDS:
-            self._warned_no_progress = True
-            self.view.event(f"Warning: {', '.join(self._waiting_on_steps())} waits for the trainer to report a step, "
-                            f"and it has reported none after {NO_PROGRESS_WARNING_SECONDS:.0f}s: call "
-                            f"job.report(step=...) (or use the HF/Lightning callback), print `step=N epoch=E "
-                            f"loss=L` lines on rank 0, or use --kill-after SECONDS")
-
-    def _inject_faults(self, now: datetime) -> None:
-        """Every fault due now, in the same instant (all trees frozen before any is killed)."""
-        progress = read_report(self.checkpoint_dir, "progress.json") or {}
-        self._warn_without_progress(progress, now)
-        elapsed = (now - self.created_at).total_seconds()
-        kills: list[tuple[WorkerProcess, FaultInjection]] = []
-        stores: list[LocalProcess] = []
-        deletes: list[WorkerProcess] = []
-        for fault in list(self.pending_faults):
-            if not self._due(fault.at_step, fault.after_seconds, progress, now):
-                continue
-            if fault.kind == KILL_STORE:
-                if self.store is None or self.store.poll(now) is not None or self.store.terminating_since:
-                    continue
-                stores.append(self.store)
-            else:
-                target = self.workers.get(self._pod_of(fault.index))
-                if target is None or target.deleted or target.held or target.process.poll(now) is not None:
-                    continue
-                if fault.kind == KILL:
-                    kills.append((target, fault))
-                else:
-                    deletes.append(target)
-            self.pending_faults.remove(fault)
-        if kills or stores:
-            killed = [*((w.process, fault.at_step) for w, fault in kills), *((s, None) for s in stores)]
-            kill_together(*(process for process, _ in killed))
-            # Read once the trees are gone, not a poll before: the survivors cannot complete a step without the
-            # killed rank, so the newest report now is the last step the job completed.
-            step = self._reported_step(read_report(self.checkpoint_dir, "progress.json") or {})
-            for process, asked in killed:
-                at = "before the trainer reported any step" if step is None else f"trainer step {step}"
-                if asked is not None and step is not None and step != asked:
-                    at += (f" (asked for step {asked}: steps are seen as the trainer reports them, a poll apart; "
-                           f"{step} is the newest one reported when the kill struck)")
-                self.view.event(f"fault injection: killed {process.name} (SIGKILL to its whole process tree) "
-                                f"at {elapsed:.1f}s, {at}")
-        for w in deletes:
-            w.deleted = True  # the pod object is being deleted: it vanishes once its processes are gone
-            w.process.terminate(now)
-            step = self._reported_step(progress)
-            self.view.event(f"fault injection: deleted {w.process.name} gracefully (SIGTERM, like kubectl "
-                            f"delete pod) at {elapsed:.1f}s, "
-                            + ("before the trainer reported any step" if step is None else f"trainer step {step}"))
-
     # ---- spec changes (kubectl scale, suspend) ---------------------------------------------
-
-    def _apply_changes(self, now: datetime) -> None:
-        progress = read_report(self.checkpoint_dir, "progress.json") or {}
-        elapsed = (now - self.created_at).total_seconds()
-        while self.pending_changes:
-            change = self.pending_changes[0]
-            waiting = [change.at_step is not None and (progress.get("step") or 0) < change.at_step,
-                       change.world_size is not None and progress.get("world_size") != change.world_size,
-                       change.after_seconds is not None and elapsed < change.after_seconds,
-                       change.in_phase is not None and (self.status.phase != change.in_phase or bool(self.workers))]
-            if any(waiting):
-                return
-            self.pending_changes.pop(0)
-            what = []
-            try:
-                if change.replicas is not None:
-                    self.scale(change.replicas)
-                    what.append(f"replicas={change.replicas}")
-                if change.suspend is not None:
-                    self.set_suspend(change.suspend)
-                    what.append(f"suspend={str(change.suspend).lower()}")
-            except InvalidJob as rejected:
-                self.view.event(f"spec change rejected (as the API server would): {rejected}")
-                continue
-            self.view.event(f"spec change: {', '.join(what)} (metadata.generation {self.metadata_generation}) "
-                            f"at {(now - self.created_at).total_seconds():.1f}s, trainer step {progress.get('step')}")
 
     def scale(self, replicas: int) -> None:
         """`kubectl scale ddpjob/<name> --replicas=N`: InvalidJob for what the API server's CEL rules
@@ -792,7 +576,7 @@ class LocalRunner:
         ranks = {r.index: r for r in self.status.ranks}
         rows = []
         for index in sorted(set(ranks) | {w.index for w in self.workers.values() if w.index >= 0}):
-            name = self._pod_of(index)
+            name = self.pod_of(index)
             w, rank, tail = self.workers.get(name), ranks.get(index), self.tails.get(name)
             code = w.process.poll(now) if w else None
             if w is None or w.held:
@@ -826,7 +610,7 @@ class LocalRunner:
             phase = "Interrupted"
         notes = tuple(f"{what} never fired: the trainer reported no step that far (job.report(step=...), the "
                       f"HF/Lightning callback, or rank 0's `step=N epoch=E loss=L` lines)"
-                      for what in self._waiting_on_steps())
+                      for what in self.schedule.waiting_on_steps())
         # What the trainer's reports said about the script (decisions/warnings.py), again where it is read last.
         notes += tuple(f"Warning {c.reason}: {c.message}" for c in self.status.conditions
                        if c.type in (decisions.CONDITION_WORLD_SIZE_MISMATCH, decisions.CONDITION_NOT_REPORTING)

@@ -45,7 +45,7 @@ from .auth import (DEFAULT_AUDIENCE, POD_NAME_KEY, POD_UID_KEY, SOURCE_REVIEW_BU
                    Identity, RateLimited, TokenBucket, TokenReviewer, Unauthenticated)
 from .collector import TrackerCollector
 from .pods import Worker, assignment_in, attributed_generation, find_worker_in, served_generation
-from .reports import MAX_STEP, BadReport, Recovery, Report, parse_report
+from .reports import MAX_STEP, BadReport, Recovery, Report, parse_report, report_from
 from .server import BURST_PER_POD, MAX_BODY_BYTES, RATE_PER_POD, RESULTS, ProgressServer
 from .tls import ServerCertificate
 from .tracker import RANK0_CLAIM_SECONDS, RATE_WINDOW_SECONDS, JobProgress, ProgressTracker
@@ -55,4 +55,4 @@ __all__ = ["BURST_PER_POD", "DEFAULT_AUDIENCE", "MAX_BODY_BYTES", "MAX_STEP", "P
            "TOKEN_CACHE_SECONDS", "BadReport", "Identity", "JobProgress", "ProgressServer", "ProgressTracker",
            "RateLimited", "Recovery", "Report", "ServerCertificate", "TokenBucket", "TokenReviewer",
            "TrackerCollector", "Unauthenticated", "Worker", "assignment_in", "attributed_generation",
-           "find_worker_in", "parse_report", "served_generation"]
+           "find_worker_in", "parse_report", "report_from", "served_generation"]

@@ -25,7 +25,7 @@ def attributed_generation(worker: Worker, report: Report) -> int:
     """The generation a report counts for: the one the operator says its pod serves, or an older one its
     trainer says it runs in (a survivor's trainer of the generation before, reporting once more as it stops).
     The body can only lower it: a pod never speaks for a generation the operator has not given it."""
-    return worker.generation if report.generation is None else min(worker.generation, report.generation)
+    return report.attributed_to(worker.generation)
 
 
 def _own_pod(pods: Mapping[tuple[str, str], Any], body: Mapping[str, Any], namespace: str,

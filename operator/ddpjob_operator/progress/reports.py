@@ -54,6 +54,12 @@ class Report:
     generation: int | None = None
     recovery: Recovery | None = None  # sticky on every report of a generation that resumed after an incident
 
+    def attributed_to(self, served: int) -> int:
+        """The generation this report counts for, given the one its sender serves by the operator's (or the
+        local runner's) own records: the body can only lower it (a survivor's trainer of the generation before,
+        reporting once more as it stops), never make a pod speak for a generation it was not given."""
+        return served if self.generation is None else min(served, self.generation)
+
 
 _INTS = ("total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "generation")
 _FLOATS = ("loss", "samples_per_second", "step_seconds")
@@ -95,6 +101,12 @@ def parse_report(raw: bytes) -> Report:
         raise BadReport(400, f"the body is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadReport(400, "the body must be a JSON object such as {\"step\": 120}")
+    return report_from(body)
+
+
+def report_from(body: dict[str, Any]) -> Report:
+    """A report's parsed JSON object -> Report; BadReport(422) naming the field (parse_report's second half,
+    for readers that parsed the JSON themselves: the local runner's progress.json)."""
     values: dict[str, Any] = {}
     step = body.get("step")
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:

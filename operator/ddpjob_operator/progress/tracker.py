@@ -52,26 +52,39 @@ class ProgressTracker:
         self.jobs: dict[str, JobProgress] = {}
         self.names: dict[str, tuple[str, str]] = {}  # uid -> (namespace, name), for the metrics
 
-    def record(self, uid: str, key: tuple[str, str], index: int, generation: int, report: Report,
+    def record(self, uid: str, key: tuple[str, str], index: int | None, generation: int, report: Report,
                now: datetime) -> None:
+        """A report of the job's pod `index` (its replica index, from the operator's records), attributed to
+        `generation`. `index` None: a report of the job itself, no pod's (the local runner's progress.json,
+        which only global rank 0 writes): its values are the job's, and no rank is tracked."""
         self.names[uid] = key
         job = self.jobs.setdefault(uid, JobProgress())
-        rank = job.ranks.get(index)
-        if rank is None or generation >= rank.generation:
-            job.ranks[index] = _Rank(generation, report.step, now)
-        if report.step_seconds is not None:
-            job.timings.add(index, generation, report.step, report.step_seconds, now)
+        if index is not None:
+            rank = job.ranks.get(index)
+            if rank is None or generation >= rank.generation:
+                job.ranks[index] = _Rank(generation, report.step, now)
+            if report.step_seconds is not None:
+                self.step_time(uid, index, generation, report.step, report.step_seconds, now)
         if generation < job.generation:
             return  # a pod of a generation left behind (still stopping): its rank's silence is all it tells
         if generation > job.generation:
             job.generation, job.step, job.last_advance, job.latest = generation, -1, None, None
             job.rank0_index = job.rank0_claimed = None
             job.history.clear()
-        if report.step_seconds is not None:
-            job.dirty = True  # stepTimes follow every worker's reports, not only rank 0's
         if report.step > job.step:
             job.step, job.last_advance = report.step, now
             job.history.append((now, report.step))
+        if index is not None:
+            report = self._claim_rank0(job, index, report, now)
+        own = index is None or report.rank == 0
+        if own and report.recovery is not None:
+            _keep_recovery(job, generation, report)
+        if job.latest is None or own or (job.latest.rank != 0 and report.step >= job.latest.step):
+            job.latest, job.received_at, job.dirty = report, now, True
+
+    @staticmethod
+    def _claim_rank0(job: JobProgress, index: int, report: Report, now: datetime) -> Report:
+        """The report as it counts: its `rank: 0` dropped unless its pod holds the generation's rank 0 claim."""
         # Rank 0's values are the job's (its loss is already averaged over ranks); otherwise the newest step.
         # The body's rank is only a claim: the first pod making it in a generation keeps it while it says so,
         # so another pod saying `rank: 0` never takes over the job's values. The claim ends when its pod
@@ -88,10 +101,15 @@ class ProgressTracker:
             job.rank0_claimed = now
         elif report.rank == 0:
             report = dataclasses.replace(report, rank=None)
-        if report.rank == 0 and report.recovery is not None:
-            _keep_recovery(job, generation, report)
-        if job.latest is None or report.rank == 0 or (job.latest.rank != 0 and report.step >= job.latest.step):
-            job.latest, job.received_at, job.dirty = report, now, True
+        return report
+
+    def step_time(self, uid: str, index: int, generation: int, step: int, seconds: float, now: datetime) -> None:
+        """Worker `index`'s own time per step (straggler detection): from its pod's report, or, locally, from
+        the times rank 0 gathered from every worker into progress.json."""
+        job = self.jobs.setdefault(uid, JobProgress())
+        job.timings.add(index, generation, step, seconds, now)
+        if generation >= job.generation:
+            job.dirty = True  # stepTimes follow every worker's reports, not only rank 0's
 
     def refused(self, uid: str, now: datetime) -> None:
         """The operator could not take a report for this job (a review budget spent, a failed review): its
