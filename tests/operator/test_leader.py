@@ -575,7 +575,7 @@ async def test_a_leader_whose_renewals_fail_stops_acting_while_running_and_leads
     await started_job(harness, "outage")
     harness.cluster.unavailable_until = float("inf")
     # Fenced (by its clock), and told so (the renew deadline's timer: the leader gauge).
-    await eventually(lambda: not controller.leading() and controller.metrics.leader._value.get() == 0, 10,
+    await eventually(lambda: not controller.leading() and controller.metrics.registry.get_sample_value("ddpjob_leader") == 0, 10,
                      "op-a to stop acting")
     harness.cluster.unavailable_until = 0.0  # the outage ends when the test saw the fence, not at a time
     await eventually(controller.leading, 10, "op-a to lead again")

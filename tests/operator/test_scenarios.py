@@ -795,11 +795,11 @@ async def test_api_server_unavailable_while_a_job_starts(harness, operator, node
     # From when the operator watches (kopf's own first lists done): the job's event arrives, its passes fail.
     await eventually(lambda: {(model.GROUP, model.PLURAL, "watch"), ("", "pods", "watch")} <= harness.cluster.calls,
                      what="the operator watching DDPJobs and pods")
-    errors = operator.controller.metrics.reconcile_errors
-    before = errors._value.get()
+    registry = operator.controller.metrics.registry
+    before = registry.get_sample_value("ddpjob_reconcile_errors_total")
     harness.cluster.unavailable_until = float("inf")
     await harness.apply("outage")
-    await eventually(lambda: errors._value.get() >= before + 2, what="two failed passes (retried)")
+    await eventually(lambda: registry.get_sample_value("ddpjob_reconcile_errors_total") >= before + 2, what="two failed passes (retried)")
     assert not harness.pods("outage") and not harness.status("outage")
     harness.cluster.unavailable_until = 0.0  # the outage ends when the test saw the retries, not at a time
     await harness.wait_workers("outage", 2)
