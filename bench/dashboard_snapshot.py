@@ -65,7 +65,7 @@ async def scenario(seconds: float, scrapes: list[tuple[float, dict]]) -> None:
         operator = OperatorProcess(url, settings)
         await operator.start()
         await operator.in_operator(operator.controller.progress_server.start(0, "127.0.0.1"))
-        metrics_url = f"http://127.0.0.1:{operator.controller.metrics._server.server_port}/metrics"
+        metrics_url = f"http://127.0.0.1:{operator.controller.metrics.port}/metrics"
         progress_base = f"http://127.0.0.1:{operator.controller.progress_server.port}"
         async with aiohttp.ClientSession(headers={"User-Agent": "kubectl"}) as session:
             harness = Harness(emulator, url, session)

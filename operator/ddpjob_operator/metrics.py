@@ -83,6 +83,11 @@ class Metrics:
         logging.getLogger("ddpjob_operator").info("metrics on http://%s:%d/metrics", address,
                                                   self._server.server_port)
 
+    @property
+    def port(self) -> int | None:
+        """The port the metrics server is bound to (the kernel's pick for "auto"); None when not serving."""
+        return None if self._server is None else self._server.server_port
+
     def stop(self) -> None:
         if self._server is not None:
             self._server.shutdown()

@@ -108,7 +108,7 @@ async def test_metrics_and_liveness_endpoints(harness, cluster):
                                                         "health_port": health_port, "bind_address": "127.0.0.1"}))
     await process.start()
     try:
-        metrics_port = process.controller.metrics._server.server_port  # the one the kernel gave it ("auto")
+        metrics_port = process.controller.metrics.port  # the one the kernel gave it ("auto")
         await harness.apply("observed", minReplicas=1, failurePolicy={"backoff": {"initialSeconds": 0}})
         await harness.wait_workers("observed", 2)
         await harness.run_all("observed")
