@@ -24,11 +24,17 @@ after the resume, with the two marks of issue 29's table: rank 0's trainer of th
 logs its start ("trainers start") and logs the resume ("training resumed"), all from the trainers' own log
 lines. `--state-mb N` makes the model plus its AdamW state about N MiB (a parameter block, the bundled
 workloads' `state_mb` option), `--fault delete` (local setups) stops the worker gracefully (SIGTERM, as
-an eviction) instead. Ours also gets a phase breakdown from the logs. Prints Markdown tables
-(docs/benchmarks.md, "Recovery from a lost worker").
+an eviction) instead, `--fault stop` freezes it (SIGSTOP, a silent peer) until a survivor's collective gives
+up on it (`--steady-timeout`), then kills it as its node's loss would. `--recovery InProcess` sets
+`failurePolicy.recovery: InProcess`: the survivors keep their trainer processes; the resume is then rank 0's
+`recovered in process` line (it survived) or its `resumed from peer rank X by broadcast` line (it is new). Per
+kill the local setups also show the path taken and whether every survivor kept its trainer processes (their
+PIDs, read from /proc at every pass of the runner). Ours also gets a phase breakdown from the logs. Prints
+Markdown tables (docs/benchmarks.md, "Recovery from a lost worker", "Pod-like recovery").
 
     .venv/bin/python bench/recovery.py [--kills 5] [--every 120] [--setups ours,stock]
     .venv/bin/python bench/recovery.py --setups cold [--spares 1] [--state-mb 1024] [--fault delete]
+    .venv/bin/python bench/recovery.py --setups cold --recovery InProcess [--fault stop --steady-timeout 5]
     .venv/bin/python bench/recovery.py --setups cluster [--scope Pod|All] [--spares N] [--fault kill|node-down]
 
 The cluster setup runs the job through the operator on the cluster KUBECONFIG names, with the fault
@@ -134,6 +140,10 @@ class Timeline:
     def sorted(self) -> list[tuple[float, str, int]]:
         with self.lock:
             return sorted(self.entries)
+
+    def last_resume_step(self) -> int:
+        with self.lock:
+            return max((v for _, kind, v in self.entries if kind in ("resume", "in process")), default=0)
 
     def seen_since(self, kind: str, at: float) -> bool:
         with self.lock:
@@ -325,6 +335,7 @@ class RecordingRunner(LocalRunner):
                 kill_marked(process.marker, sessions=(process.pid,))
                 self.frozen = None
         elif self.faults and self.timeline.last_step() >= self.faults[0][1] and self.status.phase == "Running" \
+                and (self.faults[0][2] != STOP or self._steady()) \
                 and self.status.ready_spares >= self.spec.failure_policy.spares \
                 and (self.faulted_at is None or trained_since(self.timeline, self.faulted_at)):
             index, step, kind = self.faults.pop(0)
@@ -341,6 +352,14 @@ class RecordingRunner(LocalRunner):
             self.view.event(f"bench: froze {w.process.name} (SIGSTOP to its {len(pids)} processes) at step "
                             f"{self.timeline.last_step()}")
         return decision
+
+    def _steady(self) -> bool:
+        """A silent peer is met by the survivors' steady timeout only where their collectives have it (the
+        trainer's CollectiveTimeout): not within 10 steps of a start or recovery, 2 of a checkpoint, nor in the
+        epoch's evaluation. A freeze waits for such a step, with a margin for a pass or two of training."""
+        step, interval = self.timeline.last_step(), self.spec.checkpoint.interval_steps
+        return step >= self.timeline.last_resume_step() + 13 and step % interval >= 4 \
+            and 2 <= step % STEPS_PER_EPOCH <= STEPS_PER_EPOCH - 6
 
 
 def run_ours(job, kills: int, every: int, state: Path, cold_start: str | None = None,
