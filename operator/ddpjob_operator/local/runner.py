@@ -24,13 +24,14 @@ from typing import Callable
 from .. import builders, decisions, model, validation
 from ..agent import contract
 from ..validation import FieldError, InvalidJob
+from . import display
 from .faults import Schedule
-from .logs import RESUME_LINE, LogTail, newest_checkpoint, read_report
+from .logs import RESUME_LINE, LogTail
 from .options import (COLD_CPU_NODE, COLD_GPU_NODE, COLD_STARTS, DELETE, FAULT_KINDS, KILL, KILL_STORE,
                       NO_PROGRESS_WARNING_SECONDS, STATE_DIR, FaultInjection, RunOptions, SpecChange, Unschedulable)
 from .processes import LocalProcess, Zygote, kill_marked, marker_for
 from .progress_file import ProgressFile
-from .view import Snapshot, Summary, View, WorkerRow
+from .view import Summary, View
 
 # The run's options live in options.py; importers of the runner (the CLI, function jobs, benchmarks) keep
 # finding them here.
@@ -231,7 +232,7 @@ class LocalRunner:
             while True:
                 if self._signals:
                     self.interrupted = True
-                    self.view.event(f"{signal.Signals(self._signals[0]).name}: stopping every worker "
+                    self.view.event(f"{self.stopped_by}: stopping every worker "
                                     f"gracefully (they checkpoint); press Ctrl-C again to kill them")
                     break
                 decision = self.reconcile()
@@ -568,69 +569,12 @@ class LocalRunner:
                                                step=int(resumed.group(1)), world_size=world))
                     self.view.event(f"{name}: training resumed from the checkpoint of step {resumed.group(1)}"
                                     + (f" at world size {world}" if world else ""))
-        self.view.update(self.snapshot(now))
-
-    def snapshot(self, now: datetime) -> Snapshot:
-        progress = read_report(self.checkpoint_dir, "progress.json") or {}
-        shown = self.status.progress
-        ranks = {r.index: r for r in self.status.ranks}
-        rows = []
-        for index in sorted(set(ranks) | {w.index for w in self.workers.values() if w.index >= 0}):
-            name = self.pod_of(index)
-            w, rank, tail = self.workers.get(name), ranks.get(index), self.tails.get(name)
-            code = w.process.poll(now) if w else None
-            if w is None or w.held:
-                state = "Pending"
-            elif w.process.terminating_since is not None and code is None:
-                state = "Terminating"
-            else:
-                state = "Running" if code is None else ("Succeeded" if code == 0 else "Failed")
-            rows.append(WorkerRow(name=name, state=state, restarts=rank.restarts if rank else 0,
-                                  exit_code=code if code is not None else (rank.last_exit_code if rank else None),
-                                  step=tail.step if tail else None, loss=tail.loss if tail else None))
-        return Snapshot(job=self.name, phase=self.status.phase or "Pending", message=self.status.message or "",
-                        restarts=self.status.restarts, max_restarts=self.spec.failure_policy.max_restarts,
-                        elapsed_s=(now - self.created_at).total_seconds(), step=progress.get("step"),
-                        loss=progress.get("loss"), world_size=progress.get("world_size"),
-                        last_checkpoint_step=progress.get("last_checkpoint_step"), workers=tuple(rows),
-                        percent=shown.percent if shown else None, eta=shown.eta if shown else None,
-                        stalled=_stalled_message(self.status))
+        self.view.update(display.snapshot(self, now))
 
     def summary(self) -> Summary:
-        phase = self.status.phase or "Pending"
-        condition = next((c for c in self.status.conditions if c.type == phase), None)
-        message = self.status.message or ""
-        if condition is not None and condition.reason != phase:
-            message = f"{condition.reason}: {message}"
-        newest = newest_checkpoint(self.checkpoint_dir)
-        if self.interrupted:
-            kept = (f"the workers checkpointed (newest: step {newest[0]}), continue with --resume" if newest is not None
-                    else "no checkpoint was written (the trainer saved none), --resume would start over")
-            message = f"stopped by {signal.Signals(self._signals[0]).name} while {phase}; {kept}"
-            phase = "Interrupted"
-        notes = tuple(f"{what} never fired: the trainer reported no step that far (job.report(step=...), the "
-                      f"HF/Lightning callback, or rank 0's `step=N epoch=E loss=L` lines)"
-                      for what in self.schedule.waiting_on_steps())
-        # What the trainer's reports said about the script (decisions/warnings.py), again where it is read last.
-        notes += tuple(f"Warning {c.reason}: {c.message}" for c in self.status.conditions
-                       if c.type in (decisions.CONDITION_WORLD_SIZE_MISMATCH, decisions.CONDITION_NOT_REPORTING)
-                       and c.status == "True")
-        result = read_report(self.checkpoint_dir, "result.json")
-        started = self.created_at.timestamp()
-        if result is not None and (self.checkpoint_dir / "result.json").stat().st_mtime < started:
-            result = None  # left by an earlier run in a kept directory
-        return Summary(job=self.name, phase=phase, message=message,
-                       elapsed_s=(self.clock() - self.created_at).total_seconds(),
-                       restarts=self.status.restarts, disruptions=self.status.disruptions,
-                       worker_restarts={r.pod: r.restarts for r in self.status.ranks}, result=result,
-                       progress=self.status.progress,
-                       stalls=sum(1 for i in self.status.incidents if i.reason == decisions.REASON_STALLED),
-                       checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None,
-                       log_dir=str(self.log_dir), notes=notes,
-                       newest_checkpoint=(newest[0], str(newest[1])) if newest is not None else None)
+        return display.summary(self)
 
-
-def _stalled_message(status: model.DDPJobStatus) -> str | None:
-    """The Stalled condition's message while it is True (hang detection)."""
-    condition = next((c for c in status.conditions if c.type == decisions.CONDITION_STALLED), None)
-    return condition.message if condition is not None and condition.status == "True" else None
+    @property
+    def stopped_by(self) -> str | None:
+        """The signal that stopped the run (SIGINT, SIGTERM), if one did."""
+        return signal.Signals(self._signals[0]).name if self._signals else None

@@ -1,0 +1,83 @@
+"""What a local run shows: the live table's snapshot and the summary at the end, from the runner's state (the
+decision layer's status, the processes, the trainer's newest report). view.py draws them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from .. import decisions, model
+from .logs import newest_checkpoint, read_report
+from .progress_file import PROGRESS_FILE
+from .view import Snapshot, Summary, WorkerRow
+
+if TYPE_CHECKING:
+    from .runner import LocalRunner
+
+
+def snapshot(runner: LocalRunner, now: datetime) -> Snapshot:
+    """The live table: the job's phase and progress, a row per worker."""
+    progress = read_report(runner.checkpoint_dir, PROGRESS_FILE) or {}
+    shown = runner.status.progress
+    ranks = {r.index: r for r in runner.status.ranks}
+    rows = []
+    for index in sorted(set(ranks) | {w.index for w in runner.workers.values() if w.index >= 0}):
+        name = runner.pod_of(index)
+        w, rank, tail = runner.workers.get(name), ranks.get(index), runner.tails.get(name)
+        code = w.process.poll(now) if w else None
+        if w is None or w.held:
+            state = "Pending"
+        elif w.process.terminating_since is not None and code is None:
+            state = "Terminating"
+        else:
+            state = "Running" if code is None else ("Succeeded" if code == 0 else "Failed")
+        rows.append(WorkerRow(name=name, state=state, restarts=rank.restarts if rank else 0,
+                              exit_code=code if code is not None else (rank.last_exit_code if rank else None),
+                              step=tail.step if tail else None, loss=tail.loss if tail else None))
+    return Snapshot(job=runner.name, phase=runner.status.phase or "Pending", message=runner.status.message or "",
+                    restarts=runner.status.restarts, max_restarts=runner.spec.failure_policy.max_restarts,
+                    elapsed_s=(now - runner.created_at).total_seconds(), step=progress.get("step"),
+                    loss=progress.get("loss"), world_size=progress.get("world_size"),
+                    last_checkpoint_step=progress.get("last_checkpoint_step"), workers=tuple(rows),
+                    percent=shown.percent if shown else None, eta=shown.eta if shown else None,
+                    stalled=_stalled_message(runner.status))
+
+def summary(runner: LocalRunner) -> Summary:
+    """What is printed once the run ended: how it ended, what it cost, where its checkpoints and logs are."""
+    phase = runner.status.phase or "Pending"
+    condition = next((c for c in runner.status.conditions if c.type == phase), None)
+    message = runner.status.message or ""
+    if condition is not None and condition.reason != phase:
+        message = f"{condition.reason}: {message}"
+    newest = newest_checkpoint(runner.checkpoint_dir)
+    if runner.interrupted:
+        kept = (f"the workers checkpointed (newest: step {newest[0]}), continue with --resume" if newest is not None
+                else "no checkpoint was written (the trainer saved none), --resume would start over")
+        message = f"stopped by {runner.stopped_by} while {phase}; {kept}"
+        phase = "Interrupted"
+    notes = tuple(f"{what} never fired: the trainer reported no step that far (job.report(step=...), the "
+                  f"HF/Lightning callback, or rank 0's `step=N epoch=E loss=L` lines)"
+                  for what in runner.schedule.waiting_on_steps())
+    # What the trainer's reports said about the script (decisions/warnings.py), again where it is read last.
+    notes += tuple(f"Warning {c.reason}: {c.message}" for c in runner.status.conditions
+                   if c.type in (decisions.CONDITION_WORLD_SIZE_MISMATCH, decisions.CONDITION_NOT_REPORTING)
+                   and c.status == "True")
+    result = read_report(runner.checkpoint_dir, "result.json")
+    started = runner.created_at.timestamp()
+    if result is not None and (runner.checkpoint_dir / "result.json").stat().st_mtime < started:
+        result = None  # left by an earlier run in a kept directory
+    return Summary(job=runner.name, phase=phase, message=message,
+                   elapsed_s=(runner.clock() - runner.created_at).total_seconds(),
+                   restarts=runner.status.restarts, disruptions=runner.status.disruptions,
+                   worker_restarts={r.pod: r.restarts for r in runner.status.ranks}, result=result,
+                   progress=runner.status.progress,
+                   stalls=sum(1 for i in runner.status.incidents if i.reason == decisions.REASON_STALLED),
+                   checkpoint_dir=str(runner.checkpoint_dir) if runner.checkpoint_dir else None,
+                   log_dir=str(runner.log_dir), notes=notes,
+                   newest_checkpoint=(newest[0], str(newest[1])) if newest is not None else None)
+
+
+def _stalled_message(status: model.DDPJobStatus) -> str | None:
+    """The Stalled condition's message while it is True (hang detection)."""
+    condition = next((c for c in status.conditions if c.type == decisions.CONDITION_STALLED), None)
+    return condition.message if condition is not None and condition.status == "True" else None
