@@ -229,6 +229,36 @@ def test_a_group_that_cannot_be_left_falls_back_to_the_exit_path_and_says_why(ga
     assert "in-process recovery not possible: the process group of generation 1 could not be left within 2 s" in text
 
 
+def test_a_failure_after_the_last_step_is_recovered_in_process_too(gangs, undisturbed) -> None:
+    """Rank 0 crashes in the work after step 30, before the final evaluation: the survivors' evaluation fails,
+    they recover in process, and every rank of the next generation (the replacement's state from a peer)
+    evaluates, saves the final checkpoint and writes result.json. The evaluation is not a step: its collective
+    timeout is the long one (--dist-timeout, 20 s here), which is what frees a survivor whose all_reduce waits on
+    the other survivor rather than on the dead rank (a Gloo group a peer left in process keeps its connections
+    open: DDP keeps a reference to it that outlives the wrapper)."""
+    gang = gangs("after")
+    gang.publish(1, 3)
+    crash = ["--fault-after-training", "--fault-rank", "0", "--fault-exit-code", "139", "--fault-generation", "1",
+             "--dist-timeout", "20", "--dist-steady-timeout", "10"]
+    survivors = {replica: gang.start(replica, 1, 3, crash) for replica in range(3)}
+    assert gang.wait(survivors.pop(0)) == -signal.SIGSEGV
+    for replica in survivors:
+        gang.saw(replica, 1, f"at step {STEPS}: a peer failed in generation 1")
+    gang.publish(2, 3)
+    replacement = gang.start(0, 2, 3, ["--dist-timeout", "20", "--dist-steady-timeout", "10"])
+    for replica, proc in survivors.items():
+        assert gang.wait(proc) == 0, gang.logs()
+        assert "recovered in process: generation 1 -> 2" in gang.text(replica, 1)
+    assert gang.wait(replacement) == 0, gang.logs()
+    assert f"resumed from peer rank 1 by broadcast step={STEPS}" in gang.text(0, 2)
+    assert_bit_identical(final_state(gang), undisturbed)
+    result = json.loads((gang.ckpt / "result.json").read_text())
+    assert (result["status"], result["step"], result["world_size"]) == ("completed", STEPS, 3)
+    progress = json.loads((gang.ckpt / "progress.json").read_text())
+    assert progress["generation"] == 2 and progress["recovery"]["path"] == "InProcess"
+    assert progress["recovery"]["resumed_step"] == STEPS and progress["recovery"]["first_step_time"] is None
+
+
 @pytest.mark.parametrize("replacement_kind", ["worker", "spare"])
 def test_the_pods_agents_leave_survivors_training_and_start_a_replacement_that_joins_them(
         gangs, tmp_path, replacement_kind: str) -> None:

@@ -138,6 +138,7 @@ class FaultConfig:
     rank: int = 0  # global rank that fails
     generation: int = 0  # only when DDPJOB_GENERATION equals it; -1: in every generation
     hang_at_step: int = 0  # 0: off; else the rank freezes itself (SIGSTOP) right after optimizer step N
+    after_training: bool = False  # the rank fails in the work after the last step (before the final evaluation)
     slow_rank: int = -1  # -1: off; else this global rank's own work per step takes slow_factor times as long
     slow_factor: float = 2.0
     node: str | None = None  # faults only on the node named $NODE_NAME == node (a node-specific failure)
@@ -228,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--fault-exit-code", type=int, default=1, metavar="CODE",
                    help="exit with CODE; CODE >= 128 kills the process with signal CODE-128 "
                         "(139: SIGSEGV, 137: SIGKILL)")
+    f.add_argument("--fault-after-training", action="store_true",
+                   help="fail in the work after the last step (before the final evaluation), as --fault-exit-code "
+                        "says, instead of after a step")
     f.add_argument("--fault-hang-at-step", type=int, default=0, metavar="N",
                    help="freeze (SIGSTOP) right after optimizer step N, as a hung process: its peers block in the "
                         "next collective (hang detection: runPolicy.progressDeadlineSeconds); 0: never")
@@ -293,5 +297,6 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] | None = 
         record_samples=args.record_samples,
         fault=FaultConfig(at_step=args.fault_at_step, exit_code=args.fault_exit_code, rank=args.fault_rank,
                           generation=args.fault_generation, hang_at_step=args.fault_hang_at_step,
+                          after_training=args.fault_after_training,
                           slow_rank=args.fault_slow_rank, slow_factor=args.fault_slow_factor, node=args.fault_node),
     )

@@ -33,6 +33,11 @@ def due(fault: FaultConfig, rank: int, step: int, environ: Mapping[str, str] = o
     return _here(fault, environ)
 
 
+def after_training_due(fault: FaultConfig, rank: int, environ: Mapping[str, str] = os.environ) -> bool:
+    """`--fault-after-training`: in the work after the last step (the final evaluation and checkpoint)."""
+    return fault.after_training and (rank == fault.rank or fault.node is not None) and _here(fault, environ)
+
+
 def hang_due(fault: FaultConfig, rank: int, step: int, environ: Mapping[str, str] = os.environ) -> bool:
     if not fault.hang_at_step or step < fault.hang_at_step or (rank != fault.rank and fault.node is None):
         return False

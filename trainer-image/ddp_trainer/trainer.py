@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DataLoader, Subset
 
 from .config import ConfigError, TrainConfig
+from .fault import after_training_due as fault_after_training_due
 from .fault import due as fault_due, hang as fault_hang, hang_due as fault_hang_due, strike as fault_strike
 from .fault import slow_down as fault_slow_down, slow_due as fault_slow_due
 from .runtime import (Job, ResumableDistributedSampler, atomic_write_json, check_resume, is_peer_failure, move_to,
@@ -139,8 +140,12 @@ class Trainer:
 
     def _finish(self) -> int:
         """After the last step: its report, the final evaluation, the final checkpoint, result.json."""
-        if self.progress.step % self.cfg.log_every:
-            self._log_progress()  # the final step reported (sent before exit: the status shows it with Succeeded)
+        # The final step reported (sent before exit: the status shows it with Succeeded); by a generation that
+        # recovered after it, too (its timeline, without a first step: it trains none).
+        if self.progress.step % self.cfg.log_every or self.job.recovering:
+            self._log_progress()
+        if fault_after_training_due(self.cfg.fault, self.env.rank):
+            fault_strike(self.cfg.fault, self.env.rank, self.progress.step)
         metrics = self.evaluate()
         self._save(final=True)
         self._write_json("result.json", {"status": "completed", "step": self.progress.step,
@@ -350,7 +355,7 @@ class Trainer:
 
     def _state(self, rng: list[dict[str, Any]] | None) -> dict[str, Any]:
         """What a checkpoint holds; `rng` None (a rescue: no collective to gather it) derives fresh streams."""
-        return {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+        return {"model": self._module.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict(), "progress": asdict(self.progress),
                 "world_size": self.env.world_size, "rng": rng, "data": self._data_signature()}
 
