@@ -214,11 +214,8 @@ class LocalRunner:
 
     @property
     def pending_faults(self) -> list[FaultInjection]:
+        """The faults still to strike (the schedule's)."""
         return self.schedule.faults
-
-    @property
-    def pending_changes(self) -> list[SpecChange]:
-        return self.schedule.changes
 
     # ---- the loop ----------------------------------------------------------------------------
 
