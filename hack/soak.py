@@ -126,8 +126,8 @@ class SoakRunner(LocalRunner):
         self.paused: tuple[list[int], datetime] | None = None
         self.pauses_done = 0
 
-    def _inject_faults(self, now: datetime) -> None:
-        super()._inject_faults(now)
+    def inject_faults(self, now: datetime) -> None:
+        super().inject_faults(now)
         if self.paused is not None:
             pids, until = self.paused
             if now >= until:
@@ -136,7 +136,7 @@ class SoakRunner(LocalRunner):
             return
         step = (read_report(self.checkpoint_dir, "progress.json") or {}).get("step") or 0
         for fault in list(self.pending_pauses):
-            target = self.workers.get(self._pod_of(fault.index))
+            target = self.workers.get(self.pod_of(fault.index))
             if step < fault.at_step or target is None or target.deleted or target.held or target.process.poll(now) \
                     is not None or not target.process.started:
                 continue

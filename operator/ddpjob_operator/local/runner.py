@@ -256,10 +256,14 @@ class LocalRunner:
         for action in decision.actions:
             self.execute(action, now)
         self._assign_spares()
-        self.schedule.inject(self, now)
+        self.inject_faults(now)
         self.schedule.apply_changes(self, now)
         self._show(now)
         return decision
+
+    def inject_faults(self, now: datetime) -> None:
+        """The faults due now (faults.py); a subclass adds its own kinds here (hack/soak.py's pauses)."""
+        self.schedule.inject(self, now)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signals.append(signum)
