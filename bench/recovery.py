@@ -239,13 +239,14 @@ def kill_step(k: int, every: int) -> int:
 
 
 def load_example(kills: int, every: int, scope: str = "Pod", spares: int = 0, state_mb: float = 0,
-                 recovery: str = "Restart", steady_timeout: float | None = None):
+                 recovery: str = "Restart", steady_timeout: float | None = None, rescue: bool = True):
     job = validation.load_jobs(EXAMPLE)[0]
     spec = job.spec
     epochs = 2 + (every * (kills + 1)) // STEPS_PER_EPOCH
     # state_mb: a parameter block that makes model + AdamW state this size (ddp_trainer/workloads/state.py)
     state = ["--workload-option", f"state_mb={state_mb:g}"] if state_mb else []
     steady = [] if steady_timeout is None else ["--dist-steady-timeout", f"{steady_timeout:g}"]
+    steady += [] if rescue else ["--no-rescue-checkpoint"]
     spec = spec.model_copy(update={
         "args": [*spec.args, *state, *steady, "--epochs", str(epochs), "--log-every", "1"],  # a later --epochs wins
         "failure_policy": spec.failure_policy.model_copy(update={"max_restarts": kills + 2, "restart_scope": scope,
@@ -699,6 +700,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steady-timeout", type=float, metavar="S",
                         help="the trainer's --dist-steady-timeout (default: the trainer's, 30 s): how long a survivor "
                              "waits on a silent peer in a collective")
+    parser.add_argument("--no-rescue", action="store_true",
+                        help="the trainer's --no-rescue-checkpoint: survivors write no rescue checkpoint (what the "
+                             "in-process path costs without that durability write, which it waits for)")
     args = parser.parse_args(argv)
     if args.recovery == "InProcess" and args.scope != "Pod":
         parser.error("--recovery InProcess needs --scope Pod")
@@ -709,12 +713,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.fault in ("delete", STOP) and not set(args.setups.split(",")) <= set(LOCAL_SETUPS):
         parser.error(f"--fault {args.fault} needs local setups only ({', '.join(LOCAL_SETUPS)})")
     job = load_example(args.kills, args.every, args.scope, args.spares, args.state_mb, args.recovery,
-                       args.steady_timeout)
+                       args.steady_timeout, not args.no_rescue)
     interval = job.spec.checkpoint.interval_steps
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
           f"{datetime.now().isoformat(timespec='minutes')}; job {EXAMPLE.name}, checkpoint every {interval} steps, "
           f"kills every {args.every} steps, restartScope {args.scope}, recovery {args.recovery}, spares {args.spares}, "
           f"fault {args.fault}, steady timeout {args.steady_timeout or 'default'}, "
+          f"rescue checkpoint {'off' if args.no_rescue else 'on'}, "
           f"state {args.state_mb:g} MiB; load average {load()}")
     medians = {}
     for setup in args.setups.split(","):
