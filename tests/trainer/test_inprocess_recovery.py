@@ -278,20 +278,20 @@ def test_the_pods_agents_leave_survivors_training_and_start_a_replacement_that_j
         return proc
 
     # The launcher's own environment (the operator's for a pod): it publishes the generation itself.
-    for name, value in {"DDPJOB_REJOIN": "1", "DDPJOB_TERMINATION_LOG": str(tmp_path / "termination-log")}.items():
-        gang.extra_env[name] = value
-    agents = {replica: agent(replica, 1, fault(0)) for replica in range(3)}
-    trainers = {replica: wait_for(lambda: descendants(agents[replica].pid), f"worker {replica}'s trainer", 60,
-                                  explain=gang.logs) for replica in (1, 2)}
-    if replacement_kind == "spare":  # warm before the incident: imports done, waiting for its assignment
+    worker_env = {"DDPJOB_REJOIN": "1", "DDPJOB_TERMINATION_LOG": str(tmp_path / "termination-log")}
+    if replacement_kind == "spare":  # warm before the workers start, so before the incident
         assignment = tmp_path / "assignment.json"
-        gang.extra_env.update(DDPJOB_SPARE="1", DDPJOB_ASSIGNMENT_FILE=str(assignment),
+        gang.extra_env.update(worker_env, DDPJOB_SPARE="1", DDPJOB_ASSIGNMENT_FILE=str(assignment),
                               DDPJOB_SPARE_READY_FILE=str(tmp_path / "spare.ready"))
         spare = agent(-1, 1)
         wait_for((tmp_path / "spare.ready").exists, "the spare ready", 60, explain=gang.logs)
         gang.saw(-1, 1, "spare: trainer ready, waiting for its place")  # imports done, model and optimizer built
         spare_trainer = descendants(spare.pid)
         assert spare_trainer, gang.logs()
+    gang.extra_env = dict(worker_env)
+    agents = {replica: agent(replica, 1, fault(0)) for replica in range(3)}
+    trainers = {replica: wait_for(lambda: descendants(agents[replica].pid), f"worker {replica}'s trainer", 60,
+                                  explain=gang.logs) for replica in (1, 2)}
     assert gang.wait(agents.pop(0)) == 139, gang.logs()  # the crashed trainer's own code
     for replica in agents:
         gang.saw(replica, 1, f"at step {KILL_AT}: a peer failed in generation 1")
