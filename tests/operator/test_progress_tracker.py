@@ -71,3 +71,21 @@ def test_rank_zeros_recovery_timeline_reaches_the_decision_layer_per_generation(
     seen = tracker.observation("uid", T0 + timedelta(seconds=6))
     generations = [r.generation for r in seen.recoveries]
     assert generations == list(range(2, 2 + progress.tracker.RECOVERY_GENERATIONS))  # generation 1 aged out
+
+
+def test_a_job_level_report_is_the_jobs_values_without_ranks_and_step_times_come_apart():
+    """What the local runner feeds it (progress.json, written by global rank 0 only): no pod, so no rank is
+    tracked and no rank 0 claim is needed; every worker's step time arrives on its own."""
+    tracker = progress.ProgressTracker(write_seconds=0)
+    key = ("local", "job")
+    tracker.record("uid", key, None, 0, progress.Report(step=10, loss=0.5, rank=None), T0)
+    tracker.step_time("uid", 1, 0, 10, 0.25, T0)
+    tracker.record("uid", key, None, 0, progress.Report(step=12, loss=0.4), T0 + timedelta(seconds=2))
+    seen = tracker.observation("uid", T0 + timedelta(seconds=2))
+    assert (seen.step, seen.loss, seen.ranks, seen.steps_per_second) == (12, 0.4, (), 1.0)
+    assert [(r.index, [s.seconds for s in r.samples]) for r in seen.timings] == [(1, [0.25])]
+    # A step time of a generation left behind does not republish the job's values.
+    tracker.record("uid", key, None, 1, progress.Report(step=3), T0 + timedelta(seconds=3))
+    tracker.observation("uid", T0 + timedelta(seconds=3))
+    tracker.step_time("uid", 0, 0, 11, 0.1, T0 + timedelta(seconds=4))
+    assert tracker.due_in("uid", T0 + timedelta(seconds=4)) is None
