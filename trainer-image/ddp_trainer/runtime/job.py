@@ -322,11 +322,11 @@ class Job:
                     now - seen)
         return True
 
-    def _fall_back(self, reason: str, generation: int | None = None) -> bool:
+    def _fall_back(self, reason: str) -> bool:
         """In-process recovery is not possible: say why, in the log and in the store for the next generation's
         rank 0 (its timeline's reason). False: the caller re-raises (today's exit path)."""
         log.warning("in-process recovery not possible: %s; leaving the process as before", reason)
-        self.rendezvous.note_fallback(self.env.generation if generation is None else generation, reason)
+        self.rendezvous.note_fallback(self.env.generation, reason)
         return False
 
     def _rescue_in_background(self, carried: "_Carried") -> threading.Thread:
