@@ -85,3 +85,53 @@ def test_the_agent_gives_torchrun_a_rendezvous_of_the_pods_own_only_in_process(m
     assert worker.torchrun_args(args) == [
         "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--rdzv-id=uid-g4",
         "--rdzv-conf=is_host=true", "--max-restarts=0", "-m", "ddp_trainer", "--nnodes=7"]  # the script's own: untouched
+
+
+def test_a_warm_spare_takes_the_seat_its_agent_writes_under_its_key() -> None:
+    """The agent writes the operator's assignment under the spare's own store key (SPARE_PLACE_ENV); the trainer's
+    seat is then that replica index; a stop while waiting returns None; a malformed assignment is refused."""
+    import json
+
+    import torch.distributed as dist
+
+    from ddp_trainer.runtime.inprocess import CannotRecover, Rendezvous
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = dist.TCPStore("127.0.0.1", server.port, is_master=False)
+    rdzv = Rendezvous(store, "uid-spare", Seat(-1, 1, 2), backend="gloo")
+    rdzv.place_key = "ddpjob/uid-spare/spare/abc"
+    assert rdzv.wait_place(lambda: True) is None and rdzv.place_key is not None  # stopped: no place
+    store.set(rdzv.place_key, json.dumps({"index": 2, "generation": 5, "rdzvId": "uid-spare-g5", "nnodes": "3:3"}))
+    assert rdzv.wait_place(lambda: False) == 5
+    assert (rdzv.seat, rdzv.seat.rank, rdzv.place_key) == (Seat(2, 1, 2), 5, None)
+    rdzv.place_key = "ddpjob/uid-spare/spare/bad"
+    store.set(rdzv.place_key, json.dumps({"index": -1, "generation": 5}))
+    with pytest.raises(CannotRecover, match="is not {index, generation}"):
+        rdzv.wait_place(lambda: False)
+
+
+def test_a_spare_job_builds_first_and_a_stop_while_it_waits_for_its_place_exits_143(monkeypatch) -> None:
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    from ddp_trainer.runtime import Job
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for name, value in {"DDPJOB_INPROCESS": "1", "PET_RDZV_ENDPOINT": f"127.0.0.1:{server.port}",
+                        "TORCHELASTIC_RUN_ID": "uid-spare-g1", "DDPJOB_REPLICA_INDEX": "-1", "LOCAL_RANK": "0",
+                        "LOCAL_WORLD_SIZE": "1", "DDPJOB_SPARE_PLACE_KEY": "ddpjob/uid-spare/spare/x",
+                        "DDPJOB_CHECKPOINT_DIR": ""}.items():
+        monkeypatch.setenv(name, value)
+    job = Job.start(device="cpu", build_first=True)  # returns before it has a place
+    try:
+        assert not job.seated and not dist.is_initialized()
+        with pytest.raises(RuntimeError, match="this warm spare has no place yet; job.resume"):
+            job.env
+        os.kill(os.getpid(), signal.SIGTERM)  # its pod deleted while it waits
+        with pytest.raises(SystemExit) as stopped:
+            job.resume()
+        assert stopped.value.code == 143
+    finally:
+        job.close(clean=False)
