@@ -205,3 +205,20 @@ def test_a_framework_callback_refuses_in_process_recovery_with_the_fix() -> None
     assert ("failurePolicy.recovery InProcess (DDPJOB_INPROCESS=1) needs a script on ddp_trainer.runtime.Job; the "
             "Lightning Trainer owns its DDP wrapper and its loop") in done.stderr
     assert "Fix: failurePolicy.recovery: Restart" in done.stderr
+
+
+def test_the_operator_reads_the_trainers_recovery_as_sent() -> None:
+    """The report as the trainer's reporter POSTs it goes through the operator's own parser (the contract's two
+    sides, docs/launch-contract.md)."""
+    from ddpjob_operator.progress.reports import parse_report
+
+    with Endpoint() as endpoint:
+        reporter = ProgressReporter(None, endpoint.url, rank=0)
+        reporter.recovery = recovery_field("Restart", reason="generation 2 has 2 ranks, not 3", resumed_step=12,
+                                           rendezvous_time=1700000000.25, first_step_time=1700000001.5)
+        reporter.report(step=13, loss=0.5)
+        reporter.close()
+    (_, body), = endpoint.posts
+    got = parse_report(json.dumps(body).encode()).recovery
+    assert (got.path, got.reason, got.resumed_step, got.rendezvous_time, got.first_step_time) == (
+        "Restart", "generation 2 has 2 ranks, not 3", 12, 1700000000.25, 1700000001.5)
