@@ -285,7 +285,7 @@ def test_the_pods_agents_leave_survivors_training_and_start_a_replacement_that_j
                               DDPJOB_SPARE_READY_FILE=str(tmp_path / "spare.ready"))
         spare = agent(-1, 1)
         wait_for((tmp_path / "spare.ready").exists, "the spare ready", 60, explain=gang.logs)
-        gang.saw(-1, 1, "spare: trainer ready, waiting for its place")  # imports done, model and optimizer built
+        assert "spare: trainer ready, waiting for its place" in gang.text(-1, 1)  # Ready: its model is built
         spare_trainer = descendants(spare.pid)
         assert spare_trainer, gang.logs()
     gang.extra_env = dict(worker_env)

@@ -72,6 +72,7 @@ def test_the_trainer_reads_the_store_keys_and_switch_the_agent_writes() -> None:
     assert inprocess.REJOIN_TIMEOUT_S == contract.REJOIN_TIMEOUT_SECONDS
     assert inprocess.INPROCESS_ENV == contract.INPROCESS_ENV
     assert inprocess.SPARE_PLACE_ENV == contract.SPARE_PLACE_ENV  # the agent names a spare's key there
+    assert inprocess.SPARE_BUILT_KEY == contract.SPARE_BUILT_KEY  # its trainers say they are built there
 
 
 def test_the_agent_gives_torchrun_a_rendezvous_of_the_pods_own_only_in_process(monkeypatch) -> None:
@@ -101,6 +102,7 @@ def test_a_warm_spare_takes_the_seat_its_agent_writes_under_its_key() -> None:
     rdzv = Rendezvous(store, "uid-spare", Seat(-1, 1, 2), backend="gloo")
     rdzv.place_key = "ddpjob/uid-spare/spare/abc"
     assert rdzv.wait_place(lambda: True) is None and rdzv.place_key is not None  # stopped: no place
+    assert store.get("ddpjob/uid-spare/spare/abc/built/1")  # built (local rank 1): the agent may mark it ready
     store.set(rdzv.place_key, json.dumps({"index": 2, "generation": 5, "rdzvId": "uid-spare-g5", "nnodes": "3:3"}))
     assert rdzv.wait_place(lambda: False) == 5
     assert (rdzv.seat, rdzv.seat.rank, rdzv.place_key) == (Seat(2, 1, 2), 5, None)

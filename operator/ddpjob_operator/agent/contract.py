@@ -63,6 +63,9 @@ SPARE_COMPLAINT_SECONDS = 30  # a spare whose requests keep failing says why at 
 # under a store key of its own that it names in their environment (the trainer runtime's inprocess.SPARE_PLACE_ENV).
 SPARE_PLACE_ENV = "DDPJOB_SPARE_PLACE_KEY"
 SPARE_PLACE_KEY = "ddpjob/{uid}/spare/{token}"
+# Each trainer sets this key once it is built and waits for its place; the agent marks the spare ready (the
+# readiness file) only once every one of its trainers has.
+SPARE_BUILT_KEY = "{place}/built/{local_rank}"
 
 # The trainer runtime's exit for a checkpoint volume that is full or keeps failing reads (its
 # CHECKPOINT_VOLUME_* constants; a test keeps the two equal): infrastructure, never the user's bug.

@@ -32,7 +32,8 @@ from .contract import (ASSIGNMENT_FILE_ENV, ASSIGNMENT_PATH, FORK_TRAINER_ENV, I
                        GPU_DEVICE_FILES, NNODES_KEY, PEER_FAILURE_PATTERN, PRELOAD_ENV, PROGRESS_CA_ENV,
                        PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV, REJOIN_FAILED_PREFIX, REJOIN_TIMEOUT_ENV,
                        REJOIN_TIMEOUT_SECONDS, RENDEZVOUS_CLOSED_MARK, RENDEZVOUS_FAILED_PREFIX,
-                       SPARE_COMPLAINT_SECONDS, SPARE_ENV, SPARE_PLACE_ENV, SPARE_PLACE_KEY, SPARE_READY_FILE_ENV,
+                       SPARE_BUILT_KEY, SPARE_COMPLAINT_SECONDS, SPARE_ENV, SPARE_PLACE_ENV, SPARE_PLACE_KEY,
+                       SPARE_READY_FILE_ENV,
                        STOP_EXIT_CODES,
                        TERMINATION_LOG_ENV, TERMINATION_LOG_PATH, TERMINATION_MESSAGE_LIMIT)
 
@@ -458,9 +459,10 @@ def wait_as_spare(args):
 
 class SparePlace:
     # DDPJOB_INPROCESS=1: this spare's trainers start before it has a place (they build what does not depend
-    # on the rank, then wait in their runtime); once the trainers run, a thread asks for the assignment,
-    # publishes the generation and writes the assignment under the store key named in the trainers'
-    # environment (SPARE_PLACE_ENV): a place then costs the trainers a rendezvous and a broadcast.
+    # on the rank, then wait in their runtime); once the trainers run, a thread waits for all of them to be
+    # built (SPARE_BUILT_KEY), asks for the assignment (the spare is ready at the first answer), publishes the
+    # generation and writes the assignment under the store key named in the trainers' environment
+    # (SPARE_PLACE_ENV): a place then costs the trainers a rendezvous and a broadcast.
     def __init__(self, args):
         import secrets
         rdzv_id = flag(args, "rdzv-id") or ""
@@ -475,13 +477,24 @@ class SparePlace:
 
     def run(self):
         import json
+        try:  # ready (the readiness file, at the first answer) once every trainer is built and waits for its place
+            generations = Generations(flag(self.args, "rdzv-endpoint"), self.uid)
+            nproc = flag(self.args, "nproc-per-node") or "1"
+            nproc = int(nproc) if nproc.isdigit() else 1  # the operator's is a number
+            built = [SPARE_BUILT_KEY.format(place=self.key, local_rank=r) for r in range(nproc)]
+            while not generations.store.check(built):
+                if self.stop.wait(0.1):
+                    return
+        except Exception as error:  # the trainers cannot reach the store either: they fail, and so does the pod
+            print(f"spare: cannot reach the job's store: {error}", file=sys.stderr, flush=True)
+            return
+        print("spare: trainers built, waiting for their place", file=sys.stderr, flush=True)
         given = await_assignment(self.stop)
         with self.lock:  # the trainers' end (stop) and the place taken never cross
             if given is None or self.stop.is_set():
                 return
             args = take_place(self.args, given)
             try:
-                generations = Generations(flag(args, "rdzv-endpoint"), self.uid)
                 generations.publish(int(given["generation"]), given["nnodes"])
                 generations.store.set(self.key, json.dumps(given))
             except Exception as error:  # the trainers cannot reach the store either: they fail, so does the pod

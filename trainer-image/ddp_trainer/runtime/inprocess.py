@@ -54,6 +54,7 @@ FALLBACK_LOOKBACK = 32  # generations before this one whose fallback notes rank 
 # A warm spare's trainer: the store key its agent writes the spare's assignment to ({"index", "generation", ...}:
 # the operator's answer, once the agent published the generation). Set by the agent only (agent/contract.py).
 SPARE_PLACE_ENV = "DDPJOB_SPARE_PLACE_KEY"
+SPARE_BUILT_KEY = "{place}/built/{local_rank}"  # set once built: the agent marks the spare ready after all of them
 JOIN_TIMEOUT_S = 600.0  # every rank of a generation arrives within this (a pod's start: image pull, scheduling)
 CONNECT_TIMEOUT_S = 60.0  # every rank has arrived: the group's own connections take this at most
 LEAVE_TIMEOUT_S = 10.0
@@ -262,6 +263,7 @@ class Rendezvous:
         """A warm spare: wait for its assignment (written by its agent under `place_key` once the generation it
         takes a place in is published); this trainer's seat is then that place. The generation; None: stopped."""
         key = self.place_key
+        self.store.set(SPARE_BUILT_KEY.format(place=key, local_rank=self.seat.local_rank), str(os.getpid()))
         while not self.store.check([key]):
             if stopped():
                 return None
