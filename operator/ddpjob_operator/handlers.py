@@ -12,9 +12,14 @@ job first). The rooms, each with one job:
 - progress_router.py: the progress endpoint, and the label that routes reports to the leader;
 - side_tasks.py: work started beside the passes, stopped with the controller.
 
-`Controller` itself only starts and stops them, follows the leadership, and turns kopf's events into
-triggers. Pods are read from a kopf index, which kopf fills completely before it calls any handler, so a
-restarted operator never acts on a half-listed cluster. Handlers return nothing (kopf would store
+- informer.py: the DDPJobs and the operator's pods, listed and watched (the pods as the summaries a
+  pass reads).
+
+`Controller` itself only starts and stops them, follows the leadership, and turns the informers' job
+events and pod changes into triggers. The work queue starts no pass until both informers have listed
+everything once, so a restarted operator never acts on a half-listed cluster, and a job submitted meanwhile
+goes ahead of the resync of all the others. kopf runs the process (start-up, clean-up, probes, credentials,
+signals); it watches nothing. Handlers return nothing (kopf would store
 results in the strict status) and never sleep; waits are timers. kopf adds no finalizers (no timers,
 daemons or deletion handlers are registered).
 """
@@ -28,10 +33,11 @@ from typing import Any, Callable, Mapping
 
 import kopf
 
-from . import builders, kube, leader, model, progress, progress_router, store
+from . import kube, leader, progress, progress_router
 from .actuator import Actuator
 from .job_cache import JobCache, JobKey
 from .metrics import Metrics
+from .informer import POD_SELECTOR, Informer, PodView
 from .reconciler import Reconciler
 from .settings import Settings
 from .side_tasks import SideTasks
@@ -39,7 +45,8 @@ from .workqueue import WorkQueue
 
 logger = logging.getLogger("ddpjob_operator")
 
-OWNED_PODS = {builders.LABEL_MANAGED_BY: builders.MANAGED_BY, builders.LABEL_JOB_UID: kopf.PRESENT}
+# How long the pod changes of a job are gathered before its pass.
+POD_CHANGES_FOLD_SECONDS = 0.1
 
 
 def utcnow() -> datetime:
@@ -62,6 +69,16 @@ class Controller:
         self.queue: WorkQueue[JobKey] = WorkQueue(
             self.reconciler.run, concurrency=settings.max_concurrent_reconciles,
             settle_seconds=settings.coalesce_seconds, urgent=self.cache.first_in_line)
+        self.queue.hold()  # until every pod has been listed once
+        self.pod_view = PodView(lambda namespace, job_name: self.pod_changed(namespace, job_name))
+        self.cache.pods = self.pod_view.index
+        # The informers have a client of their own: their watches hold connections for minutes, and a
+        # listing never queues behind a burst of a pass's calls (nor those behind it).
+        self.reader = kube.Kube(api.connection, timeout_seconds=settings.request_timeout_seconds,
+                                user_agent=api.user_agent)
+        self.informers = (Informer(self.reader, kube.DDPJOBS, settings.watch_namespaces, JobView(self)),
+                          Informer(self.reader, kube.PODS, settings.watch_namespaces, self.pod_view,
+                                   selector=POD_SELECTOR))
         self.router = progress_router.ProgressRouter(
             settings, self.progress, self.cache, metrics,
             progress.TokenReviewer(api.token_review, settings.progress_audience),
@@ -76,6 +93,9 @@ class Controller:
         if self.settings.metrics_port:
             self.metrics.serve(self.settings.metrics_port, self.settings.bind_address)
         self._schedule_resync()
+        for informer in self.informers:
+            self.side_tasks.spawn(informer.run(), f"the informer of {informer.kind.plural}")
+        self.side_tasks.spawn(self._release_once_listed(), "waiting for the first listings")
         self.router.start(self.side_tasks)
         if self.elector is None:
             self.metrics.leader.set(1)
@@ -83,6 +103,18 @@ class Controller:
             self.elector.on_start, self.elector.on_stop = self.started_leading, self.stopped_leading
             self.elector.on_change = lambda holder: self.metrics.leader_changes.inc()
             self.elector.start()
+
+    async def _release_once_listed(self) -> None:
+        started = asyncio.get_running_loop().time()
+        for informer in self.informers:
+            await informer.synced.wait()
+        logger.info("listed %d jobs and %d pods in %.1fs", len(self.cache), self.pod_view.index.pods(),
+                    asyncio.get_running_loop().time() - started)
+        self.queue.release()
+
+    def synced(self) -> bool:
+        """Every job and pod listed once: passes may run."""
+        return all(informer.synced.is_set() for informer in self.informers)
 
     def leading(self) -> bool:
         return self.elector is None or self.elector.leading()
@@ -113,6 +145,7 @@ class Controller:
             await self.elector.stop()  # hand the Lease over at once (SIGTERM)
         self.metrics.stop()
         await self.api.close()
+        await self.reader.close()
 
     def _schedule_resync(self) -> None:
         def resync() -> None:
@@ -140,18 +173,45 @@ class Controller:
         if seen.needs_pass:
             self.trigger(key)
 
-    def pod_event(self, namespace: str, labels: Mapping[str, str]) -> None:
-        job_name = labels.get(builders.LABEL_JOB_NAME)
-        if job_name:
-            self.trigger((namespace, job_name))
+    def pod_changed(self, namespace: str, job_name: str) -> None:
+        """A pass shortly after: the pods of a gang change together (a failed collective ends every rank
+        within milliseconds), and one pass should see them all, not decide on the first alone."""
+        self.trigger((namespace, job_name), settle=POD_CHANGES_FOLD_SECONDS)
 
-    def trigger(self, key: JobKey) -> None:
+    def trigger(self, key: JobKey, settle: float = 0.0) -> None:
         if not self.leading():
             return  # a standby keeps its view of the jobs warm, and acts once it leads
-        self.queue.add(key)
+        self.queue.add(key, settle)
 
     def requeue(self, key: JobKey, delay: float) -> None:
         self.queue.add_after(key, delay)
+
+
+class JobView:
+    """The job informer's view: each listed or watched DDPJob is an event of the controller's; a job
+    missing from a listing that replaces an older one (after a 410 Gone) was deleted meanwhile."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        self._seen: set[JobKey] = set()
+
+    def begin_listing(self, namespace: str | None) -> None:
+        self._seen = set()
+
+    def listed(self, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        self._seen.add((meta.get("namespace") or "default", meta.get("name") or ""))
+        self.controller.job_event("ADDED", obj)
+
+    def end_listing(self, namespace: str | None, first: bool) -> None:
+        cache = self.controller.cache
+        for key in cache.keys():
+            if (namespace is None or key[0] == namespace) and key not in self._seen:
+                self.controller.job_event("DELETED", cache.get(key) or {"metadata": {"name": key[1]}})
+        self._seen = set()
+
+    def watched(self, event_type: str, obj: dict[str, Any]) -> None:
+        self.controller.job_event(event_type, obj)
 
 
 def build_registry(controller: Controller, connection: kube.Connection) -> kopf.OperatorRegistry:
@@ -173,27 +233,5 @@ def build_registry(controller: Controller, connection: kube.Connection) -> kopf.
     @kopf.on.probe(id="jobs", registry=registry)
     def jobs_probe(**_: Any) -> int:
         return len(controller.cache)
-
-    @kopf.index("", "v1", "pods", id="ddpjob_pods", labels=OWNED_PODS, registry=registry)
-    def ddpjob_pods(namespace: str, labels: Mapping[str, str], body: kopf.Body,
-                    **_: Any) -> dict[tuple[str, str], store.PodSummary]:
-        # Keyed by the job that controls the pod (ownerReference, controller: true), never by its labels:
-        # a pod someone else made with a job's labels is not that job's worker ({}: not indexed).
-        owner = store.controller_uid(body.get("metadata") or {})
-        if not owner or owner != labels.get(builders.LABEL_JOB_UID):
-            return {}
-        return {(namespace, owner): store.summarize_pod(body)}
-
-    @kopf.on.event(model.GROUP, model.VERSION, model.PLURAL, id="ddpjob_event", registry=registry)
-    async def ddpjob_event(type: str | None, body: kopf.Body, ddpjob_pods: kopf.Index[Any, Any],
-                           **_: Any) -> None:
-        controller.cache.pods = ddpjob_pods
-        controller.job_event(type, body)
-
-    @kopf.on.event("", "v1", "pods", id="pod_event", labels=OWNED_PODS, registry=registry)
-    async def pod_event(namespace: str, labels: Mapping[str, str], ddpjob_pods: kopf.Index[Any, Any],
-                        **_: Any) -> None:
-        controller.cache.pods = ddpjob_pods
-        controller.pod_event(namespace, labels)
 
     return registry

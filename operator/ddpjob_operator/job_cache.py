@@ -1,5 +1,5 @@
-"""The controller's memory of its jobs: what it last saw of each DDPJob, kopf's index of their pods, the
-status it last wrote of each, and each job's spec parsed once per generation.
+"""The controller's memory of its jobs: what it last saw of each DDPJob, the pod informer's index of their
+pods, the status it last wrote of each, and each job's spec parsed once per generation.
 
 Thousands of jobs are held for the operator's lifetime, so every copy is kept small
 (bench/operator_memory.py): snapshots drop the metadata nobody reads and intern short strings, a parsed
@@ -90,7 +90,7 @@ class Seen:
 class JobCache:
     def __init__(self) -> None:
         self.jobs: dict[JobKey, dict[str, Any]] = {}  # the snapshot of each job's last event
-        self.pods: Mapping[tuple[str, str], Any] = {}  # kopf's index: (namespace, job uid) -> PodSummary
+        self.pods: Mapping[tuple[str, str], Any] = {}  # the informer's index: (namespace, job uid) -> PodSummaries
         self.written = WrittenStatuses()  # job uid -> the status this process last wrote
         self._specs: dict[str, tuple[tuple[str, Any], bytes]] = {}  # uid -> ((uid, generation), pickled spec)
 

@@ -14,7 +14,7 @@ import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 import kopf
@@ -68,6 +68,13 @@ class Connection:
                                    private_key_path=self.private_key_path, insecure=self.insecure)
 
 
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
 class ApiError(Exception):
     def __init__(self, status: int, reason: str, message: str):
         self.status, self.reason, self.message = status, reason, message
@@ -89,9 +96,10 @@ class Kind:
     api_version: str
     plural: str
 
-    def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    def path(self, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
+        """The object's URL, or the collection's (no name); namespace None: every namespace's collection."""
         root = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
-        path = f"{root}/namespaces/{namespace}/{self.plural}"
+        path = f"{root}/{self.plural}" if namespace is None else f"{root}/namespaces/{namespace}/{self.plural}"
         if name:
             path += f"/{name}"
         if subresource:
@@ -170,6 +178,38 @@ class Kube:
                 raise ApiError(response.status, info.get("reason") or response.reason or "",
                                info.get("message") or text[:200])
             return response.status, payload
+
+    async def list_page(self, kind: Kind, namespace: str | None, params: dict[str, str]) -> dict[str, Any]:
+        """One page of a LIST (`limit` and `continue` in `params`); ApiError when it cannot (410: the
+        continue token expired)."""
+        _, listed = await self._call("GET", kind.path(namespace), params=params)
+        return listed or {}
+
+    async def watch(self, kind: Kind, namespace: str | None, params: dict[str, str],
+                    read_timeout: float) -> AsyncIterator[dict[str, Any]]:
+        """The events of a WATCH (`watch=true` is added), one parsed JSON object per line, until the server
+        ends the stream (its timeoutSeconds); ApiError when the server refuses it (a 410 included). A
+        stream silent for `read_timeout` seconds raises asyncio.TimeoutError. Lines are split here, not by
+        aiohttp's readline, which refuses a line over 128 KiB (a pod with a large spec)."""
+        headers = {"Authorization": f"Bearer {token}"} if (token := self.connection.current_token()) else {}
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout.total, sock_read=read_timeout)
+        async with self._open().get(kind.path(namespace).lstrip("/"), params={**params, "watch": "true"},
+                                    headers=headers, timeout=timeout) as response:
+            if response.status >= 400:
+                text = await response.text()
+                info = _json_or_none(text)
+                info = info if isinstance(info, dict) else {}
+                raise ApiError(response.status, info.get("reason") or response.reason or "",
+                               info.get("message") or text[:200])
+            buffer = b""
+            async for chunk in response.content.iter_any():
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+            if buffer.strip():
+                yield json.loads(buffer)
 
     async def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
         """Read one object; ApiError (a 404 included) when it cannot."""

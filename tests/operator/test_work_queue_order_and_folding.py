@@ -74,6 +74,55 @@ async def test_a_waiting_job_that_becomes_urgent_moves_ahead_once():
     assert work.passes == ["a", "d", "b", "c"]
 
 
+async def test_a_held_queue_starts_nothing_and_on_release_runs_the_new_job_first():
+    """The controller holds its queue until every job and pod is listed: the triggers meanwhile are kept
+    and folded, and the job not yet reconciled goes first whatever order the listing gave."""
+    work, new = Work(), {"new"}
+    queue = WorkQueue(work, concurrency=1, settle_seconds=0.001, urgent=lambda key: key in new)
+    queue.hold()
+    for key in ("resync-0", "resync-1", "new", "resync-0"):
+        queue.add(key)
+    await asyncio.sleep(0.01)
+    assert work.passes == [] and len(queue) == 3 and not queue.idle()
+    queue.release()
+    await drained(queue)
+    assert work.passes == ["new", "resync-0", "resync-1"]
+
+
+async def test_no_resync_starts_beside_an_urgent_pass_until_it_is_done():
+    work, new = Work(), {"new"}
+    queue = WorkQueue(work, concurrency=4, settle_seconds=0.001, urgent=lambda key: key in new)
+    release = work.hold("new")
+    queue.add("new")
+    for i in range(3):
+        queue.add(f"resync-{i}")
+    await asyncio.sleep(0.01)
+    assert work.passes == ["new"]  # three slots free, and still alone
+    queue.add("new-2")
+    new.add("new-2")
+    queue.add("new-2")
+    await asyncio.sleep(0.01)
+    assert work.passes == ["new", "new-2"]  # another urgent pass may run beside it
+    release.set()
+    await drained(queue)
+    assert work.passes == ["new", "new-2", "resync-0", "resync-1", "resync-2"]
+
+
+async def test_an_urgent_pass_that_takes_too_long_holds_the_resyncs_back_only_for_its_time_alone():
+    work, new = Work(), {"stuck"}
+    queue = WorkQueue(work, concurrency=2, settle_seconds=0.001, urgent=lambda key: key in new,
+                      urgent_alone_seconds=0.05)
+    release = work.hold("stuck")  # e.g. an API server that does not answer
+    queue.add("stuck")
+    queue.add("resync")
+    await asyncio.sleep(0.01)
+    assert work.passes == ["stuck"]
+    await asyncio.sleep(0.1)
+    assert work.passes == ["stuck", "resync"]
+    release.set()
+    await drained(queue)
+
+
 async def test_the_triggers_of_a_waiting_job_fold_into_one_pass():
     work = Work()
     queue = WorkQueue(work, concurrency=1, settle_seconds=0.001)
@@ -85,6 +134,19 @@ async def test_the_triggers_of_a_waiting_job_fold_into_one_pass():
     release.set()
     await drained(queue)
     assert work.passes == ["busy", "job"]
+
+
+async def test_triggers_asked_to_settle_gather_a_burst_into_one_pass_and_keep_the_queue_busy():
+    """Pod changes come in bursts (a gang fails together): they wait `settle` seconds, folding in the rest."""
+    work = Work()
+    queue = WorkQueue(work, concurrency=1, settle_seconds=0.001)
+    for _ in range(5):
+        queue.add("gang", settle=0.05)
+    await asyncio.sleep(0.01)
+    assert work.passes == [] and not queue.idle() and len(queue) == 1
+    queue.add("gang", settle=0.05)
+    await drained(queue)
+    assert work.passes == ["gang"]
 
 
 async def test_a_trigger_during_a_pass_runs_it_once_more_after_it_settled_never_two_at_once():
