@@ -143,11 +143,12 @@ class Bench:
         print(f"setup: {jobs} jobs, {len(self.cluster.live(PODS, NAMESPACE))} Pending pods, "
               f"{time.perf_counter() - started:.0f} s", flush=True)
 
-    async def restart_and_submit(self) -> dict[str, float]:
+    async def restart_and_submit(self) -> dict[str, Any]:
         old = dict(self.replicas)
         new_job = "submitted-meanwhile"
         first_pod = [self.cluster.when_created(NAMESPACE, n) for n in
                      (builders.store_pod_name(new_job), *(builders.worker_name(new_job, i) for i in range(2)))]
+        load = os.getloadavg()
         restarted = time.perf_counter()
         for process, _ in old.values():
             process.send_signal(signal.SIGTERM)
@@ -167,11 +168,12 @@ class Bench:
         lines = self.replicas[leader][1].read_text(errors="replace").splitlines()
         info = [line for line in lines if " INFO " in line or " WARNING " in line or " ERROR " in line]
         per_event = [line for line in info if "Handler '" in line and "succeeded" in line]
+        listing = next((line.split(": ", 1)[1] for line in info if " listed " in line), "")
         standby = next(n for n in fresh if n != leader)
         return {"lease_s": taken - restarted, "first_pod_s": created - taken, "from_restart_s": created - restarted,
                 "resynced_s": quiet_at - taken, "info_lines": len(info), "per_event_lines": len(per_event),
                 "leader_rss": rss[leader][0], "leader_hwm": rss[leader][1],
-                "standby_rss": rss[standby][0], "standby_hwm": rss[standby][1]}
+                "standby_rss": rss[standby][0], "standby_hwm": rss[standby][1], "load": load[0], "listing": listing}
 
     async def close(self) -> None:
         for process, _ in self.replicas.values():
@@ -199,7 +201,7 @@ async def main(args: argparse.Namespace) -> None:
                         (Path(args.logs) / log.name).write_bytes(log.read_bytes())
     code = "baseline " + args.baseline if args.baseline else "this tree"
     print(f"\nmachine: {cpu_model()}, {os.cpu_count()} cores, python {platform.python_version()}; {code}; "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average {result['load']:.1f} at the restart")
     print("| jobs (Pending pods) | restart -> Lease s | Lease -> new job's first pod s | restart -> first pod s "
           "| Lease -> every job resynced s | new leader's INFO lines (per-event) | RSS MiB leader / standby "
           "(peak) |")
@@ -208,6 +210,7 @@ async def main(args: argparse.Namespace) -> None:
     print(f"| {args.jobs} ({3 * args.jobs}) | {r['lease_s']:.1f} | {r['first_pod_s']:.1f} | {r['from_restart_s']:.1f} | "
           f"{r['resynced_s']:.0f} | {r['info_lines']:.0f} ({r['per_event_lines']:.0f}) | "
           f"{r['leader_rss']:.0f} ({r['leader_hwm']:.0f}) / {r['standby_rss']:.0f} ({r['standby_hwm']:.0f}) |")
+    print(f"new leader: {r['listing']}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""The operator's pod informer (pod_informer.py): one LIST parsed into the summaries a pass reads, then a
-WATCH from the list's resourceVersion; `synced` only once everything is listed; a 410 Gone answered by
-listing again and swapping the namespace's pods in one step; only pods their labelled job controls.
+"""The operator's informers (informer.py): one LIST handed to a view (pods parsed into the summaries a pass
+reads), then a WATCH from the list's resourceVersion; `synced` only once everything is listed; a 410 Gone
+answered by listing again and swapping the namespace in one step (a job missing from it is forgotten);
+only pods their labelled job controls.
 
-The index's bookkeeping is table-tested; the informer runs against the HTTP API emulator (its list, its
-watch, its 410 for a compacted resourceVersion); the last test runs the real operator, whose passes wait
-for the informer's first listing."""
+The pod index's bookkeeping is table-tested; the informers run against the HTTP API emulator (its list,
+its watch, its 410 for a compacted resourceVersion); the last test runs the real operator, whose passes
+wait for the first listings."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ import pytest
 import pytest_asyncio
 
 from ddpjob_operator import builders, kube, model, store
+from ddpjob_operator.handlers import Controller, JobView
 from ddpjob_operator.informer import POD_SELECTOR, Informer, PodIndex, PodView, indexed
+from ddpjob_operator.metrics import Metrics
 
 from .conftest import FAST, NAMESPACE, Harness, OperatorProcess, assert_within_permissions, eventually, reconcile_passes, \
     started
@@ -237,6 +240,65 @@ async def test_a_refused_list_is_retried_and_nothing_is_synced_until_it_goes_thr
         assert rig.phases(rig.a) == {"a-worker-0": "Pending"}
     finally:
         await stopped(task)
+
+
+class Recorded:
+    """A view that records what an informer hands it."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []  # (what, name)
+
+    def begin_listing(self, namespace: str | None) -> None:
+        self.seen.append(("begin", namespace or ""))
+
+    def listed(self, obj: dict[str, Any]) -> None:
+        self.seen.append(("listed", obj["metadata"]["name"]))
+
+    def end_listing(self, namespace: str | None, first: bool) -> None:
+        self.seen.append(("end", "first" if first else "again"))
+
+    def watched(self, event_type: str, obj: dict[str, Any]) -> None:
+        self.seen.append((event_type, obj["metadata"]["name"]))
+
+
+async def test_the_job_informer_hands_listings_and_events_to_its_view_and_lists_again_after_410(rig):
+    rig.cluster._history[DDPJOBS] = collections.deque(maxlen=2)
+    view = Recorded()
+    informer = Informer(rig.api, kube.DDPJOBS, (NAMESPACE,), view, watch_seconds=1, backoff=(0.05, 0.2))
+    task = await running(informer)
+    try:
+        assert view.seen == [("begin", NAMESPACE), ("listed", "a"), ("listed", "b"), ("end", "first")]
+        await eventually(lambda: rig.watches, what="the watch")
+        await rig.cluster.write((DDPJOBS, NAMESPACE, "a"), {"metadata": {"labels": {"x": "1"}}})
+        await eventually(lambda: ("MODIFIED", "a") in view.seen, what="the change")
+        rig.gate.clear()
+        await eventually(lambda: rig.at_gate == 1, 5, "the open watch to end (timeoutSeconds 1)")
+        view.seen.clear()
+        await rig.cluster.remove((DDPJOBS, NAMESPACE, "b"))
+        for i in range(3):
+            await rig.cluster.write((DDPJOBS, NAMESPACE, "a"), {"metadata": {"labels": {"x": str(i)}}})
+        rig.gate.set()
+        await eventually(lambda: informer.lists == 2, 5, "the re-list after 410 Gone")
+        assert view.seen == [("begin", NAMESPACE), ("listed", "a"), ("end", "again")]
+    finally:
+        await stopped(task)
+
+
+async def test_a_job_missing_from_a_listing_that_replaces_an_older_one_is_forgotten(rig):
+    """The controller's JobView: after a re-list, a job the listing lacks was deleted meanwhile."""
+    controller = Controller(rig.api, FAST, Metrics())
+    view = JobView(controller)
+    jobs = {name: rig.cluster.get(DDPJOBS, NAMESPACE, name) for name in ("a", "b")}
+    view.begin_listing(NAMESPACE)
+    for body in jobs.values():
+        view.listed(body)
+    view.end_listing(NAMESPACE, first=True)
+    assert sorted(controller.cache.keys()) == [(NAMESPACE, "a"), (NAMESPACE, "b")]
+    view.begin_listing(NAMESPACE)
+    view.listed(jobs["a"])
+    view.end_listing(NAMESPACE, first=False)
+    assert controller.cache.keys() == [(NAMESPACE, "a")]
+    await controller.queue.stop()
 
 
 # ------------------------------------------------------------------ the real operator
