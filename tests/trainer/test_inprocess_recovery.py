@@ -232,20 +232,18 @@ def test_a_group_that_cannot_be_left_falls_back_to_the_exit_path_and_says_why(ga
 def test_a_failure_after_the_last_step_is_recovered_in_process_too(gangs, undisturbed) -> None:
     """Rank 0 crashes in the work after step 30, before the final evaluation: the survivors' evaluation fails,
     they recover in process, and every rank of the next generation (the replacement's state from a peer)
-    evaluates, saves the final checkpoint and writes result.json. The evaluation is not a step: its collective
-    timeout is the long one (--dist-timeout, 20 s here), which is what frees a survivor whose all_reduce waits on
-    the other survivor rather than on the dead rank (a Gloo group a peer left in process keeps its connections
-    open: DDP keeps a reference to it that outlives the wrapper)."""
+    evaluates, saves the final checkpoint and writes result.json. In the evaluation's all_reduce one survivor
+    waits on the other, not on the dead rank, under the long collective timeout (1800 s): it fails as soon as
+    the other leaves the group (which closes its connections), not at that timeout."""
     gang = gangs("after")
     gang.publish(1, 3)
-    crash = ["--fault-after-training", "--fault-rank", "0", "--fault-exit-code", "139", "--fault-generation", "1",
-             "--dist-timeout", "20", "--dist-steady-timeout", "10"]
+    crash = ["--fault-after-training", "--fault-rank", "0", "--fault-exit-code", "139", "--fault-generation", "1"]
     survivors = {replica: gang.start(replica, 1, 3, crash) for replica in range(3)}
     assert gang.wait(survivors.pop(0)) == -signal.SIGSEGV
     for replica in survivors:
-        gang.saw(replica, 1, f"at step {STEPS}: a peer failed in generation 1")
+        gang.saw(replica, 1, f"at step {STEPS}: a peer failed in generation 1", timeout=20)
     gang.publish(2, 3)
-    replacement = gang.start(0, 2, 3, ["--dist-timeout", "20", "--dist-steady-timeout", "10"])
+    replacement = gang.start(0, 2, 3)
     for replica, proc in survivors.items():
         assert gang.wait(proc) == 0, gang.logs()
         assert "recovered in process: generation 1 -> 2" in gang.text(replica, 1)

@@ -92,7 +92,8 @@ class Trainer:
         self._wrap()
         # DDPJOB_INPROCESS=1: a peer's failure leaves this process training in the next generation.
         job.carry(state=lambda: self._state(rng=None), load=lambda state: self._load(self._module, state),
-                  rewrap=self._wrap, step=lambda: self.progress.step, rescue=cfg.checkpoint.rescue)
+                  rewrap=self._wrap, step=lambda: self.progress.step, rescue=cfg.checkpoint.rescue,
+                  release=self._unwrap)
         self._records = open(f"{cfg.record_samples}.rank{self.env.rank}", "a") if cfg.record_samples else None
         self._window = (time.perf_counter(), 0, torch.zeros((), device=self.device), 0)  # start, samples, loss, steps
         self._eval: tuple[int, dict[str, float | None]] | None = None  # (step, metrics) of the last evaluation
@@ -106,6 +107,11 @@ class Trainer:
                          gradient_as_bucket_view=m.gradient_as_bucket_view, bucket_cap_mb=m.bucket_cap_mb)
         self.job.step_timer.watch(self.model)  # the wait at the end of backward is not this rank's own work
         self.forward = torch.compile(self.model) if m.compile else self.model
+
+    def _unwrap(self) -> None:
+        """No reference to the failed group left here (DDP holds one): leaving it then closes its connections,
+        and a peer blocked on this rank fails at once, not at its collective timeout."""
+        self.model = self.forward = None
 
     # ---- loop -------------------------------------------------------------------------------
 

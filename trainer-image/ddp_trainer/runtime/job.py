@@ -23,10 +23,12 @@ rank 0's reports carry (`progress.recovery_field`); `job.recovering` is True unt
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -133,6 +135,10 @@ class Job:
         try:
             rendezvous = None
             if inprocess.enabled() and not dist.is_initialized():
+                # Before any group exists: a Gloo group that exists when torch._dynamo is first imported (DDP
+                # imports it) is never released (torch 2.13), so a survivor leaving it would keep its
+                # connections open and the peers blocked on it waiting for their collective timeout.
+                import torch._dynamo  # noqa: F401
                 rendezvous, generation = inprocess.Rendezvous.from_env(os.environ, backend)
                 seat = rendezvous.seat
                 dev = select_device(device, JobEnv(rank=0, local_rank=seat.local_rank, world_size=1))
@@ -282,13 +288,17 @@ class Job:
     # ---- in-process recovery (DDPJOB_INPROCESS=1, runtime/inprocess.py) ------------------------------
 
     def carry(self, *, state: Callable[[], dict[str, Any]], load: Callable[[dict[str, Any]], None],
-              rewrap: Callable[[], None], step: Callable[[], int], rescue: bool = True) -> None:
+              rewrap: Callable[[], None], step: Callable[[], int], rescue: bool = True,
+              release: Callable[[], None] | None = None) -> None:
         """What a survivor keeps in memory across a peer's failure: `state()` the replica (as a checkpoint
         holds it: model, optimizer, scaler, progress), `load(state)` puts a peer's into this process,
         `rewrap()` builds the DDP wrapper again in the new process group (and drops partial gradients),
-        `step()` the optimizer steps completed; `rescue`: save the replica as a rescue checkpoint meanwhile.
+        `step()` the optimizer steps completed; `rescue`: save the replica as a rescue checkpoint meanwhile;
+        `release()` drops the script's references to the failed group (its DDP wrapper: `model = None`) before
+        this process leaves it: a Gloo group closes its connections only with its last reference, and a peer
+        blocked on this rank (not on the dead one) otherwise waits for its collective timeout.
         Without DDPJOB_INPROCESS=1 nothing happens with them."""
-        self._carried = _Carried(state, load, rewrap, step, rescue)
+        self._carried = _Carried(state, load, rewrap, step, rescue, release)
 
     def recover(self, error: BaseException) -> bool:
         """Call it with what a training step raised. True: this process is in the next generation's process
@@ -309,6 +319,7 @@ class Job:
         log.warning("rank %d at step %d: a peer failed in generation %d (%s); recovering in process", self.env.rank,
                     carried.step(), old, str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
         rescue = self._rescue_in_background(carried)  # durability, overlapping the hand-over
+        self._release(carried, error)
         try:
             generation, source, received, seen = self._rejoin(carried, rescue)
         except inprocess.CannotRecover as e:
@@ -321,6 +332,16 @@ class Job:
                     self.env.world_size, f"received from rank {source}" if received else "kept", now - started,
                     now - seen)
         return True
+
+    def _release(self, carried: "_Carried", error: BaseException) -> None:
+        """Nothing here refers to the failed group once it is left, so that leaving closes its connections and
+        the peers blocked on this rank fail at once: the script's wrapper, the stop flag's work in flight, the
+        failed collective's frames (their locals)."""
+        if carried.release is not None:
+            carried.release()
+        self.stop.reset()
+        traceback.clear_frames(error.__traceback__)
+        gc.collect()  # a DDP wrapper's reference cycles
 
     def _fall_back(self, reason: str) -> bool:
         """In-process recovery is not possible: say why, in the log and in the store for the next generation's
@@ -509,6 +530,7 @@ class _Carried:
     rewrap: Callable[[], None]
     step: Callable[[], int]
     rescue: bool
+    release: Callable[[], None] | None = None
 
 
 def _join_in_process(rdzv: inprocess.Rendezvous, generation: int, device: torch.device, timeout_s: float) -> JobEnv:
