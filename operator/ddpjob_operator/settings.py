@@ -15,8 +15,6 @@ from typing import Any, Callable, Mapping
 
 import kopf
 
-from .builders import LABEL_JOB_UID, LABEL_MANAGED_BY, MANAGED_BY
-
 PREFIX = "DDPJOB_OPERATOR_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 NAMESPACE_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -332,7 +330,4 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     # (default 5 s): after a burst (startup, a relist, many new jobs) thousands of them at once. Handlers
     # here return at once, so a worker is cheap to start again (bench/operator_memory.py).
     kopf_settings.queueing.idle_timeout = 0.5
-    # Only the operator's own pods, selected by the API server (the handlers' filter, OWNED_PODS, is
-    # client-side): else kopf lists and watches every pod of the watched namespaces (of the cluster, by
-    # default) and, after a restart, holds each one's body until all of them are indexed.
-    kopf_settings.watching.label_selectors["", "v1", "pods"] = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB_UID}"
+    # kopf watches nothing: the operator's informers list and watch jobs and pods (informer.py).

@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import aiohttp
-import kopf
 import pytest
 import yaml
 
-from ddpjob_operator import builders, kube, settings
+from ddpjob_operator import builders, informer, kube, settings
 from ddpjob_operator.validation import parse_job
 
 from .conftest import FAST, OperatorProcess, assert_within_permissions, eventually
@@ -172,12 +171,9 @@ async def test_rotated_token_is_used_by_the_next_call(cluster, tmp_path):
 
 
 def test_pods_are_listed_and_watched_with_the_operators_label_selector():
-    """The API server filters pods (the handlers' filter is client-side): the operator's worker and
-    store pods match the selector kopf sends; a user's pod in the same namespace does not."""
-    kopf_settings = kopf.OperatorSettings()
-    settings.configure_kopf(kopf_settings, settings.Settings())
-    pods = kopf.Resource("", "v1", "pods", kind="Pod", namespaced=True)
-    selector = parse_label_selector(",".join(kopf_settings.watching.label_selectors.collect(pods)))
+    """The API server filters pods: the operator's worker and store pods match the selector its pod
+    informer sends; a user's pod in the same namespace does not."""
+    selector = parse_label_selector(informer.POD_SELECTOR)
     job = builders.JobRef("digits", "team-a", "uid-1")
     spec = parse_job({"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": "digits"},
                       "spec": {"replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer"}}).spec
