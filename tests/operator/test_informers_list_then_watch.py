@@ -242,6 +242,34 @@ async def test_a_refused_list_is_retried_and_nothing_is_synced_until_it_goes_thr
         await stopped(task)
 
 
+async def test_a_bookmark_moves_the_version_a_watch_resumes_from_and_an_http_410_lists_again(rig):
+    """What the emulator does not send, a real API server does: BOOKMARK events (only a newer
+    resourceVersion) and, on some versions, a watch refused with HTTP 410 rather than an ERROR event."""
+    asked: list[str] = []
+    bookmark = {"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1",
+                                               "metadata": {"resourceVersion": "900"}}}
+
+    async def scripted(kind: kube.Kind, namespace: str | None, params: dict[str, str],
+                       read_timeout: float) -> AsyncIterator[dict[str, Any]]:
+        asked.append(params["resourceVersion"])
+        if len(asked) == 1:
+            yield bookmark  # then the server ends the watch (its timeoutSeconds)
+        elif len(asked) == 2:
+            raise kube.ApiError(410, "Expired", "too old resource version: 900 (1000)")
+        else:
+            await asyncio.Event().wait()  # an open watch with nothing to say
+    rig.api.watch = scripted  # type: ignore[method-assign]
+    await rig.create(pod(rig.a, 0))
+    task = await running(rig.informer)
+    try:
+        await eventually(lambda: len(asked) == 3, 5, "a watch from the bookmark, then one after the re-list")
+        listed = str(rig.cluster._resource_version)
+        assert asked == [listed, "900", listed] and rig.informer.lists == 2
+        assert rig.phases(rig.a) == {"a-worker-0": "Pending"}
+    finally:
+        await stopped(task)
+
+
 class Recorded:
     """A view that records what an informer hands it."""
 
