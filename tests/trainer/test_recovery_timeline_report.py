@@ -222,3 +222,20 @@ def test_the_operator_reads_the_trainers_recovery_as_sent() -> None:
     got = parse_report(json.dumps(body).encode()).recovery
     assert (got.path, got.reason, got.resumed_step, got.rendezvous_time, got.first_step_time) == (
         "Restart", "generation 2 has 2 ranks, not 3", 12, 1700000000.25, 1700000001.5)
+
+
+def test_a_diverged_loss_and_a_reason_of_wide_characters_still_make_a_report_the_operator_reads() -> None:
+    """A NaN loss goes as null (JSON has no NaN; a refused report would look like a stalled run), and a reason of
+    512 characters outside the BMP is escaped to ASCII before the cut, so the body stays under the limit."""
+    from ddpjob_operator.progress.reports import parse_report
+
+    with Endpoint() as endpoint:
+        reporter = ProgressReporter(None, endpoint.url, rank=0)
+        reporter.recovery = recovery_field("Restart", reason="\U0001F525" * 600, resumed_step=5, rendezvous_time=1.0)
+        reporter.report(step=6, loss=float("nan"), samples_per_second=float("inf"), epoch=1)
+        reporter.close()
+    (_, body), = endpoint.posts
+    report = parse_report(json.dumps(body).encode())
+    assert (report.step, report.loss, report.samples_per_second) == (6, None, None)
+    assert report.recovery.reason.startswith("\\U0001f525") and len(report.recovery.reason) == RECOVERY_REASON_LIMIT
+    assert len(json.dumps(body)) < MAX_BODY

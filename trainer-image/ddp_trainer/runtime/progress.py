@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import ssl
 import threading
@@ -74,6 +75,8 @@ def recovery_field(path: str, *, resumed_step: int, rendezvous_time: float, firs
     generation trains from; the times (time.time()): its process group complete, its first optimizer step done."""
     if path not in RECOVERY_PATHS:
         raise ValueError(f"recovery path {path!r} is not one of {', '.join(RECOVERY_PATHS)}")
+    # ASCII (escaped) before the cut: 512 characters outside the BMP would be 6 KiB of JSON, past the body limit.
+    reason = reason.encode("ascii", "backslashreplace").decode("ascii")
     return {"path": path, "reason": reason[:RECOVERY_REASON_LIMIT], "resumed_step": int(resumed_step),
             "rendezvous_time": float(rendezvous_time),
             "first_step_time": None if first_step_time is None else float(first_step_time)}
@@ -138,6 +141,9 @@ class ProgressReporter:
         values = {"step": int(step), "total_steps": total_steps, "loss": None if loss is None else float(loss),
                   "rank": self.rank, "generation": _generation(os.environ) if self.generation is None else self.generation,
                   **fields, "time": time.time()}
+        # A diverged run's NaN or infinite loss (or any such figure) goes as null: JSON has no NaN, and the
+        # endpoint refuses a report it cannot read, which would make a training run look stalled.
+        values = {key: _finite_or_none(value) for key, value in values.items()}
         if self.recovery is not None:
             values["recovery"] = dict(self.recovery)
         with self._cond:
@@ -245,6 +251,10 @@ def _generation(environ: Mapping[str, str]) -> int | None:
     except ValueError:
         return None
     return generation if run or environ.get("DDPJOB_GENERATION") else None
+
+
+def _finite_or_none(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _replace_json(path: Path, values: dict[str, Any]) -> None:
