@@ -45,6 +45,7 @@ POD_SELECTOR = f"{builders.LABEL_MANAGED_BY}={builders.MANAGED_BY},{builders.LAB
 PAGE_SIZE = 500  # objects a LIST page holds: a page's bodies (a pod's with the worker's program) go in turn
 WATCH_SECONDS = 300  # the server ends a watch after this (timeoutSeconds); the informer resumes it
 BACKOFF_SECONDS = (0.5, 30.0)  # the first retry after a failure, and the longest
+SHORTEST_WATCH_SECONDS = 1.0  # a watch that ended sooner is retried after the backoff, not at once
 
 
 class View(Protocol):
@@ -182,8 +183,12 @@ class Informer:
             try:
                 if version is None:
                     version = await self._list(namespace)
+                started = asyncio.get_running_loop().time()
                 version = await self._watch(namespace, version)
-                backoff.reset()
+                if asyncio.get_running_loop().time() - started < SHORTEST_WATCH_SECONDS:
+                    await asyncio.sleep(backoff.next())  # a server (or proxy) that ends every watch at once
+                else:
+                    backoff.reset()
             except Gone:
                 logger.debug("%s in %s: resourceVersion %s is too old, listing again", self.kind.plural,
                              namespace or "*", version)
