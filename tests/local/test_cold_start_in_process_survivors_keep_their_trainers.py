@@ -61,7 +61,9 @@ def test_survivors_keep_their_trainer_processes_through_a_kill_and_a_graceful_st
     described = f"events {runner.view.events}\ntrainers {runner.trainers}\n" + "\n".join(
         f"--- {name}\n{text[-3000:]}" for name, text in logs.items())
     assert runner.status.phase == "Succeeded", described
-    assert not runner.pending_faults, described
+    faults = [e.split(" (")[0] for _, e in runner.view.events if e.startswith("fault injection:")]
+    assert faults == ["fault injection: killed inproc-worker-1",
+                      "fault injection: deleted inproc-worker-0 gracefully"], described
     # Four pods: both workers, worker 1's replacement (the kill), worker 0's (the deletion). Each agent started one
     # trainer for its whole life: the survivors' trainers were never restarted.
     assert sorted(name for name, _ in runner.trainers) == ["inproc-worker-0"] * 2 + ["inproc-worker-1"] * 2, described
@@ -77,3 +79,9 @@ def test_survivors_keep_their_trainer_processes_through_a_kill_and_a_graceful_st
     steps = [int(s) for s in STEP_LINE.findall(logs["inproc-worker-0.log"])]
     assert steps == sorted(set(steps)) and steps[-1] == MAX_STEPS, described
     assert set(range(1, MAX_STEPS + 1)) - set(steps) <= failed_at, described
+    # The status tells each recovery as on a cluster (decisions/recovery.py, from rank 0's progress.json), and the
+    # summary says it.
+    recovered = [i.recovery for i in runner.status.incidents if i.recovery is not None]
+    assert [(r.path, r.first_step_time is not None, r.seconds is not None) for r in recovered] == \
+        [("InProcess", True, True)] * 2, runner.status.incidents
+    assert sum(line.startswith("recovery from ") and ": InProcess" in line for line in runner.summary().lines()) == 2

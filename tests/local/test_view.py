@@ -73,3 +73,28 @@ def test_log_tail_returns_only_complete_new_lines_and_tracks_the_last_step(tmp_p
         f.write("ch=0 loss=0.7500 samples_per_s=3.0\n")
     assert tail.read_new_lines() == ["step=20 epoch=0 loss=0.7500 samples_per_s=3.0"]
     assert (tail.step, tail.loss) == (20, 0.75)
+
+
+def test_the_summary_says_how_each_incident_was_recovered():
+    from dataclasses import replace
+
+    from ddpjob_operator import model
+
+    def incident(generation: int, **recovery) -> model.Incident:
+        return model.Incident(generation=generation, time="2026-11-29T09:00:00Z", cause="Retryable",
+                              reason="WorkerFailed", recovery=model.IncidentRecovery(**recovery))
+
+    summary = replace(SUMMARY, incidents=(
+        incident(1, path="InProcess", spare=True, first_step_time="2026-11-29T09:00:01.250Z", seconds=1.25,
+                 steps_lost=0),
+        incident(2, path="Restart", fallback_reason="generation 3 has 2 ranks, not 3",
+                 first_step_time="2026-11-29T09:01:00Z", seconds=6.0, steps_lost=2),
+        incident(3, path=""),
+        model.Incident(generation=4, time="2026-11-29T09:02:00Z", cause="Permanent", reason="WorkerFailed")))
+    lines = summary.lines()
+    assert ("recovery from WorkerFailed (generation 1): InProcess, a spare took the place, 1.2 s to the first "
+            "step, 0 steps lost") in lines
+    assert ("recovery from WorkerFailed (generation 2): Restart (generation 3 has 2 ranks, not 3), 6.0 s to the "
+            "first step, 2 steps lost") in lines
+    assert "recovery from WorkerFailed (generation 3): not complete" in lines
+    assert not any("generation 4" in line for line in lines)  # it ended the job: nothing recovered

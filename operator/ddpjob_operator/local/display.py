@@ -73,7 +73,7 @@ def summary(runner: LocalRunner) -> Summary:
                    progress=runner.status.progress,
                    stalls=sum(1 for i in runner.status.incidents if i.reason == decisions.REASON_STALLED),
                    checkpoint_dir=str(runner.checkpoint_dir) if runner.checkpoint_dir else None,
-                   log_dir=str(runner.log_dir), notes=notes,
+                   log_dir=str(runner.log_dir), notes=notes, incidents=tuple(runner.status.incidents),
                    newest_checkpoint=(newest[0], str(newest[1])) if newest is not None else None)
 
 

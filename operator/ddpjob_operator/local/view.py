@@ -63,6 +63,8 @@ class Summary:
     stalls: int = 0  # hangs detected (runPolicy.progressDeadlineSeconds)
     newest_checkpoint: tuple[int, str] | None = None  # (step, path) of the newest committed one on disk
     notes: tuple[str, ...] = ()  # what did not happen as asked (a --kill-at-step that never fired)
+    incidents: tuple[model.Incident, ...] = ()  # status.incidents: each recovery's path, time and steps lost
+
 
     def lines(self) -> list[str]:
         out = [f"job {self.job}: {self.phase} after {self.elapsed_s:.1f}s"
@@ -91,8 +93,21 @@ class Summary:
                 out.append(f"newest checkpoint: step {self.newest_checkpoint[0]} ({self.newest_checkpoint[1]})")
             else:
                 out.append("newest checkpoint: none")
+        out.extend(_recovery_line(incident, incident.recovery) for incident in self.incidents
+                   if incident.recovery is not None)
         out.append(f"worker logs: {self.log_dir}")
         return out + list(self.notes)
+
+
+def _recovery_line(incident: model.Incident, r: model.IncidentRecovery) -> str:
+    """One incident's recovery (status.incidents[].recovery), as `kubectl describe` shows it on a cluster."""
+    what = f"recovery from {incident.reason or incident.cause} (generation {incident.generation}): "
+    if not r.first_step_time:
+        return what + "not complete"
+    taken = f"{r.path or 'unreported path'}" + (f" ({r.fallback_reason})" if r.fallback_reason else "")
+    spare = ", a spare took the place" if r.spare else ""
+    lost = f", {r.steps_lost} steps lost" if r.steps_lost is not None else ""
+    return what + f"{taken}{spare}, {_num(r.seconds, '.1f')} s to the first step{lost}"
 
 
 def _metric(key: str, value: object) -> str:
