@@ -193,22 +193,21 @@ class JobView:
 
     def __init__(self, controller: Controller) -> None:
         self.controller = controller
-        self._seen: set[JobKey] = set()
+        self._seen: dict[str | None, set[JobKey]] = {}  # per namespace: they are listed concurrently
 
     def begin_listing(self, namespace: str | None) -> None:
-        self._seen = set()
+        self._seen[namespace] = set()
 
-    def listed(self, obj: dict[str, Any]) -> None:
+    def listed(self, namespace: str | None, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
-        self._seen.add((meta.get("namespace") or "default", meta.get("name") or ""))
+        self._seen[namespace].add((meta.get("namespace") or "default", meta.get("name") or ""))
         self.controller.job_event("ADDED", obj)
 
     def end_listing(self, namespace: str | None, first: bool) -> None:
-        cache = self.controller.cache
-        for key in cache.keys():
-            if (namespace is None or key[0] == namespace) and key not in self._seen:
-                self.controller.job_event("DELETED", cache.get(key) or {"metadata": {"name": key[1]}})
-        self._seen = set()
+        seen, cache = self._seen.pop(namespace), self.controller.cache
+        for key in list(cache.keys()):
+            if (namespace is None or key[0] == namespace) and key not in seen:
+                self.controller.job_event("DELETED", cache.get(key) or {"metadata": {"namespace": key[0], "name": key[1]}})
 
     def watched(self, event_type: str, obj: dict[str, Any]) -> None:
         self.controller.job_event(event_type, obj)

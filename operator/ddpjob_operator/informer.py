@@ -49,11 +49,13 @@ SHORTEST_WATCH_SECONDS = 1.0  # a watch that ended sooner is retried after the b
 
 
 class View(Protocol):
-    """What an informer feeds: a listing object by object, then its end; then every watch event."""
+    """What an informer feeds: a listing object by object, then its end; then every watch event. The
+    namespaces of one informer are listed concurrently: a view keeps each namespace's listing apart."""
 
     def begin_listing(self, namespace: str | None) -> None: ...
 
-    def listed(self, obj: dict[str, Any]) -> None: ...
+    def listed(self, namespace: str | None, obj: dict[str, Any]) -> None:
+        """One object of the listing of `namespace` begun (None: of every namespace)."""
 
     def end_listing(self, namespace: str | None, first: bool) -> None:
         """The listing begun is complete: it replaces what was known of `namespace` (None: every one).
@@ -220,7 +222,7 @@ class Informer:
                     raise Gone() from exc
                 raise
             for obj in page.get("items") or ():
-                self.view.listed(obj)
+                self.view.listed(namespace, obj)
             meta = page.get("metadata") or {}
             if not meta.get("continue"):
                 break
@@ -266,17 +268,16 @@ class PodView:
     def __init__(self, on_change: Callable[[str, str], None]) -> None:
         self.on_change = on_change
         self.index = PodIndex()
-        self._listing = PodIndex()
+        self._listings: dict[str | None, PodIndex] = {}  # per namespace: they are listed concurrently
 
     def begin_listing(self, namespace: str | None) -> None:
-        self._listing = PodIndex()
+        self._listings[namespace] = PodIndex()
 
-    def listed(self, obj: dict[str, Any]) -> None:
-        self._listing.put(*indexed(obj))
+    def listed(self, namespace: str | None, obj: dict[str, Any]) -> None:
+        self._listings[namespace].put(*indexed(obj))
 
     def end_listing(self, namespace: str | None, first: bool) -> None:
-        changed = self.index.replace_namespace(namespace, self._listing)
-        self._listing = PodIndex()
+        changed = self.index.replace_namespace(namespace, self._listings.pop(namespace))
         if not first:
             self._report(changed)
 

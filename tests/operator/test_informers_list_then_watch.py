@@ -279,7 +279,7 @@ class Recorded:
     def begin_listing(self, namespace: str | None) -> None:
         self.seen.append(("begin", namespace or ""))
 
-    def listed(self, obj: dict[str, Any]) -> None:
+    def listed(self, namespace: str | None, obj: dict[str, Any]) -> None:
         self.seen.append(("listed", obj["metadata"]["name"]))
 
     def end_listing(self, namespace: str | None, first: bool) -> None:
@@ -319,13 +319,54 @@ async def test_a_job_missing_from_a_listing_that_replaces_an_older_one_is_forgot
     jobs = {name: rig.cluster.get(DDPJOBS, NAMESPACE, name) for name in ("a", "b")}
     view.begin_listing(NAMESPACE)
     for body in jobs.values():
-        view.listed(body)
+        view.listed(NAMESPACE, body)
     view.end_listing(NAMESPACE, first=True)
     assert sorted(controller.cache.keys()) == [(NAMESPACE, "a"), (NAMESPACE, "b")]
     view.begin_listing(NAMESPACE)
-    view.listed(jobs["a"])
+    view.listed(NAMESPACE, jobs["a"])
     view.end_listing(NAMESPACE, first=False)
     assert controller.cache.keys() == [(NAMESPACE, "a")]
+    await controller.queue.stop()
+
+
+def test_namespaces_listed_at_the_same_time_keep_their_listings_apart():
+    """One informer lists each watched namespace concurrently (watchNamespaces): pages of two listings
+    interleave, and each listing replaces only its own namespace's pods."""
+    changes: list[tuple[str, str]] = []
+    view = PodView(lambda namespace, name: changes.append((namespace, name)))
+    job_b = builders.JobRef("b", "team-b", "uid-b")
+    view.begin_listing(NAMESPACE)
+    view.begin_listing("team-b")
+    view.listed(NAMESPACE, pod(JOB_A, 0))
+    view.listed("team-b", pod(job_b, 0, namespace="team-b"))
+    view.listed(NAMESPACE, pod(JOB_A, 1))
+    view.end_listing(NAMESPACE, first=True)
+    view.end_listing("team-b", first=True)
+    assert [p.name for p in view.index[(NAMESPACE, "uid-a")]] == ["a-worker-0", "a-worker-1"]
+    assert [p.name for p in view.index[("team-b", "uid-b")]] == ["b-worker-0"]
+    # Re-listed together again, nothing changed: nothing to report.
+    view.begin_listing("team-b")
+    view.begin_listing(NAMESPACE)
+    view.listed("team-b", pod(job_b, 0, namespace="team-b"))
+    view.listed(NAMESPACE, pod(JOB_A, 0))
+    view.listed(NAMESPACE, pod(JOB_A, 1))
+    view.end_listing("team-b", first=False)
+    view.end_listing(NAMESPACE, first=False)
+    assert changes == [] and view.index.pods() == 3
+
+
+async def test_jobs_of_namespaces_listed_at_the_same_time_are_all_kept(rig):
+    controller = Controller(rig.api, FAST, Metrics())
+    view = JobView(controller)
+    job_a = rig.cluster.get(DDPJOBS, NAMESPACE, "a")
+    elsewhere = {**job_a, "metadata": {**job_a["metadata"], "namespace": "team-b", "uid": "uid-other"}}
+    view.begin_listing(NAMESPACE)
+    view.begin_listing("team-b")
+    view.listed(NAMESPACE, job_a)
+    view.listed("team-b", elsewhere)
+    view.end_listing(NAMESPACE, first=True)  # team-b's job is not NAMESPACE's to forget
+    view.end_listing("team-b", first=True)
+    assert sorted(controller.cache.keys()) == [(NAMESPACE, "a"), ("team-b", "a")]
     await controller.queue.stop()
 
 
