@@ -105,6 +105,16 @@ def final_state(gang: Gang) -> dict:
     return torch.load(steps_dir(gang.ckpt) / f"step-{STEPS:08d}.pt", map_location="cpu", weights_only=True)
 
 
+def assert_survivors_recovered_and_fed_the_replacement(gang, survivors: dict, replacement, step: int) -> None:
+    """Generation 1's survivors finished in process; worker 0's replacement (generation 2) got step `step` from
+    rank 1 by broadcast."""
+    for replica, proc in survivors.items():
+        assert gang.wait(proc) == 0, gang.logs()
+        assert "recovered in process: generation 1 -> 2" in gang.text(replica, 1)
+    assert gang.wait(replacement) == 0, gang.logs()
+    assert f"resumed from peer rank 1 by broadcast step={step}" in gang.text(0, 2)
+
+
 def assert_bit_identical(got: dict, want: dict) -> None:
     for part in ("model", "optimizer"):
         flat_got, flat_want = _tensors(got[part]), _tensors(want[part])
@@ -164,11 +174,7 @@ def test_killed_rank_0_survivors_keep_their_processes_and_the_replacement_gets_t
     gang.publish(2, 3)
     replacement = gang.start(0, 2, 3)
 
-    for replica, proc in survivors.items():
-        assert gang.wait(proc) == 0, gang.logs()
-        assert "recovered in process: generation 1 -> 2" in gang.text(replica, 1)
-    assert gang.wait(replacement) == 0, gang.logs()
-    assert f"resumed from peer rank 1 by broadcast step={KILL_AT}" in gang.text(0, 2)
+    assert_survivors_recovered_and_fed_the_replacement(gang, survivors, replacement, KILL_AT)
     assert "resumed from checkpoint" not in gang.text(0, 2) and "skipping unreadable" not in gang.text(0, 2)
     assert_bit_identical(final_state(gang), undisturbed)
     assert_recovery_reported(gang, "InProcess", 2)  # rank 0 is the replacement: its state came from a peer
@@ -244,11 +250,7 @@ def test_a_failure_after_the_last_step_is_recovered_in_process_too(gangs, undist
         gang.saw(replica, 1, f"at step {STEPS}: a peer failed in generation 1", timeout=20)
     gang.publish(2, 3)
     replacement = gang.start(0, 2, 3)
-    for replica, proc in survivors.items():
-        assert gang.wait(proc) == 0, gang.logs()
-        assert "recovered in process: generation 1 -> 2" in gang.text(replica, 1)
-    assert gang.wait(replacement) == 0, gang.logs()
-    assert f"resumed from peer rank 1 by broadcast step={STEPS}" in gang.text(0, 2)
+    assert_survivors_recovered_and_fed_the_replacement(gang, survivors, replacement, STEPS)
     assert_bit_identical(final_state(gang), undisturbed)
     result = json.loads((gang.ckpt / "result.json").read_text())
     assert (result["status"], result["step"], result["world_size"]) == ("completed", STEPS, 3)

@@ -5,40 +5,12 @@ process exits, so the status that says Succeeded shows it)."""
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
 from ddp_trainer.runtime import ProgressReporter
 
-
-class Endpoint:
-    """A loopback HTTP endpoint that records every report it is sent."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict] = []
-        bodies = self.bodies
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/p"
-
-    def __enter__(self) -> "Endpoint":
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+from loopback_endpoint import Endpoint
 
 
 @pytest.mark.parametrize("env, generation", [

@@ -11,9 +11,7 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -24,34 +22,9 @@ from ddp_trainer.runtime import Job, JobEnv, ProgressReporter, StopRequest
 from ddp_trainer.runtime.inprocess import FALLBACK, GROUP_PREFIX, Rendezvous, Seat
 from ddp_trainer.runtime.progress import MAX_BODY, RECOVERY_REASON_LIMIT, recovery_field
 
+from loopback_endpoint import Endpoint
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class Endpoint:
-    """A loopback progress endpoint recording (arrival time, body) of every POST."""
-
-    def __init__(self) -> None:
-        self.posts: list[tuple[float, dict]] = []
-        posts = self.posts
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                posts.append((time.monotonic(), json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/progress"
-
-    def __enter__(self) -> "Endpoint":
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def wait_posts(endpoint: Endpoint, n: int, timeout: float = 5.0) -> None:
