@@ -49,7 +49,7 @@ from tests.operator.emulator import DDPJOBS, OPERATOR_AGENTS, PODS, Cluster  # n
 
 NAMESPACE = "bench"
 EXAMPLE = ROOT / "examples" / "cpu-digits.yaml"
-QUIET_SECONDS = 6.0  # no operator call for this long: kopf's per-object workers (idle_timeout 5 s) are gone
+QUIET_SECONDS = 6.0  # no operator call for this long: the listing and its passes are done
 CONCURRENCY = 32  # jobs POSTed at a time
 
 # The operator process: the image's entrypoint plus a GC (and optional tracemalloc) signal handler.

@@ -11,7 +11,7 @@ import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import kopf
 
@@ -280,54 +280,14 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
     return Settings(**values)  # type: ignore[arg-type]
 
 
-class UnusedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
-    """kopf builds a diff base (a deep copy of the whole body) on every watch event, for change
-    handlers (on.create/update/resume). This operator registers none, so the copy is never used;
-    under load it was the operator's hottest spot. Nothing is stored, so nothing is read back."""
-
-    def build(self, *, body: kopf.Body, extra_fields: object = None) -> Any:
-        return {}
-
-
-# The watch-event handlers (handlers.build_registry): each runs on every event of a job or of one of its pods.
-EVENT_HANDLERS = ("ddpjob_event", "pod_event")
-
-
-class EventHandlerSuccessAtDebug(logging.Filter):
-    """kopf logs "Handler 'pod_event' succeeded." at INFO for every watch event: after a restart, a line for
-    each pod of the cluster and none of them a decision (the operator logs those). Shown at DEBUG."""
-
-    QUIET = frozenset(f"Handler {handler!r} succeeded." for handler in EVENT_HANDLERS)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno != logging.INFO or record.msg not in self.QUIET:
-            return True
-        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
-        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
-
-
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
-    """kopf as this operator needs it: no peering, no kopf state in the strict status, a log line per
-    decision rather than per event."""
-    objects_log = logging.getLogger("kopf.objects")
-    if not any(isinstance(f, EventHandlerSuccessAtDebug) for f in objects_log.filters):
-        objects_log.addFilter(EventHandlerSuccessAtDebug())
+    """kopf runs the process (start-up, clean-up, credentials, the probe, signals) and watches nothing: the
+    operator's informers list and watch jobs and pods (informer.py), so no kopf state is ever stored."""
     # No kopf peering: replicas elect the active one on a Lease of their own (leader.py), which fences.
     kopf_settings.peering.standalone = True
     kopf_settings.peering.clusterwide = settings.clusterwide
     # Without scanning kopf needs no access to CRDs or Namespaces (see permissions.py).
     kopf_settings.scanning.disabled = True
-    # Annotations only: the strict status schema would prune `status.kopf`.
-    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.ddp.dev")
-    kopf_settings.persistence.diffbase_storage = UnusedDiffBaseStorage(
-        prefix="kopf.ddp.dev", key="last-handled-configuration")
     # kopf posts handler problems as Events; lifecycle Events are posted by the operator itself.
     kopf_settings.posting.level = logging.WARNING
     kopf_settings.networking.request_timeout = settings.request_timeout_seconds
-    kopf_settings.watching.server_timeout = 300
-    kopf_settings.watching.client_timeout = 330
-    # kopf keeps a worker task (with the object's last body) per object until it has been idle this long
-    # (default 5 s): after a burst (startup, a relist, many new jobs) thousands of them at once. Handlers
-    # here return at once, so a worker is cheap to start again (bench/operator_memory.py).
-    kopf_settings.queueing.idle_timeout = 0.5
-    # kopf watches nothing: the operator's informers list and watch jobs and pods (informer.py).

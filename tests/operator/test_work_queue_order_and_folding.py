@@ -6,11 +6,8 @@ Also: kopf's per-event "Handler ... succeeded." lines are shown at DEBUG, not IN
 from __future__ import annotations
 
 import asyncio
-import logging
 
-import pytest
 
-from ddpjob_operator.settings import EventHandlerSuccessAtDebug
 from ddpjob_operator.workqueue import WorkQueue
 
 
@@ -222,31 +219,3 @@ async def test_a_pass_cancelled_before_it_started_leaves_its_job_free():
     queue.add("job")  # leading again
     await drained(queue)
     assert work.passes == ["job"]
-
-
-@pytest.mark.parametrize("message, level, shown_at_info", [
-    ("Handler 'pod_event' succeeded.", logging.INFO, False),
-    ("Handler 'ddpjob_event' succeeded.", logging.INFO, False),
-    ("Handler 'startup' succeeded.", logging.INFO, True),
-    ("Handler 'pod_event' failed with an exception and will try again in 60 seconds: x", logging.ERROR, True),
-])
-def test_kopfs_per_event_success_lines_are_debug(message, level, shown_at_info):
-    log = logging.getLogger("test.kopf.objects")
-    quiet = EventHandlerSuccessAtDebug()
-    log.addFilter(quiet)
-    records: list[logging.LogRecord] = []
-    collect = logging.Handler()
-    collect.emit = records.append  # type: ignore[method-assign]
-    log.addHandler(collect)
-    log.propagate = False
-    try:
-        log.setLevel(logging.INFO)
-        log.log(level, message)
-        assert bool(records) == shown_at_info
-        log.setLevel(logging.DEBUG)  # at DEBUG every line is there, the quiet ones as DEBUG
-        log.log(level, message)
-        assert records[-1].getMessage() == message
-        assert records[-1].levelno == (level if shown_at_info else logging.DEBUG)
-    finally:
-        log.removeFilter(quiet)
-        log.removeHandler(collect)
