@@ -75,7 +75,7 @@ TRAINER_START = re.compile(r"rank=0 world_size=\d+ ")
 # (any rank: the first one marks "failure seen"), rank 0 survived and trains on ("recovered in process", at the step
 # its failure line named), or rank 0 is new and got the state from a peer (the bundled trainer's line, or the
 # runtime's announce line for other scripts; every receiving rank logs the trainer's: rank 0's is the mark).
-PEER_FAILED = re.compile(r"rank (\d+) at step (\d+): a peer failed in generation")
+PEER_FAILED = re.compile(r"rank (\d+) at step (\d+): a peer (?:failed|stopped) in generation")
 RANK0_RECOVERED = re.compile(r"recovered in process: generation \d+ -> \d+, rank 0 of ")
 PEER_RESUME = re.compile(r"resumed from peer rank \d+ (?:by broadcast )?step=(\d+)")
 OTHER_RANK = re.compile(r"^\S+ \S+ rank[1-9]\d* [A-Z]+ ")  # the trainer's logging format: time, rank, level

@@ -72,7 +72,7 @@ def test_survivors_keep_their_trainer_processes_through_a_kill_and_a_graceful_st
     assert text.count("recovered in process: generation") == 2, described  # one survivor per incident
     assert text.count("by broadcast step=") == 2 and "resumed from checkpoint" not in text, described
     # Each incident: the survivors' step when it struck is the step the replacement received.
-    failed_at = {int(s) for s in re.findall(r"at step (\d+): a peer failed", text)}
+    failed_at = {int(s) for s in re.findall(r"at step (\d+): a peer (?:failed|stopped)", text)}
     assert {int(s) for s in re.findall(r"by broadcast step=(\d+)", text)} == failed_at, described
     # Rank 0 (worker 0's pods) logged every step once, in order, to the last: none trained twice. A step line
     # missing is an incident's own: its optimizer step was taken, the collective after it failed.

@@ -252,6 +252,37 @@ def test_5_a_commit_is_withdrawn_when_a_newer_generation_starts_while_it_writes(
     assert old.committed_steps() == [] and not old.path(20).exists() and old.fenced_by == 2
 
 
+def test_5_a_survivors_rescue_commits_in_the_generation_it_joined_and_a_left_behind_one_commits_nothing(tmp_path):
+    """In-process recovery writes a survivor's rescue while it joins the next generation (RescueCheckpoint): the
+    replacement's rank 0 raised generation 2's fence meanwhile. The survivor, a member of generation 2 which
+    resumes from the rescued step, commits it in generation 2; a trainer left behind in generation 1, a rescue of
+    a step generation 2 did not resume from, and one written after generation 3 started commit nothing."""
+    def manager(generation: int, writer: bool = False) -> CheckpointManager:
+        return CheckpointManager(tmp_path, job_name="job", run_id=f"uid-g{generation}", is_writer=writer)
+
+    manager(1, writer=True).save(10, _state(10))
+    manager(2, writer=True)  # generation 2's rank 0 starts: its fence
+    survivor = checkpoint_module.RescueCheckpoint(manager(1), 12, _state(12)).start()
+    assert survivor.read.wait(30)  # the tensors are read: the survivor may train on
+    left_behind = checkpoint_module.RescueCheckpoint(manager(1), 13, _state(13)).start()
+    left_behind.stayed()  # never a member of generation 2: the exit path
+    assert not left_behind.join()
+    behind = checkpoint_module.RescueCheckpoint(manager(1), 11, _state(11)).start()
+    behind.joined(2, 12)  # generation 2 resumed from a later step (a peer's)
+    assert not behind.join()
+    survivor.joined(2, 12)
+    assert survivor.join() and survivor.generation == 2
+    reader = manager(2)
+    assert reader.committed_steps() == [12, 10] and not reader.path(13).exists() and not reader.path(11).exists()
+    assert json.loads(reader.marker(12).read_text())["generation"] == 2
+    assert torch.equal(reader.load(12)["w"], torch.full((4,), 12.0))
+    manager(3, writer=True)  # generation 3 starts: a rescue that joined generation 2 is left behind in turn
+    late = checkpoint_module.RescueCheckpoint(manager(1), 14, _state(14)).start()
+    late.joined(2, 14)
+    assert not late.join()
+    assert manager(3).committed_steps() == [12, 10]
+
+
 def test_5_generation_comes_from_torchruns_run_id_with_a_fallback(monkeypatch):
     assert runtime.rendezvous_generation({"TORCHELASTIC_RUN_ID": "0f1e-2d3c-g7", "DDPJOB_GENERATION": "3"}) == \
         ("0f1e-2d3c", 7)

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from ddp_trainer.runtime import CheckpointManager
 from ddp_trainer.runtime.inprocess import GENERATION_KEY, NNODES_KEY
 from ddpjob_operator.agent import WORKER_PROGRAM
 from trainer_harness import PY, StoreServer, base_env, descendants, kill_tree, start, steps_dir, tail, wait_for
@@ -162,22 +163,39 @@ def corrupt_checkpoints(gang: Gang) -> None:
 
 def test_killed_rank_0_survivors_keep_their_processes_and_the_replacement_gets_the_state_by_broadcast(
         gangs, undisturbed) -> None:
+    """The survivors' rescue write is held until they are in generation 2 (inprocess_slow_rescue.py): they join
+    it without waiting for that write, and the rescue of the step generation 2 resumes from is committed in
+    generation 2, not withdrawn by the fence the replacement's rank 0 raised while it was being written."""
     gang = gangs("killed")
     gang.publish(1, 3)
-    survivors = {replica: gang.start(replica, 1, 3, fault(0)) for replica in range(3)}
+    keep = ["--checkpoint-keep", "5"]  # the rescue of step 12 is still there at the end
+    held = [PY, str(Path(__file__).with_name("inprocess_slow_rescue.py")), *ARGS, *keep]
+    survivors = {replica: gang.start(replica, 1, 3, command=[*held, *fault(0)]) for replica in range(3)}
     assert gang.wait(survivors.pop(0)) == -signal.SIGSEGV  # a crash in native code
-    for replica in survivors:  # ...each saved its replica in the background (one of them commits it)
+    for replica in survivors:
         gang.saw(replica, 1, f"at step {KILL_AT}: a peer failed in generation 1")
-    wait_for(lambda: (steps_dir(gang.ckpt) / f"step-{KILL_AT:08d}.committed").exists(), "the rescue checkpoint", 30,
-             explain=gang.logs)
     corrupt_checkpoints(gang)  # the replacement must not need the volume
     gang.publish(2, 3)
-    replacement = gang.start(0, 2, 3)
+    # Rank 0 of generation 2 a straggler: its step 20 checkpoint comes well after the rescue (a later step
+    # committed first would make the rescue of step 12 pointless: not committed).
+    replacement = gang.start(0, 2, 3, [*keep, "--fault-slow-rank", "0", "--fault-slow-factor", "10",
+                                       "--fault-generation", "2"])
 
     assert_survivors_recovered_and_fed_the_replacement(gang, survivors, replacement, KILL_AT)
     assert "resumed from checkpoint" not in gang.text(0, 2) and "skipping unreadable" not in gang.text(0, 2)
     assert_bit_identical(final_state(gang), undisturbed)
     assert_recovery_reported(gang, "InProcess", 2)  # rank 0 is the replacement: its state came from a peer
+    # One survivor wrote the rescue after it had joined generation 2, and committed it there.
+    saved = f"rescue checkpoint: rank %d saved step {KILL_AT} after a peer failed (committed in generation 2)"
+    writers = [r for r in survivors if saved % r in gang.text(r, 1)]
+    assert len(writers) == 1, gang.logs()
+    text = gang.text(writers[0], 1)
+    assert text.index("rescue write released in generation 2") < text.index(saved % writers[0])
+    assert "withdrawn" not in gang.logs() and "not written" not in gang.logs()
+    marker = json.loads((steps_dir(gang.ckpt) / f"step-{KILL_AT:08d}.committed").read_text())
+    assert marker["generation"] == 2, marker
+    rescued = CheckpointManager(gang.ckpt, is_writer=False, job_name="test").load(KILL_AT)  # verified against it
+    assert rescued["progress"]["step"] == KILL_AT and rescued["ddpjob"]["generation"] == 1
 
 
 def test_a_second_failure_during_the_hand_over_moves_everyone_to_the_next_generation(gangs, undisturbed) -> None:

@@ -42,7 +42,9 @@ the fence (`raise_fence`, `newer_generation`), the read retries (`retry_reads`) 
 Rescue checkpoints (`save_rescue`): when a peer dies, every surviving rank still holds the whole
 replica at a step boundary, and any of them may write it, not only rank 0. The step's claim file is
 created exclusively (one writer per step, whoever is first), and a step that already has a
-checkpoint is never rewritten.
+checkpoint is never rewritten. In-process recovery writes it on a thread while the survivor joins the next
+generation (`RescueCheckpoint`), and commits it in that generation when the generation resumes from exactly
+that step: the survivor is one of its members (see `RescueCheckpoint` for why the fence still holds).
 """
 
 from __future__ import annotations
@@ -438,6 +440,130 @@ def cpu_snapshot(obj: Any, pool: dict[tuple, torch.Tensor] | None = None, key: t
     return obj
 
 
+class RescueCheckpoint:
+    """A survivor's rescue checkpoint of `step` (any rank; `CheckpointManager.save_rescue` is its synchronous
+    form). In-process recovery (`Job.recover`) runs it on a thread while the survivor joins the next generation:
+    `read` is set once the state's tensors are serialized (from then on training may change them), and the
+    commit waits for nothing but the write.
+
+    The fence. A commit marker carries the generation it is committed in, and nothing commits in a generation
+    once a newer one has started on the directory (its writer's fence file, or a marker of it). The rescue
+    commits in the generation this process is a member of when its marker is written:
+    - before `joined` or after `stayed` (the exit path): the failed generation, as any rescue: nothing once a
+      newer generation has started there;
+    - once `joined(g, resumed_step)`: this process is a member of generation g (it formed g's group with every
+      rank of it), and g resumes from `resumed_step`. If that is `step`, the rescue is g's own starting point,
+      written by one of its members: committed in g, it is exactly the checkpoint g itself would write at that
+      step, so the fence of g (its replacement rank 0 raised it while the rescue was being written) does not
+      withdraw it. Otherwise (g resumed from a later step a peer held) it is not written.
+    A trainer left behind in an old generation (partitioned, frozen, not in g's group) never `joined` g, so it
+    still commits nothing once g has started. Never either where a later step is committed (checked before and
+    after the marker, as the fence is): a rescue only ever adds the newest checkpoint."""
+
+    def __init__(self, manager: "CheckpointManager", step: int, state: dict[str, Any],
+                 done: Callable[["RescueCheckpoint"], None] | None = None) -> None:
+        """`done(self)`: called on the writing thread once it is decided (`written`, `generation`)."""
+        self.manager, self.step, self.generation, self.done = manager, step, manager.generation, done
+        self.state: dict[str, Any] | None = state
+        self.read = threading.Event()  # the state's tensors are read: the caller may change them
+        self.written: bool | None = None  # None: not decided yet
+        self.error: BaseException | None = None
+        self._settled = threading.Condition()
+        self._member: tuple[int, int] | None = None  # (generation joined, the step it resumed from)
+        self._stayed = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "RescueCheckpoint":
+        self._thread = threading.Thread(target=self.run, name="ddpjob-rescue", daemon=True)
+        self._thread.start()
+        return self
+
+    def joined(self, generation: int, resumed_step: int) -> None:
+        """This process is a member of `generation`, which resumes from `resumed_step`."""
+        with self._settled:
+            self._member = (generation, resumed_step)
+            self._settled.notify_all()
+
+    def stayed(self) -> None:
+        """This process does not move on (the exit path): unless it `joined` a generation already, commit under
+        the failed generation's fence or not at all."""
+        with self._settled:
+            self._stayed = self._member is None
+            self._settled.notify_all()
+
+    def join(self) -> bool:
+        """Wait for the write; True if this process committed the step."""
+        if self._thread is not None:
+            self._thread.join()
+        return bool(self.written)
+
+    def run(self) -> None:
+        try:
+            self.written = self._save()
+        except BaseException as e:  # noqa: BLE001 - the rescue must never hide the failure it follows
+            self.error, self.written = e, False
+            log.warning("rescue checkpoint of step %d not written: %s", self.step, e)
+        finally:
+            self.state = None
+            self.read.set()
+        if self.done is not None:
+            self.done(self)
+
+    def _later_committed(self, than: int) -> bool:
+        return any(s > than for s in self.manager.committed_steps())
+
+    def _save(self) -> bool:
+        m, step = self.manager, self.step
+        if m.is_writer:
+            with contextlib.suppress(Exception):  # a failed async write must not stop the rescue
+                m.wait()
+        if self._later_committed(step - 1):
+            return False
+        if self._stayed and (newer := m.newer_generation()) is not None:
+            m._fenced(step, newer, "(rescue) not written")
+            return False
+        m.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(m.claim(step), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            return False  # another survivor writes this step
+        buf = io.BytesIO()
+        torch.save(self.state, buf)
+        self.state = None
+        self.read.set()
+        size, digest = m._write_data(step, buf)
+        del buf
+        while True:
+            with self._settled:
+                member, stayed = self._member, self._stayed
+            generation = member[0] if member is not None else self.generation
+            if member is not None and member[1] != step:
+                return self._drop(f"generation {generation} resumed from step {member[1]}")
+            newer = newer_generation(m.root, m.run, generation, m._markers())
+            if newer is None and not self._later_committed(step):
+                m._write_marker(step, size, digest, generation)
+                newer = newer_generation(m.root, m.run, generation, m._markers())
+                if newer is None and not self._later_committed(step):
+                    m.last_committed_step = step
+                    self.generation = generation
+                    return True
+                m.marker(step).unlink(missing_ok=True)  # withdrawn; the data stays while it may commit later
+            if self._later_committed(step):
+                return self._drop("a later step is committed")
+            if member is not None or stayed:  # fenced where it commits: it never will
+                m._fenced(step, newer, "(rescue) not written")
+                return self._drop("")
+            with self._settled:  # a newer generation started: commit in it once this process is a member
+                self._settled.wait_for(lambda: self._member is not None or self._stayed)
+
+    def _drop(self, why: str) -> bool:
+        self.manager.path(self.step).unlink(missing_ok=True)
+        self.manager.claim(self.step).unlink(missing_ok=True)  # the step is free again (a later rescue of it)
+        if why:
+            log.info("rescue checkpoint of step %d not committed: %s", self.step, why)
+        return False
+
+
 class CheckpointManager:
     """`save(step, state)` on rank 0 (others return at once), `load_latest()` anywhere.
 
@@ -571,18 +697,25 @@ class CheckpointManager:
     def _commit(self, step: int, state: dict[str, Any]) -> tuple[int, str]:
         buf = io.BytesIO()
         torch.save(state, buf)
+        size, digest = self._write_data(step, buf)
+        self._write_marker(step, size, digest, self.generation)
+        return size, digest
+
+    def _write_data(self, step: int, buf: io.BytesIO) -> tuple[int, str]:
         data = buf.getbuffer()
         digest = hashlib.sha256(data).hexdigest()
         atomic_write_bytes(self.path(step), data)
+        return len(data), digest
+
+    def _write_marker(self, step: int, size: int, digest: str, generation: int) -> None:
         try:
-            atomic_write_json(self.marker(step), {"step": step, "bytes": len(data), "sha256": digest,
-                                                  "time": time.time(), "generation": self.generation,
+            atomic_write_json(self.marker(step), {"step": step, "bytes": size, "sha256": digest,
+                                                  "time": time.time(), "generation": generation,
                                                   "run": self.run, "job": self.job_name})
         except BaseException:
             with contextlib.suppress(OSError):
                 self.path(step).unlink(missing_ok=True)  # never committed: give its space back
             raise
-        return len(data), digest
 
     def _verify(self, step: int, size: int, digest: str) -> None:
         """Read the committed step back (marker and data) and check it is what was written: an I/O
@@ -616,25 +749,10 @@ class CheckpointManager:
         """Any rank, after a peer died: commit `state` as step `step` unless another survivor claimed
         that step, a checkpoint of it or of a later step exists, or a later generation has started on
         the directory. Synchronous. True if this process wrote it."""
-        if self.is_writer:
-            with contextlib.suppress(Exception):  # a failed async write must not stop the rescue
-                self.wait()
-        newest = self.committed_steps()
-        if newest and newest[0] >= step:
-            return False
-        if (newer := self.newer_generation()) is not None:
-            self._fenced(step, newer, "(rescue) not written")
-            return False
-        self.dir.mkdir(parents=True, exist_ok=True)
-        try:
-            os.close(os.open(self.claim(step), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        except FileExistsError:
-            return False  # another survivor writes this step
-        self._commit(step, state)
-        if self._withdraw_if_fenced(step):  # a new generation started while we wrote: withdraw
-            return False
-        self.last_committed_step = step
-        return True
+        rescue = RescueCheckpoint(self, step, state)
+        rescue.stayed()
+        rescue.run()
+        return bool(rescue.written)
 
     def _prune(self, verified: int) -> None:
         """After `verified` was committed and read back: keep the newest `keep` good checkpoints up to

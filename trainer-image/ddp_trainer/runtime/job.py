@@ -26,7 +26,6 @@ import dataclasses
 import gc
 import logging
 import os
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .checkpoint import CheckpointManager, atomic_write_json, raise_fence
+from .checkpoint import CheckpointManager, RescueCheckpoint, atomic_write_json, raise_fence
 from .frameworks import announce as announce_line, resume_message
 from .distributed import (CollectiveTimeout, JobEnv, StopRequest, abort_process_groups, barrier,
                           destroy_process_group, init_process_group, select_device)
@@ -61,6 +60,8 @@ class Job:
         self.rendezvous = rendezvous  # in-process recovery: this trainer forms its groups through the job's store
         self._carried: _Carried | None = None
         self._group_wedged = False  # the old group could not be left: never touch it again
+        self._rescues: list[RescueCheckpoint] = []  # in-process survivors' rescue writes not yet joined
+        self._peer_stopped = False  # the last agreed stop was a peer's signal, not this rank's
         self.timeouts = timeouts if timeouts is not None else CollectiveTimeout(1800.0)
         # How this generation came back from the incident before it (None: it did not resume), and when its
         # process group was complete: rank 0's reports carry it (progress.recovery_field).
@@ -256,6 +257,12 @@ class Job:
             self._save(step, state, final)
 
     def _save(self, step: int, state: dict[str, Any], final: bool) -> None:
+        if final and self.recovery is not None and self.recovery["path"] == "InProcess" and \
+                self.recovery["resumed_step"] == step and dist.is_initialized():
+            # No step trained since the in-process resume: a survivor may still be writing its rescue of this very
+            # step. Every rank knows it (the same recovery), so all wait for their own, then rank 0 writes over it.
+            self._join_rescues()
+            barrier(self.device)
         if self.checkpoints is not None and self.env.is_main:
             if final:
                 self.checkpoints.wait()
@@ -316,14 +323,16 @@ class Job:
         self.watchdog.release()
         self.timeouts.relax()  # no silent-peer verdict while this rank waits for the next generation
         carried = self._carried
-        log.warning("rank %d at step %d: a peer failed in generation %d (%s); recovering in process", self.env.rank,
-                    carried.step(), old, str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
+        log.warning("rank %d at step %d: a peer %s in generation %d (%s); recovering in process", self.env.rank,
+                    carried.step(), "stopped" if self._peer_stopped else "failed", old,
+                    str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
+        self._peer_stopped = False
         rescue = self._rescue_in_background(carried)  # durability, overlapping the hand-over
         self._release(carried, error)
         try:
             generation, source, received, seen = self._rejoin(carried, rescue)
         except inprocess.CannotRecover as e:
-            rescue.join()
+            self._join_rescues()  # the exit path: each commits under its failed generation's fence, or not at all
             return self._fall_back(str(e))
         self._recovered("InProcess", "", carried.step())
         now = time.monotonic()
@@ -350,14 +359,34 @@ class Job:
         self.rendezvous.note_fallback(self.env.generation, reason)
         return False
 
-    def _rescue_in_background(self, carried: "_Carried") -> threading.Thread:
-        step, state = carried.step(), carried.state() if carried.rescue else {}
-        thread = threading.Thread(target=self.rescue if carried.rescue else lambda *_: None, args=(step, state),
-                                  name="ddpjob-rescue", daemon=True)
-        thread.start()
-        return thread
+    def _rescue_in_background(self, carried: "_Carried") -> RescueCheckpoint | None:
+        """The survivor's rescue checkpoint, written on a thread while it rejoins and trains on: `_rejoin` waits
+        only for its read of the tensors (before anything changes them), and it commits in the new generation
+        when that one resumes from its step (`RescueCheckpoint`: the fence)."""
+        if not carried.rescue or self.checkpoints is None:
+            return None
+        step, rank = carried.step(), self.env.rank
+        meta = {"step": step, "world_size": self.env.world_size, "generation": self.checkpoints.generation,
+                "rescued_by_rank": rank}
 
-    def _rejoin(self, carried: "_Carried", rescue: threading.Thread) -> tuple[int, int | None, bool, float]:
+        def done(rescue: RescueCheckpoint) -> None:
+            if rescue.written:
+                log.warning("rescue checkpoint: rank %d saved step %d after a peer failed (committed in generation "
+                            "%d)", rank, step, rescue.generation)
+
+        rescue = RescueCheckpoint(self.checkpoints, step, {**carried.state(), META: meta}, done).start()
+        self._rescues.append(rescue)
+        return rescue
+
+    def _join_rescues(self) -> None:
+        """Every rescue of this process committed or given up (those not settled commit under their failed
+        generation's fence, or not at all)."""
+        for rescue in self._rescues:
+            rescue.stayed()
+            rescue.join()
+        self._rescues.clear()
+
+    def _rejoin(self, carried: "_Carried", rescue: RescueCheckpoint | None) -> tuple[int, int | None, bool, float]:
         """(generation joined, the rank the state came from, whether this rank received it, when the
         generation was seen)"""
         rdzv, generation = self.rendezvous, self.env.generation
@@ -390,14 +419,16 @@ class Job:
                 generation = newer
                 continue
             joined = time.time()  # the new generation's group is complete
-            rescue.join()  # written under the failed generation's fence, before this process moves its own
             self._enter(generation, world)
             try:
-                received, source, _ = rdzv.exchange(carried.state, carried.step(), self.device)
+                received, source, resumed = rdzv.exchange(carried.state, carried.step(), self.device)
             except Exception as e:  # a second failure during the hand-over: the next generation
                 if not is_peer_failure(e):
                     raise
                 continue
+            if rescue is not None:
+                rescue.joined(generation, resumed)  # a member of it now: the rescue of its step commits in it
+                rescue.read.wait()  # the write has read the tensors: from here on they change (load, DDP, steps)
             if received is not None:
                 carried.load(received)
             carried.rewrap()
@@ -444,6 +475,7 @@ class Job:
         self.step_timer.boundary()
         with self.step_timer.waiting():  # the stop flag's all_reduce waits for the slowest rank
             stop = self.stop.agreed()
+        self._peer_stopped = stop and not self.stop.requested
         if self.stop.group is not None:
             self.timeouts.add_group(self.stop.group)
         return stop
@@ -503,6 +535,7 @@ class Job:
         self._closed = True
         self.watchdog.close()
         try:
+            self._join_rescues()
             if self.checkpoints is not None:
                 self.checkpoints.wait()
         finally:

@@ -1,0 +1,33 @@
+"""Run by test_inprocess_recovery: the bundled trainer (`python -m ddp_trainer` and its arguments), whose
+survivors' rescue write (the data file, on the rescue thread) is held until the survivor is in a newer
+generation than the one that failed ($DDPJOB_GENERATION, which `Job` rewrites when it enters one). A survivor
+that waited for its rescue before joining would wait forever here: the test then fails on its timeout."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+from ddp_trainer.__main__ import main
+from ddp_trainer.runtime import checkpoint, exit_process
+
+HOLD_AT_MOST_S = 60.0
+_write = checkpoint.atomic_write_bytes
+_started_in = os.environ.get("DDPJOB_GENERATION", "")
+
+
+def held_write(path, data) -> None:
+    if threading.current_thread().name == "ddpjob-rescue" and str(path).endswith(".pt"):
+        deadline = time.monotonic() + HOLD_AT_MOST_S
+        while os.environ.get("DDPJOB_GENERATION", "") == _started_in and time.monotonic() < deadline:
+            time.sleep(0.02)
+        print(f"rescue write released in generation {os.environ.get('DDPJOB_GENERATION')}", file=sys.stderr,
+              flush=True)
+    _write(path, data)
+
+
+checkpoint.atomic_write_bytes = held_write
+sys.argv[0] = "ddp_trainer"
+exit_process(main(sys.argv[1:]))
