@@ -514,9 +514,6 @@ class RescueCheckpoint:
 
     def _save(self) -> bool:
         m, step = self.manager, self.step
-        if m.is_writer:
-            with contextlib.suppress(Exception):  # a failed async write must not stop the rescue
-                m.wait()
         if self._later_committed(step - 1):
             return False
         if self._stayed and (newer := m.newer_generation()) is not None:
@@ -530,7 +527,13 @@ class RescueCheckpoint:
         buf = io.BytesIO()
         torch.save(self.state, buf)
         self.state = None
-        self.read.set()
+        self.read.set()  # before waiting for anything else: the survivor waits for this only
+        if m.is_writer:
+            with contextlib.suppress(Exception):  # a failed async write must not stop the rescue
+                m.wait()
+            if self._later_committed(step - 1):  # that write was of this step (or a later one)
+                m.claim(step).unlink(missing_ok=True)
+                return False
         size, digest = m._write_data(step, buf)
         del buf
         while True:
