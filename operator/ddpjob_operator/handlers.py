@@ -10,8 +10,7 @@ job first). The rooms, each with one job:
   job's ReconcileError condition, retried with backoff);
 - actuator.py: every API write of a pass (creations, deletions, status writes, Events);
 - progress_router.py: the progress endpoint, and the label that routes reports to the leader;
-- side_tasks.py: work started beside the passes, stopped with the controller.
-
+- side_tasks.py: work started beside the passes, stopped with the controller;
 - informer.py: the DDPJobs and the operator's pods, listed and watched (the pods as the summaries a
   pass reads).
 
@@ -19,9 +18,7 @@ job first). The rooms, each with one job:
 events and pod changes into triggers. The work queue starts no pass until both informers have listed
 everything once, so a restarted operator never acts on a half-listed cluster, and a job submitted meanwhile
 goes ahead of the resync of all the others. kopf runs the process (start-up, clean-up, probes, credentials,
-signals); it watches nothing. Handlers return nothing (kopf would store
-results in the strict status) and never sleep; waits are timers. kopf adds no finalizers (no timers,
-daemons or deletion handlers are registered).
+signals); it watches nothing, so it stores nothing on the objects and adds no finalizers. Waits are timers.
 """
 
 from __future__ import annotations
