@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ddpjob_operator import validation  # noqa: E402
-from ddpjob_operator.local.runner import KILL, FaultInjection, LocalRunner, RunOptions  # noqa: E402
+from ddpjob_operator.local.options import KILL, FaultInjection, RunOptions  # noqa: E402
+from ddpjob_operator.local.runner import LocalRunner  # noqa: E402
 from tests.local.harness import RESUMED_EVENT, TimelineView  # noqa: E402
 
 SYNTHETIC = ["--workload", "synthetic", "--workload-option", "samples=2048", "--workload-option", "eval_samples=256",

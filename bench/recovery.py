@@ -63,8 +63,8 @@ from typing import Callable
 from ddpjob_operator import validation
 from ddpjob_operator.local.logs import RESUME_LINE, STEP_LINE, LogTail
 from ddpjob_operator.local.processes import MARKER_ENV, LocalProcess, kill_marked, marked_pids, marker_for
-from ddpjob_operator.local.runner import (COLD_CPU_NODE, COLD_GPU_NODE, DELETE, KILL, FaultInjection, LocalRunner,
-                                         RunOptions)
+from ddpjob_operator.local.runner import LocalRunner
+from ddpjob_operator.local.options import COLD_CPU_NODE, COLD_GPU_NODE, DELETE, KILL, FaultInjection, RunOptions
 from ddpjob_operator.local.view import Snapshot, Summary
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,8 @@ from datetime import datetime
 from pathlib import Path
 
 from ddpjob_operator import validation
-from ddpjob_operator.local.runner import LocalRunner, RunOptions
+from ddpjob_operator.local.runner import LocalRunner
+from ddpjob_operator.local.options import RunOptions
 from ddpjob_operator.local.view import Snapshot, Summary
 
 ROOT = Path(__file__).resolve().parents[1]

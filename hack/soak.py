@@ -41,8 +41,8 @@ sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "trainer-image")]
 from ddpjob_operator import decisions, validation  # noqa: E402
 from ddpjob_operator.local.logs import read_report  # noqa: E402
 from ddpjob_operator.local.processes import marked_pids  # noqa: E402
-from ddpjob_operator.local.runner import (DELETE, KILL, KILL_STORE, FaultInjection, LocalRunner,  # noqa: E402
-                                          RunOptions)
+from ddpjob_operator.local.options import DELETE, KILL, KILL_STORE, FaultInjection, RunOptions  # noqa: E402
+from ddpjob_operator.local.runner import LocalRunner  # noqa: E402
 
 PAUSE = "pause"
 KINDS = {KILL: 3, DELETE: 2, KILL_STORE: 1, PAUSE: 2}  # seeded draw weights

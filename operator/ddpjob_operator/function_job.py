@@ -215,7 +215,8 @@ def local_job(fj: FunctionJob, directory: Path) -> model.DDPJob:
 
 def run_local(fj: FunctionJob, *, state_dir: Path | None = None, view: Any = None) -> str:
     """Run the function job on this machine with the local runner (real torchrun); the final phase."""
-    from .local.runner import STATE_DIR, LocalRunner, RunOptions
+    from .local.runner import LocalRunner
+    from .local.options import STATE_DIR, RunOptions
     from .local.view import make_view
 
     root = state_dir or STATE_DIR

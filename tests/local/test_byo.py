@@ -14,7 +14,8 @@ import yaml
 
 from ddpjob_operator import validation
 from ddpjob_operator.local.processes import marked_pids
-from ddpjob_operator.local.runner import KILL, FaultInjection, LocalRunner, RunOptions, SpecChange
+from ddpjob_operator.local.runner import LocalRunner
+from ddpjob_operator.local.options import KILL, FaultInjection, RunOptions, SpecChange
 
 from .harness import TimelineView
 

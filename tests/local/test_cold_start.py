@@ -14,7 +14,8 @@ import pytest
 from ddpjob_operator import validation
 from ddpjob_operator.agent import WORKER_PROGRAM, contract
 from ddpjob_operator.local.processes import MARKER_ENV, marked_pids
-from ddpjob_operator.local.runner import COLD_GPU_NODE, KILL, FaultInjection, LocalRunner, RunOptions
+from ddpjob_operator.local.runner import LocalRunner
+from ddpjob_operator.local.options import COLD_GPU_NODE, KILL, FaultInjection, RunOptions
 
 from .harness import TimelineView
 from .test_semantics import Outcome, expect, expect_completed, expect_resumed, spec

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ddpjob_operator import validation
 from ddpjob_operator.local import display, faults
-from ddpjob_operator.local.runner import KILL, FaultInjection, LocalRunner, RunOptions, SpecChange
+from ddpjob_operator.local.runner import LocalRunner
+from ddpjob_operator.local.options import KILL, FaultInjection, RunOptions, SpecChange
 
 from .harness import TimelineView, manifest
 

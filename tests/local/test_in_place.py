@@ -16,7 +16,8 @@ import pytest
 
 from ddpjob_operator import validation
 from ddpjob_operator.local.processes import marked_pids
-from ddpjob_operator.local.runner import DELETE, KILL, FaultInjection, LocalRunner, RunOptions
+from ddpjob_operator.local.runner import LocalRunner
+from ddpjob_operator.local.options import DELETE, KILL, FaultInjection, RunOptions
 
 from .harness import TimelineView
 from .test_semantics import MAX_STEPS, Outcome, expect, expect_completed, expect_resumed, spec

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ddpjob_operator import decisions, validation
-from ddpjob_operator.local.runner import LocalRunner, RunOptions
+from ddpjob_operator.local.runner import LocalRunner
+from ddpjob_operator.local.options import RunOptions
 
 from .harness import TimelineView
 from .test_own_script_guide_and_summary import job as own_script_job

@@ -17,7 +17,8 @@ import yaml
 
 from ddpjob_operator import builders, model, validation
 from ddpjob_operator.local import faults as fault_schedule
-from ddpjob_operator.local.runner import KILL, FaultInjection, LocalRunner, RunOptions
+from ddpjob_operator.local.runner import LocalRunner
+from ddpjob_operator.local.options import KILL, FaultInjection, RunOptions
 from ddpjob_operator.local.view import Summary
 from ddp_trainer.runtime import ResumableDistributedSampler
 

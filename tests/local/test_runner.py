@@ -9,7 +9,8 @@ import pytest
 
 from ddpjob_operator import validation
 from ddpjob_operator.local.processes import marked_pids
-from ddpjob_operator.local.runner import LocalRunner, RunOptions
+from ddpjob_operator.local.runner import LocalRunner
+from ddpjob_operator.local.options import RunOptions
 
 from ..support import wait_for
 from .harness import Run, TimelineView, job_dir, kill_tagged, manifest, script, write_manifest

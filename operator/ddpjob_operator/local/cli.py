@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from .. import model, validation
-from .runner import (COLD_CPU_NODE, COLD_STARTS, EXIT_FAILED, EXIT_INTERRUPTED, FaultInjection, LocalRunner,
-                     RunOptions, SpecChange)
+from .runner import EXIT_FAILED, EXIT_INTERRUPTED, LocalRunner
+from .options import COLD_CPU_NODE, COLD_STARTS, FaultInjection, RunOptions, SpecChange
 from .view import make_view
 
 

@@ -27,18 +27,10 @@ from ..validation import FieldError, InvalidJob
 from . import display
 from .faults import Schedule
 from .logs import RESUME_LINE, LogTail
-from .options import (COLD_CPU_NODE, COLD_GPU_NODE, COLD_STARTS, DELETE, FAULT_KINDS, KILL, KILL_STORE,
-                      NO_PROGRESS_WARNING_SECONDS, STATE_DIR, FaultInjection, RunOptions, SpecChange, Unschedulable)
+from .options import (COLD_GPU_NODE, FaultInjection, RunOptions)
 from .processes import LocalProcess, Zygote, kill_marked, marker_for
 from .progress_file import ProgressFile
 from .view import Summary, View
-
-# The run's options live in options.py; importers of the runner (the CLI, function jobs, benchmarks) keep
-# finding them here.
-__all__ = ["COLD_CPU_NODE", "COLD_GPU_NODE", "COLD_STARTS", "DELETE", "EXIT_FAILED", "EXIT_INTERRUPTED", "FAULT_KINDS",
-           "KILL", "KILL_STORE", "NO_PROGRESS_WARNING_SECONDS", "STATE_DIR", "ExitRecord", "FaultInjection",
-           "LocalRunner", "Resume", "RunOptions", "SpecChange", "Unschedulable", "WorkerProcess", "base_environment",
-           "free_port", "refuse_links", "utc_now"]
 
 NAMESPACE = "local"
 LOCALHOST = "127.0.0.1"
