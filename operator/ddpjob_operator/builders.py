@@ -228,9 +228,13 @@ def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: 
     # restartScope Pod: a survivor's agent joins the next generation in place (contract.REJOIN_ENV).
     env[REJOIN_ENV] = "1" if spec.failure_policy.restart_scope == "Pod" else "0"
     env[REJOIN_TIMEOUT_ENV] = str(REJOIN_TIMEOUT_SECONDS)
-    if spec.failure_policy.recovery == "InProcess":
+    in_process = spec.failure_policy.recovery == "InProcess"
+    if in_process:
         env[INPROCESS_ENV] = "1"  # runtime/inprocess.py; otherwise "" (UNSET_WHEN_OFF)
-    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+    # A failed or timed-out NCCL collective: torch's watchdog aborts the communicator; with 1 it also ends the
+    # process (the launcher then sees the failure), with 2 (CleanUpOnly) the error is raised in the trainer,
+    # which then leaves the group and trains on in the next generation (in-process recovery).
+    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2" if in_process else "1"
     env["PYTHONUNBUFFERED"] = "1"
     threads = default_threads(spec)
     if threads is not None:

@@ -119,13 +119,14 @@ def test_static_jobs_get_master_addr_and_port(replicas, expected):
     assert builders.STATIC_MASTER_PORT != model.Rendezvous().port  # never the store's port
 
 
-@pytest.mark.parametrize("policy, expected", [
-    ({}, ""),
-    ({"recovery": "Restart"}, ""),
-    ({"recovery": "InProcess"}, "1"),
+@pytest.mark.parametrize("policy, expected, nccl_errors", [
+    ({}, "", "1"),
+    ({"recovery": "Restart"}, "", "1"),
+    ({"recovery": "InProcess"}, "1", "2"),  # a failed NCCL collective raises; the process (the survivor) stays
 ])
-def test_recovery_in_process_switches_the_runtime_on_in_every_worker(policy, expected):
-    assert env_for(spec(failurePolicy=policy))[contract.INPROCESS_ENV] == expected
+def test_recovery_in_process_switches_the_runtime_on_in_every_worker(policy, expected, nccl_errors):
+    env = env_for(spec(failurePolicy=policy))
+    assert (env[contract.INPROCESS_ENV], env["TORCH_NCCL_ASYNC_ERROR_HANDLING"]) == (expected, nccl_errors)
 
 
 def test_worker_env_sets_what_a_worker_has_not_to_empty():

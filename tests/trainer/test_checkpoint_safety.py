@@ -283,6 +283,21 @@ def test_5_a_survivors_rescue_commits_in_the_generation_it_joined_and_a_left_beh
     assert manager(3).committed_steps() == [12, 10]
 
 
+def test_a_rescue_write_gives_way_to_the_hand_over_it_overlaps(tmp_path):
+    """The rescue thread's niceness is 5 above the process's (Linux: per thread): a replacement's start on the
+    node and the state's broadcast, which training waits for, go first. The caller's own stays as it was."""
+    import threading
+
+    seen: list[int] = []
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    manager = CheckpointManager(tmp_path, job_name="job", run_id="uid-g1")
+    rescue = checkpoint_module.RescueCheckpoint(
+        manager, 12, _state(12), done=lambda _: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+    assert rescue.start().join() and manager.committed_steps() == [12]
+    assert seen == [min(19, mine + checkpoint_module.RESCUE_NICENESS)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+
+
 def test_5_generation_comes_from_torchruns_run_id_with_a_fallback(monkeypatch):
     assert runtime.rendezvous_generation({"TORCHELASTIC_RUN_ID": "0f1e-2d3c-g7", "DDPJOB_GENERATION": "3"}) == \
         ("0f1e-2d3c", 7)

@@ -13,16 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from ddp_trainer.runtime import CheckpointManager
-from ddp_trainer.runtime.inprocess import GENERATION_KEY, NNODES_KEY
 from ddpjob_operator.agent import WORKER_PROGRAM
-from trainer_harness import PY, StoreServer, base_env, descendants, kill_tree, start, steps_dir, tail, wait_for
+from inprocess_gang import UID, Gang
+from trainer_harness import PY, descendants, kill_tree, steps_dir, wait_for
 
 pytestmark = pytest.mark.slow
 
-UID = "uid-inprocess"
 STEPS = 30
 # No dropout in the digits MLP: every rank's arithmetic is deterministic. DDP sums the gradients in its bucket
 # layout, which it rebuilds once, in the first step after it is built (the order gradients became ready): the
@@ -34,64 +32,10 @@ ARGS = ["--workload", "digits", "--batch-size", "16", "--max-steps", str(STEPS),
 KILL_AT = 12  # after this optimizer step (the fault injection: after the step, before any checkpoint of it)
 
 
-class Gang:
-    """One job: its rendezvous store and the trainers of each generation, by (replica index, generation)."""
-
-    def __init__(self, tmp_path: Path, name: str) -> None:
-        self.dir, self.name = tmp_path, name
-        self.ckpt = tmp_path / f"{name}-ckpt"
-        self.store = StoreServer()
-        self.client = dist.TCPStore("127.0.0.1", self.store.port, is_master=False)
-        self.procs: dict[tuple[int, int], subprocess.Popen] = {}
-        self.extra_env: dict[str, str] = {}
-
-    def publish(self, generation: int, nodes: int) -> None:
-        """What the launcher of a generation's first new pod does (operator's launcher.Generations.publish)."""
-        self.client.set(NNODES_KEY.format(uid=UID, generation=generation), f"{nodes}:{nodes}")
-        self.client.set(GENERATION_KEY.format(uid=UID), str(generation))
-
-    def start(self, replica: int, generation: int, nodes: int, args: list[str] = (),
-              command: list[str] | None = None) -> subprocess.Popen:
-        env = base_env(self.ckpt, DDPJOB_INPROCESS="1", PET_RDZV_ENDPOINT=self.store.endpoint,
-                       TORCHELASTIC_RUN_ID=f"{UID}-g{generation}", DDPJOB_GENERATION=str(generation),
-                       DDPJOB_REPLICA_INDEX=str(replica), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                       RANK=str(replica), WORLD_SIZE=str(nodes), DDPJOB_REJOIN_TIMEOUT_SECONDS="60",
-                       **self.extra_env)
-        command = command or [PY, "-m", "ddp_trainer", *ARGS, *args]
-        proc = start(command, env, self.log(replica, generation))
-        self.procs[replica, generation] = proc
-        return proc
-
-    def log(self, replica: int, generation: int) -> Path:
-        return self.dir / f"{self.name}-r{replica}-g{generation}.log"
-
-    def text(self, replica: int, generation: int) -> str:
-        return self.log(replica, generation).read_text(errors="replace")
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {r}/g{g}\n{tail(self.log(r, g), 25)}" for r, g in self.procs)
-
-    def wait(self, proc: subprocess.Popen, timeout: float = 60) -> int:
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"trainer still running after {timeout} s:\n{self.logs()}") from None
-
-    def saw(self, replica: int, generation: int, text: str, timeout: float = 60) -> None:
-        wait_for(lambda: text in self.text(replica, generation), f"{text!r} in {replica}/g{generation}", timeout,
-                 explain=self.logs)
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            kill_tree(proc, signal.SIGKILL)
-            proc.wait(10)
-        self.store.close()
-
-
 @pytest.fixture
 def gangs(tmp_path: Path):
     made: list[Gang] = []
-    yield lambda name: made.append(Gang(tmp_path, name)) or made[-1]
+    yield lambda name: made.append(Gang(tmp_path, name, ARGS)) or made[-1]
     for gang in made:
         gang.close()
 
@@ -135,7 +79,7 @@ def _tensors(obj, key: str = "") -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def undisturbed(tmp_path_factory) -> dict:
     """The model and optimizer at step STEPS of three ranks that nothing disturbed (once per module)."""
-    gang = Gang(tmp_path_factory.mktemp("undisturbed"), "undisturbed")
+    gang = Gang(tmp_path_factory.mktemp("undisturbed"), "undisturbed", ARGS)
     try:
         gang.publish(1, 3)
         for proc in [gang.start(replica, 1, 3) for replica in range(3)]:

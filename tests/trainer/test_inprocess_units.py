@@ -3,6 +3,11 @@ the state's skeleton and buckets."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -137,3 +142,40 @@ def test_a_spare_job_builds_first_and_a_stop_while_it_waits_for_its_place_exits_
         assert stopped.value.code == 143
     finally:
         job.close(clean=False)
+
+
+def test_the_state_lands_in_the_receivers_own_tensors_where_they_match(tmp_path) -> None:
+    """A replacement receives a peer's state into the tensors it built (its model's parameters): the large one
+    that travels alone and the small ones unpacked from a bucket; one of another shape or dtype is left as it
+    is and the state's own arrives beside it. Real Gloo, two processes."""
+    from trainer_harness import PY, StoreServer, base_env
+
+    store = StoreServer()
+    script = Path(__file__).with_name("inprocess_broadcast_rank.py")
+    try:
+        procs = [subprocess.Popen([PY, str(script), str(rank), str(store.port)], env=base_env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+        outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    finally:
+        store.close()
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    result = json.loads(outputs[1].strip().splitlines()[-1])
+    assert result["equal"] and result["progress"] == {"step": 9} and result["lr"] == 0.1, result
+    assert result["in_place"] == result["own_equal_sent"] == ["large", "small"], result
+    assert result["untouched"] == ["half", "reshaped"], result  # float32 where float16 came; (2, 3) where (6,)
+
+
+@pytest.mark.parametrize("before", [None, "1", "3", "2"])
+def test_nccl_errors_are_raised_in_the_survivor_not_the_end_of_it(monkeypatch, before) -> None:
+    """torch's NCCL watchdog ends the process on a failed collective unless TORCH_NCCL_ASYNC_ERROR_HANDLING is 2
+    (CleanUpOnly, ProcessGroupNCCL.hpp's ErrorHandlingMode): a survivor must stay to recover in process."""
+    from ddp_trainer.runtime.inprocess import NCCL_ERRORS_ENV, nccl_errors_raise
+
+    if before is None:
+        monkeypatch.delenv(NCCL_ERRORS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(NCCL_ERRORS_ENV, before)
+    nccl_errors_raise()
+    assert os.environ[NCCL_ERRORS_ENV] == "2"
+    header = Path(torch.__file__).parent / "include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp"
+    assert "CleanUpOnly = 2" in header.read_text(errors="replace")  # what 2 means in this torch (2.13)

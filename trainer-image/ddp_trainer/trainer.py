@@ -104,7 +104,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)  # a failed step's partial gradients
         self.model = DDP(self._module, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                          find_unused_parameters=m.find_unused_parameters, static_graph=m.static_graph,
-                         gradient_as_bucket_view=m.gradient_as_bucket_view, bucket_cap_mb=m.bucket_cap_mb)
+                         gradient_as_bucket_view=m.gradient_as_bucket_view, bucket_cap_mb=m.bucket_cap_mb,
+                         init_sync=not self.job.replicas_agree)
         self.job.step_timer.watch(self.model)  # the wait at the end of backward is not this rank's own work
         self.forward = torch.compile(self.model) if m.compile else self.model
 
@@ -367,7 +368,8 @@ class Trainer:
 
     def _resume(self, model: torch.nn.Module) -> None:
         """All ranks load the checkpoint rank 0 found to be the newest intact one (or a peer's state)."""
-        state = self.job.resume(announce=False)
+        state = self.job.resume(announce=False, into=lambda: {"model": model.state_dict(),
+                                                               "optimizer": self.optimizer.state_dict()})
         self.env = self.job.env  # a warm spare's rank is known from here on
         if state is None:
             if self.job.checkpoints is not None and self.env.is_main:

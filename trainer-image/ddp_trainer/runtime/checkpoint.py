@@ -440,6 +440,19 @@ def cpu_snapshot(obj: Any, pool: dict[tuple, torch.Tensor] | None = None, key: t
     return obj
 
 
+RESCUE_NICENESS = 5  # added to the rescue thread's: the hand-over (a replacement's start, the broadcast) goes first
+
+
+def _yield_cpu() -> None:
+    """This thread (Linux: niceness is per thread) gives way to the process's and the node's other work: the
+    rescue write overlaps the hand-over that training waits for, and may take a little longer itself."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + RESCUE_NICENESS))
+    except (OSError, AttributeError):  # no per-thread priority here: the write only competes a little more
+        pass
+
+
 class RescueCheckpoint:
     """A survivor's rescue checkpoint of `step` (any rank; `CheckpointManager.save_rescue` is its synchronous
     form). In-process recovery (`Job.recover`) runs it on a thread while the survivor joins the next generation:
@@ -498,6 +511,7 @@ class RescueCheckpoint:
         return bool(self.written)
 
     def run(self) -> None:
+        _yield_cpu()
         try:
             self.written = self._save()
         except BaseException as e:  # noqa: BLE001 - the rescue must never hide the failure it follows

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import re
 import threading
@@ -40,6 +41,8 @@ import torch
 import torch.distributed as dist
 
 from .distributed import abort_process_groups
+
+log = logging.getLogger(__name__)
 
 INPROCESS_ENV = "DDPJOB_INPROCESS"
 ENDPOINT_ENV = "PET_RDZV_ENDPOINT"  # the job's rendezvous store, as torchrun's --rdzv-endpoint
@@ -59,6 +62,9 @@ JOIN_TIMEOUT_S = 600.0  # every rank of a generation arrives within this (a pod'
 CONNECT_TIMEOUT_S = 60.0  # every rank has arrived: the group's own connections take this at most
 LEAVE_TIMEOUT_S = 10.0
 POLL_S = 0.05
+# torch's NCCL watchdog, on a failed or timed-out collective: 2 (CleanUpOnly) aborts the communicator and raises
+# the error in this process; 1 and 3 (torch's default) end the process, which leaves no survivor to recover.
+NCCL_ERRORS_ENV, NCCL_ERRORS_RAISE = "TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"
 BUCKET_BYTES = 64 << 20  # the state travels in buckets of this size: one extra bucket of memory, not a replica
 _ALIGN = 64
 _RUN_ID = re.compile(r"^(?P<uid>.+)-g(?P<generation>\d+)$")
@@ -110,6 +116,17 @@ class Seat:
     @property
     def rank(self) -> int:
         return self.replica_index * self.nproc + self.local_rank
+
+
+def nccl_errors_raise() -> None:
+    """NCCL groups made from here on raise a failed collective's error in this process (read by torch when it
+    builds a group; the operator sets it so for in-process jobs, this covers a trainer started otherwise)."""
+    was = os.environ.get(NCCL_ERRORS_ENV)
+    if was != NCCL_ERRORS_RAISE:
+        os.environ[NCCL_ERRORS_ENV] = NCCL_ERRORS_RAISE
+        if was is not None:
+            log.warning("%s=%s would end this process on a failed NCCL collective; in-process recovery sets it to %s",
+                        NCCL_ERRORS_ENV, was, NCCL_ERRORS_RAISE)
 
 
 def choose_source(table: list[tuple[bool, int]]) -> tuple[int, list[int]] | None:
@@ -186,9 +203,25 @@ def buckets(sizes: list[int], limit: int = BUCKET_BYTES) -> list[list[tuple[int,
     return out
 
 
+def destinations(skeleton: Any, into: Any, device: torch.device) -> dict[int, torch.Tensor]:
+    """The tensors of `into` (the receiver's own state, as built) that a slot of `skeleton` lands in as it is:
+    the same place in the structure, shape, dtype and device, and contiguous."""
+    if isinstance(skeleton, _Slot):
+        fits = isinstance(into, torch.Tensor) and tuple(into.shape) == skeleton.shape and \
+            into.dtype == skeleton.dtype and into.device == device and into.is_contiguous()
+        return {skeleton.index: into.detach()} if fits else {}
+    if isinstance(skeleton, dict) and isinstance(into, dict):
+        return {i: t for k, v in skeleton.items() if k in into for i, t in destinations(v, into[k], device).items()}
+    if isinstance(skeleton, (list, tuple)) and isinstance(into, (list, tuple)) and len(skeleton) == len(into):
+        return {i: t for v, w in zip(skeleton, into) for i, t in destinations(v, w, device).items()}
+    return {}
+
+
 def broadcast_state(state: dict[str, Any] | None, source: int, group: dist.ProcessGroup | None,
-                    device: torch.device) -> dict[str, Any]:
-    """Every member of `group`: `state` of global rank `source` (its own elsewhere ignored)."""
+                    device: torch.device, into: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every member of `group`: `state` of global rank `source` (its own elsewhere ignored). `into`: a receiver's
+    own state as built (its model's parameters): tensors that match are received in place (no second copy of
+    them in memory, no pages to fault in, nothing for `load_state_dict` to copy), the rest into new ones."""
     mine = dist.get_rank() == source
     skeleton, tensors = flatten(state) if mine else (None, [])
     box = [skeleton]
@@ -196,13 +229,14 @@ def broadcast_state(state: dict[str, Any] | None, source: int, group: dist.Proce
     skeleton = box[0]
     slots = slots_of(skeleton)
     sizes = [nbytes(s) for s in slots]
+    own = destinations(skeleton, into, device) if into is not None and not mine else {}
     received: list[torch.Tensor] = [torch.empty(0)] * len(slots)
     for bucket in buckets(sizes):
         last, last_offset = bucket[-1]
         if len(bucket) == 1 and sizes[last] >= BUCKET_BYTES // 2:  # a large tensor travels as itself: no copy
             slot = slots[last]
             tensor = tensors[last].to(device).contiguous() if mine else \
-                torch.empty(slot.shape, dtype=slot.dtype, device=device)
+                own[last] if last in own else torch.empty(slot.shape, dtype=slot.dtype, device=device)
             dist.broadcast(tensor.reshape(-1).view(torch.uint8), src=source, group=group)
             received[last] = tensor
             continue
@@ -215,7 +249,8 @@ def broadcast_state(state: dict[str, Any] | None, source: int, group: dist.Proce
         dist.broadcast(buf, src=source, group=group)
         if not mine:
             for i, offset in bucket:
-                received[i] = buf[offset:offset + sizes[i]].view(slots[i].dtype).reshape(slots[i].shape)
+                view = buf[offset:offset + sizes[i]].view(slots[i].dtype).reshape(slots[i].shape)
+                received[i] = own[i].copy_(view) if i in own else view
     if mine:
         return state
     if device.type != "cpu":
@@ -336,6 +371,8 @@ class Rendezvous:
                 raise CannotRecover(f"not every rank of generation {generation} arrived within {JOIN_TIMEOUT_S:g} s")
             time.sleep(POLL_S)
         backend = self.backend if self.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        if backend == "nccl":
+            nccl_errors_raise()
         dist.init_process_group(backend=backend, store=dist.PrefixStore(f"{prefix}group/", self.store),
                                 rank=self.seat.rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=min(timeout_s, CONNECT_TIMEOUT_S)),
@@ -381,10 +418,12 @@ class Rendezvous:
             raise CannotRecover(f"leaving the process group of generation {self.generation} failed: "
                                 f"{type(errors[0]).__name__}: {errors[0]}")
 
-    def exchange(self, held: Callable[[], dict[str, Any]] | None, step: int,
-                 device: torch.device) -> tuple[dict[str, Any] | None, int | None, int | None]:
+    def exchange(self, held: Callable[[], dict[str, Any]] | None, step: int, device: torch.device,
+                 into: Callable[[], dict[str, Any]] | None = None) -> tuple[dict[str, Any] | None, int | None,
+                                                                           int | None]:
         """Every rank of the new group: (the state received, or None where this rank holds the newest one
-        or nobody holds any; the rank it came from, None: nobody holds it, the volume; its step)."""
+        or nobody holds any; the rank it came from, None: nobody holds it, the volume; its step). `into`: a
+        process that holds no state yet, its own as built, to receive in place (`broadcast_state`)."""
         world, rank = dist.get_world_size(), dist.get_rank()
         mine = torch.tensor([1 if held is not None else 0, step if held is not None else -1], dtype=torch.int64,
                             device=device)
@@ -403,7 +442,8 @@ class Rendezvous:
         if rank not in members:
             return None, source, newest
         try:
-            state = broadcast_state(held() if rank == source else None, source, group, device)
+            state = broadcast_state(held() if rank == source else None, source, group, device,
+                                    into=into() if into is not None and rank in receivers else None)
         finally:
             if group is not None:
                 dist.destroy_process_group(group)

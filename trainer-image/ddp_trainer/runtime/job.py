@@ -67,6 +67,9 @@ class Job:
         # process group was complete: rank 0's reports carry it (progress.recovery_field).
         self.recovery: dict[str, Any] | None = None
         self._group_time = time.time()
+        # Every rank's state is the same replica (an in-process exchange just made it so): a DDP wrapper built now
+        # need not broadcast rank 0's parameters (`init_sync=not job.replicas_agree`, a cost that grows with the model).
+        self.replicas_agree = False
         self._storage = (checkpoint_dir, keep, every_steps, async_save, reporter)
         self._env: JobEnv | None = None
         self.checkpoint_dir: str | None = None
@@ -184,14 +187,16 @@ class Job:
 
     # ---- checkpoints --------------------------------------------------------------------------
 
-    def resume(self, *, announce: bool = True) -> dict[str, Any] | None:
+    def resume(self, *, announce: bool = True, into: Callable[[], dict[str, Any]] | None = None
+               ) -> dict[str, Any] | None:
         """Every rank: the state of the newest checkpoint that verifies (rank 0 chooses, all load
         the same step), or None. Its `state["ddpjob"]` holds the step and the world size it was saved at.
-        A warm spare started with build_first=True takes its place here first."""
+        A warm spare started with build_first=True takes its place here first. `into()`: this process's state as
+        built (as `carry(state=...)` gives it): a peer's state is received into its tensors where they match."""
         if self._env is None:
             self._take_place()
         if self.rendezvous is not None and dist.is_initialized():  # a survivor may hold the state: no volume read
-            state = self._from_peer(announce)
+            state = self._from_peer(announce, into)
             if state is not None:
                 return state
         if self.checkpoints is None:
@@ -330,16 +335,15 @@ class Job:
         rescue = self._rescue_in_background(carried)  # durability, overlapping the hand-over
         self._release(carried, error)
         try:
-            generation, source, received, seen = self._rejoin(carried, rescue)
+            generation, source, received, phases = self._rejoin(carried, rescue)
         except inprocess.CannotRecover as e:
             self._join_rescues()  # the exit path: each commits under its failed generation's fence, or not at all
             return self._fall_back(str(e))
         self._recovered("InProcess", "", carried.step())
-        now = time.monotonic()
         log.warning("recovered in process: generation %d -> %d, rank %d of %d, state %s, %.2f s after the failure "
-                    "(%.2f s after the generation was seen: group, exchange, DDP)", old, generation, self.env.rank,
-                    self.env.world_size, f"received from rank {source}" if received else "kept", now - started,
-                    now - seen)
+                    "(%s)", old, generation, self.env.rank, self.env.world_size,
+                    f"received from rank {source}" if received else "kept", time.monotonic() - started,
+                    ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items()))
         return True
 
     def _release(self, carried: "_Carried", error: BaseException) -> None:
@@ -386,10 +390,12 @@ class Job:
             rescue.join()
         self._rescues.clear()
 
-    def _rejoin(self, carried: "_Carried", rescue: RescueCheckpoint | None) -> tuple[int, int | None, bool, float]:
-        """(generation joined, the rank the state came from, whether this rank received it, when the
-        generation was seen)"""
+    def _rejoin(self, carried: "_Carried", rescue: RescueCheckpoint | None) -> tuple[int, int | None, bool,
+                                                                                 dict[str, float]]:
+        """(generation joined, the rank the state came from, whether this rank received it, the seconds of each
+        phase: where a recovery's time went, in its log line)"""
         rdzv, generation = self.rendezvous, self.env.generation
+        phases = _Phases()
         timeout = float(os.environ.get(inprocess.REJOIN_TIMEOUT_ENV) or inprocess.REJOIN_TIMEOUT_S)
         while True:
             if not self._group_wedged:
@@ -407,7 +413,7 @@ class Job:
                 raise inprocess.CannotRecover(f"stopped by signal {self.stop.signum} while waiting for the next "
                                               f"generation" if self.stop.requested else
                                               f"no generation newer than {generation} within {timeout:g} s")
-            seen = time.monotonic()
+            phases.end("next generation")
             try:
                 generation, world = rdzv.join_newest(newer, self.device, self.timeouts.long_s,
                                                      world=self.env.world_size)
@@ -419,6 +425,7 @@ class Job:
                 generation = newer
                 continue
             joined = time.time()  # the new generation's group is complete
+            phases.end("group")
             self._enter(generation, world)
             try:
                 received, source, resumed = rdzv.exchange(carried.state, carried.step(), self.device)
@@ -426,14 +433,19 @@ class Job:
                 if not is_peer_failure(e):
                     raise
                 continue
+            phases.end("exchange")
             if rescue is not None:
                 rescue.joined(generation, resumed)  # a member of it now: the rescue of its step commits in it
                 rescue.read.wait()  # the write has read the tensors: from here on they change (load, DDP, steps)
+                phases.end("rescue read")
             if received is not None:
                 carried.load(received)
+                phases.end("load")
+            self.replicas_agree = True  # DDP need not broadcast rank 0's parameters again (rewrap)
             carried.rewrap()
+            phases.end("DDP")
             self._group_time = joined
-            return generation, source, received is not None, seen
+            return generation, source, received is not None, phases.seconds
 
     def _enter(self, generation: int, world: int) -> None:
         """This process is in `generation`'s group now: its environment, checkpoint fence and timeouts say so."""
@@ -446,13 +458,14 @@ class Job:
                 c = self.checkpoints
                 raise_fence(c.root, c.run, generation, (c.marker(step) for step in c.committed_steps()))
 
-    def _from_peer(self, announce: bool) -> dict[str, Any] | None:
+    def _from_peer(self, announce: bool, into: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
         """A fresh process of an in-process job (a replacement): the newest state a survivor holds, by
         broadcast, or None when nobody holds one (the volume then)."""
         started = time.monotonic()
-        state, source, step = self.rendezvous.exchange(None, -1, self.device)
+        state, source, step = self.rendezvous.exchange(None, -1, self.device, into=into)
         if state is None:
             return None
+        self.replicas_agree = True  # every rank of the group holds (or just received) the source's replica
         state[META] = {"step": step, "world_size": self.env.world_size, "peer": source,
                        "generation": self.env.generation, "seconds": time.monotonic() - started}
         if announce and self.env.is_main:
@@ -554,6 +567,19 @@ class Job:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(clean=exc_type is None)
+
+
+class _Phases:
+    """Seconds per named phase, each from the end of the one before (a phase repeated adds up)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._mark = time.monotonic()
+
+    def end(self, name: str) -> None:
+        now = time.monotonic()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._mark
+        self._mark = now
 
 
 @dataclasses.dataclass(frozen=True)

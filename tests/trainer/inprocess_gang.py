@@ -1,0 +1,71 @@
+"""One in-process job for the trainer tests (issue 29): its rendezvous store and its trainers, each started as
+the launcher starts one for a generation (the seat and generation in its environment, the generation published
+in the store)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ddp_trainer.runtime.inprocess import GENERATION_KEY, NNODES_KEY
+from trainer_harness import PY, StoreServer, base_env, kill_tree, start, tail, wait_for
+
+UID = "uid-inprocess"
+
+
+class Gang:
+    """One job: its rendezvous store and the trainers of each generation, by (replica index, generation)."""
+
+    def __init__(self, tmp_path: Path, name: str, args: list[str]) -> None:
+        self.dir, self.name = tmp_path, name
+        self.ckpt = tmp_path / f"{name}-ckpt"
+        self.store = StoreServer()
+        self.client = dist.TCPStore("127.0.0.1", self.store.port, is_master=False)
+        self.procs: dict[tuple[int, int], subprocess.Popen] = {}
+        self.extra_env: dict[str, str] = {}
+        self.args = args  # the trainer's arguments in every generation
+
+    def publish(self, generation: int, nodes: int) -> None:
+        """What the launcher of a generation's first new pod does (operator's launcher.Generations.publish)."""
+        self.client.set(NNODES_KEY.format(uid=UID, generation=generation), f"{nodes}:{nodes}")
+        self.client.set(GENERATION_KEY.format(uid=UID), str(generation))
+
+    def start(self, replica: int, generation: int, nodes: int, args: list[str] = (),
+              command: list[str] | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+        env = base_env(self.ckpt, DDPJOB_INPROCESS="1", PET_RDZV_ENDPOINT=self.store.endpoint,
+                       TORCHELASTIC_RUN_ID=f"{UID}-g{generation}", DDPJOB_GENERATION=str(generation),
+                       DDPJOB_REPLICA_INDEX=str(replica), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                       RANK=str(replica), WORLD_SIZE=str(nodes), DDPJOB_REJOIN_TIMEOUT_SECONDS="60",
+                       **self.extra_env, **(env or {}))
+        command = command or [PY, "-m", "ddp_trainer", *self.args, *args]
+        proc = start(command, env, self.log(replica, generation))
+        self.procs[replica, generation] = proc
+        return proc
+
+    def log(self, replica: int, generation: int) -> Path:
+        return self.dir / f"{self.name}-r{replica}-g{generation}.log"
+
+    def text(self, replica: int, generation: int) -> str:
+        return self.log(replica, generation).read_text(errors="replace")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {r}/g{g}\n{tail(self.log(r, g), 25)}" for r, g in self.procs)
+
+    def wait(self, proc: subprocess.Popen, timeout: float = 60) -> int:
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"trainer still running after {timeout} s:\n{self.logs()}") from None
+
+    def saw(self, replica: int, generation: int, text: str, timeout: float = 60) -> None:
+        wait_for(lambda: text in self.text(replica, generation), f"{text!r} in {replica}/g{generation}", timeout,
+                 explain=self.logs)
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            kill_tree(proc, signal.SIGKILL)
+            proc.wait(10)
+        self.store.close()
