@@ -283,6 +283,32 @@ def test_5_a_survivors_rescue_commits_in_the_generation_it_joined_and_a_left_beh
     assert manager(3).committed_steps() == [12, 10]
 
 
+@pytest.mark.parametrize("writer_kept", [True, False])
+def test_a_rescue_of_a_step_the_writer_saves_itself_waits_to_know_the_writer_was_lost(tmp_path, writer_kept):
+    """Rank 1 rescues step 20, a periodic step, while rank 0 (the writer) may still be writing its own save of
+    it: two writers of one step's file would tear it. The rescue claims nothing until it joined the next
+    generation; where rank 0 lives on, its save stands and the rescue writes nothing; where rank 0 was lost,
+    the rescue commits the step in the generation it joined."""
+    def manager(generation: int, writer: bool = False) -> CheckpointManager:
+        return CheckpointManager(tmp_path, job_name="job", run_id=f"uid-g{generation}", is_writer=writer)
+
+    writer = manager(1, writer=True)
+    writer.save(10, _state(10))
+    rescue = checkpoint_module.RescueCheckpoint(manager(1), 20, _state(20), after_writer=True).start()
+    assert rescue.read.wait(30)  # the survivor trains on at once
+    assert not writer.claim(20).exists() and not writer.path(20).exists()  # nothing of step 20 touched yet
+    if writer_kept:
+        writer.save(20, _state(20))  # the save that was in flight: alone on the step's file
+    manager(2, writer=True)  # generation 2's rank 0 starts: its fence
+    rescue.joined(2, 20, writer_kept=writer_kept)
+    assert rescue.join() is not writer_kept
+    reader = manager(2)
+    assert reader.committed_steps() == [20, 10] and torch.equal(reader.load(20)["w"], torch.full((4,), 20.0))
+    assert json.loads(reader.marker(20).read_text())["generation"] == (1 if writer_kept else 2)
+    if writer_kept:
+        assert not reader.claim(20).exists()  # never claimed: rank 0's own rescue could have taken the step
+
+
 def test_a_rescue_write_gives_way_to_the_hand_over_it_overlaps(tmp_path):
     """The rescue thread's niceness is 5 above the process's (Linux: per thread): a replacement's start on the
     node and the state's broadcast, which training waits for, go first. The caller's own stays as it was."""

@@ -165,6 +165,29 @@ def test_a_second_failure_during_the_hand_over_moves_everyone_to_the_next_genera
     assert_bit_identical(final_state(gang), undisturbed)
 
 
+def test_the_rescue_of_a_periodic_step_is_left_to_the_writer_when_it_lives_on(gangs, undisturbed) -> None:
+    """Rank 2 dies right after step 10, a periodic checkpoint's step: rank 0, the writer, may be writing that
+    step's file when rank 1 starts its rescue of it. Rank 1 waits until it knows rank 0 is in the next generation,
+    then leaves the step to it: one writer of the file, which rank 0's own rescue commits."""
+    gang = gangs("periodic")
+    gang.publish(1, 3)
+    keep = ["--checkpoint-keep", "5"]  # step 10 still there at the end
+    at_10 = ["--fault-at-step", "10", "--fault-rank", "2", "--fault-exit-code", "139", "--fault-generation", "1"]
+    survivors = {replica: gang.start(replica, 1, 3, [*keep, *at_10]) for replica in range(3)}
+    assert gang.wait(survivors.pop(2)) == -signal.SIGSEGV
+    for replica in survivors:
+        gang.saw(replica, 1, "at step 10: a peer failed in generation 1")
+    gang.publish(2, 3)
+    replacement = gang.start(2, 2, 3, keep)
+    for proc in (*survivors.values(), replacement):
+        assert gang.wait(proc) == 0, gang.logs()
+    assert "rescue checkpoint: rank 0 saved step 10 after a peer failed" in gang.text(0, 1), gang.logs()
+    assert "rescue checkpoint: rank 1 saved" not in gang.text(1, 1), gang.logs()
+    rescued = CheckpointManager(gang.ckpt, is_writer=False, job_name="test").load(10)  # verified against its marker
+    assert rescued["ddpjob"]["rescued_by_rank"] == 0 and rescued["progress"]["step"] == 10
+    assert_bit_identical(final_state(gang), undisturbed)
+
+
 def test_a_changed_world_size_takes_the_volume_path(gangs) -> None:
     gang = gangs("resized")
     gang.publish(1, 3)

@@ -471,12 +471,20 @@ class RescueCheckpoint:
       withdraw it. Otherwise (g resumed from a later step a peer held) it is not written.
     A trainer left behind in an old generation (partitioned, frozen, not in g's group) never `joined` g, so it
     still commits nothing once g has started. Never either where a later step is committed (checked before and
-    after the marker, as the fence is): a rescue only ever adds the newest checkpoint."""
+    after the marker, as the fence is): a rescue only ever adds the newest checkpoint.
+
+    `after_writer`: a step the job's writer (rank 0) saves itself, a periodic one, on another rank. The writer
+    may be writing it at this moment (its save in flight when the peer failed), and two writers of one step's
+    file leave a torn checkpoint. Such a rescue claims the step only once it is known that the writer was lost
+    (`joined` a generation where rank 0 held no state) or on the exit path (`stayed`); where the writer lives on
+    its own save, or its own rescue, commits the step."""
 
     def __init__(self, manager: "CheckpointManager", step: int, state: dict[str, Any],
-                 done: Callable[["RescueCheckpoint"], None] | None = None) -> None:
+                 done: Callable[["RescueCheckpoint"], None] | None = None, *, after_writer: bool = False) -> None:
         """`done(self)`: called on the writing thread once it is decided (`written`, `generation`)."""
         self.manager, self.step, self.generation, self.done = manager, step, manager.generation, done
+        self.after_writer = after_writer
+        self._writer_kept = False
         self.state: dict[str, Any] | None = state
         self.read = threading.Event()  # the state's tensors are read: the caller may change them
         self.written: bool | None = None  # None: not decided yet
@@ -491,10 +499,11 @@ class RescueCheckpoint:
         self._thread.start()
         return self
 
-    def joined(self, generation: int, resumed_step: int) -> None:
-        """This process is a member of `generation`, which resumes from `resumed_step`."""
+    def joined(self, generation: int, resumed_step: int, writer_kept: bool = False) -> None:
+        """This process is a member of `generation`, which resumes from `resumed_step`; `writer_kept`: the
+        writer of the generation that failed is in it too."""
         with self._settled:
-            self._member = (generation, resumed_step)
+            self._member, self._writer_kept = (generation, resumed_step), writer_kept
             self._settled.notify_all()
 
     def stayed(self) -> None:
@@ -523,6 +532,14 @@ class RescueCheckpoint:
         if self.done is not None:
             self.done(self)
 
+    def _claim(self) -> bool:
+        """This process writes the step's rescue; False: another survivor does."""
+        try:
+            os.close(os.open(self.manager.claim(self.step), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            return False
+        return True
+
     def _later_committed(self, than: int) -> bool:
         return any(s > than for s in self.manager.committed_steps())
 
@@ -534,14 +551,21 @@ class RescueCheckpoint:
             m._fenced(step, newer, "(rescue) not written")
             return False
         m.dir.mkdir(parents=True, exist_ok=True)
-        try:
-            os.close(os.open(m.claim(step), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        except FileExistsError:
+        if not self.after_writer and not self._claim():
             return False  # another survivor writes this step
         buf = io.BytesIO()
         torch.save(self.state, buf)
         self.state = None
         self.read.set()  # before waiting for anything else: the survivor waits for this only
+        if self.after_writer:
+            with self._settled:
+                self._settled.wait_for(lambda: self._member is not None or self._stayed)
+                writer_kept = self._writer_kept and not self._stayed
+            if writer_kept:
+                log.info("rescue checkpoint of step %d left to rank 0, which saves that step itself", step)
+                return False
+            if self._later_committed(step - 1) or not self._claim():
+                return False
         if m.is_writer:
             with contextlib.suppress(Exception):  # a failed async write must not stop the rescue
                 m.wait()

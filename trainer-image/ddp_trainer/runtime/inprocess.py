@@ -420,31 +420,34 @@ class Rendezvous:
 
     def exchange(self, held: Callable[[], dict[str, Any]] | None, step: int, device: torch.device,
                  into: Callable[[], dict[str, Any]] | None = None) -> tuple[dict[str, Any] | None, int | None,
-                                                                           int | None]:
+                                                                           int | None, bool]:
         """Every rank of the new group: (the state received, or None where this rank holds the newest one
-        or nobody holds any; the rank it came from, None: nobody holds it, the volume; its step). `into`: a
-        process that holds no state yet, its own as built, to receive in place (`broadcast_state`)."""
+        or nobody holds any; the rank it came from, None: nobody holds it, the volume; its step; whether rank 0
+        held a state: the previous generation's checkpoint writer lives on in this one, a rank's seat being its
+        rank). `into`: a process that holds no state yet, its own as built, to receive in place
+        (`broadcast_state`)."""
         world, rank = dist.get_world_size(), dist.get_rank()
         mine = torch.tensor([1 if held is not None else 0, step if held is not None else -1], dtype=torch.int64,
                             device=device)
         rows = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(rows, mine)
         table = [(bool(r[0]), int(r[1])) for r in torch.stack(rows).tolist()]
+        writer_kept = table[0][0]
         choice = choose_source(table)
         if choice is None:
-            return None, None, None
+            return None, None, None, writer_kept
         source, receivers = choice
         newest = table[source][1]
         if not receivers:
-            return None, source, newest
+            return None, source, newest, writer_kept
         members = sorted([source, *receivers])
         group = dist.new_group(members) if len(members) < world else None  # every rank calls new_group
         if rank not in members:
-            return None, source, newest
+            return None, source, newest, writer_kept
         try:
             state = broadcast_state(held() if rank == source else None, source, group, device,
                                     into=into() if into is not None and rank in receivers else None)
         finally:
             if group is not None:
                 dist.destroy_process_group(group)
-        return (state if rank in receivers else None), source, newest
+        return (state if rank in receivers else None), source, newest, writer_kept

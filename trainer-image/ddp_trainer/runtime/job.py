@@ -378,7 +378,10 @@ class Job:
                 log.warning("rescue checkpoint: rank %d saved step %d after a peer failed (committed in generation "
                             "%d)", rank, step, rescue.generation)
 
-        rescue = RescueCheckpoint(self.checkpoints, step, {**carried.state(), META: meta}, done).start()
+        # A step the writer saves itself (it may be writing it now): this rank's rescue waits to know it was lost.
+        after_writer = not self.checkpoints.is_writer and self.should_save(step)
+        rescue = RescueCheckpoint(self.checkpoints, step, {**carried.state(), META: meta}, done,
+                                  after_writer=after_writer).start()
         self._rescues.append(rescue)
         return rescue
 
@@ -428,14 +431,14 @@ class Job:
             phases.end("group")
             self._enter(generation, world)
             try:
-                received, source, resumed = rdzv.exchange(carried.state, carried.step(), self.device)
+                received, source, resumed, writer_kept = rdzv.exchange(carried.state, carried.step(), self.device)
             except Exception as e:  # a second failure during the hand-over: the next generation
                 if not is_peer_failure(e):
                     raise
                 continue
             phases.end("exchange")
             if rescue is not None:
-                rescue.joined(generation, resumed)  # a member of it now: the rescue of its step commits in it
+                rescue.joined(generation, resumed, writer_kept)  # a member now: its step's rescue commits in it
                 rescue.read.wait()  # the write has read the tensors: from here on they change (load, DDP, steps)
                 phases.end("rescue read")
             if received is not None:
@@ -462,7 +465,7 @@ class Job:
         """A fresh process of an in-process job (a replacement): the newest state a survivor holds, by
         broadcast, or None when nobody holds one (the volume then)."""
         started = time.monotonic()
-        state, source, step = self.rendezvous.exchange(None, -1, self.device, into=into)
+        state, source, step, _ = self.rendezvous.exchange(None, -1, self.device, into=into)
         if state is None:
             return None
         self.replicas_agree = True  # every rank of the group holds (or just received) the source's replica
