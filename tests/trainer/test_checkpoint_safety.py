@@ -310,8 +310,9 @@ def test_a_rescue_of_a_step_the_writer_saves_itself_waits_to_know_the_writer_was
 
 
 def test_a_rescue_write_gives_way_to_the_hand_over_it_overlaps(tmp_path):
-    """The rescue thread's niceness is 5 above the process's (Linux: per thread): a replacement's start on the
-    node and the state's broadcast, which training waits for, go first. The caller's own stays as it was."""
+    """Once it has read the tensors, the rescue thread's niceness is RESCUE_NICENESS above the process's (Linux:
+    per thread): a spare's broadcast and a replacement's start on the node, which training waits for, go first.
+    The caller's own stays as it was."""
     import threading
 
     seen: list[int] = []

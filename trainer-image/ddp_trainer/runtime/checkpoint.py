@@ -440,12 +440,14 @@ def cpu_snapshot(obj: Any, pool: dict[tuple, torch.Tensor] | None = None, key: t
     return obj
 
 
-RESCUE_NICENESS = 5  # added to the rescue thread's: the hand-over (a replacement's start, the broadcast) goes first
+# Added to the rescue thread's niceness once it has read the tensors: its write (hash, file) then gives way to
+# the hand-over training waits for (a spare's broadcast, a replacement's start on the node, the first steps).
+RESCUE_NICENESS = 10
 
 
 def _yield_cpu() -> None:
-    """This thread (Linux: niceness is per thread) gives way to the process's and the node's other work: the
-    rescue write overlaps the hand-over that training waits for, and may take a little longer itself."""
+    """This thread (Linux: niceness is per thread) gives way to the process's and the node's other work; the
+    write may take a little longer itself."""
     try:
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + RESCUE_NICENESS))
@@ -520,7 +522,6 @@ class RescueCheckpoint:
         return bool(self.written)
 
     def run(self) -> None:
-        _yield_cpu()
         try:
             self.written = self._save()
         except BaseException as e:  # noqa: BLE001 - the rescue must never hide the failure it follows
@@ -557,6 +558,7 @@ class RescueCheckpoint:
         torch.save(self.state, buf)
         self.state = None
         self.read.set()  # before waiting for anything else: the survivor waits for this only
+        _yield_cpu()  # the read was on the critical path, the write is not
         if self.after_writer:
             with self._settled:
                 self._settled.wait_for(lambda: self._member is not None or self._stayed)
