@@ -4,7 +4,8 @@ A worker SIGKILLed through the fault command: its pod is created again, every su
 uid and its container's restartCount (the launcher joined the next generation in place, in the same
 container), the status names each survivor as a member of the new generation, and training resumes at
 the same world size from the survivors' rescue checkpoint, back within RECOVERED_WITHIN of the kill. With
-restartScope All every pod is new."""
+restartScope All every pod is new. With recovery InProcess (issue 29) the survivors' trainer processes
+themselves train on and the replacement gets the state from one of them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 import pytest
 
 from . import cluster
-from .scenario import RECOVERED_WITHIN, Training, digits_job
+from .scenario import GENERATION_LINE, RECOVERED_WITHIN, Training, digits_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -88,3 +89,49 @@ def test_a_warm_spare_takes_the_killed_workers_place(faults, namespace, operator
     t.assert_outcome(phase="Succeeded", reason="Succeeded", restarts=1, disruptions=0, generation=g0 + 1)
     t.assert_final_progress()
     t.assert_resumed(g0 + 1, world=2, not_before=before, lost=0)
+
+
+def test_in_process_the_survivors_train_on_and_the_replacement_gets_the_state_from_a_peer(faults, namespace,
+                                                                                          operator):
+    """failurePolicy.recovery InProcess: after a SIGKILL of one of three workers the survivors keep their pods,
+    their containers and their trainer processes (no trainer starts in them again; each says `recovered in
+    process`), the replacement's trainer gets the state by broadcast (no checkpoint read), and the incident's
+    recovery says InProcess, with its timeline and 0 steps lost, within RECOVERED_WITHIN of the kill."""
+    policy = {**_policy("Pod"), "recovery": "InProcess"}
+    t = Training(namespace, digits_job("in-process", replicas=3, failure_policy=policy)).start()
+    t.wait_training()
+    g0 = t.generation
+    survivors_before = t.containers()
+    victim = next(r for r in t.current(g0) if r.uid != t.rank0_pod().uid)
+    trainers_started = {r.name: len(GENERATION_LINE.findall(r.log)) for r in t.current(g0) if r.uid != victim.uid}
+
+    killed_at = time.monotonic()
+    cluster.fault("kill", f"{namespace}/{victim.name}", "--signal", "9")
+
+    def recovery() -> dict | None:
+        """The killed generation's incident's recovery, once it reached its first step."""
+        incident = next((i for i in reversed(t.status.get("incidents") or []) if i.get("generation") == g0), None)
+        found = (incident or {}).get("recovery") or {}
+        return found if found.get("firstStepTime") else None
+
+    seen = t.wait(recovery, f"generation {g0}'s incident recovered (its first step)", RECOVERED_WITHIN, interval=1)
+    print(f"SIGKILL to the recovery's first step seen in {time.monotonic() - killed_at:.1f} s; the operator's "
+          f"timeline: {seen}")
+    assert (seen.get("path"), seen.get("fallbackReason", ""), seen.get("stepsLost")) == ("InProcess", "", 0), seen
+    assert not seen.get("spare") and seen.get("rendezvousTime") and seen.get("failureSeenTime"), seen
+    t.wait_running_world(g0 + 1, 3)
+    replacement = t.wait(lambda: next((r for r in t.current(g0 + 1) if r.name == victim.name and r.uid != victim.uid
+                                       and "by broadcast" in r.log), None),
+                         "the replacement's 'resumed from peer rank' line", 120)
+    assert "resumed from peer rank" in replacement.log and "resumed from checkpoint" not in replacement.log
+
+    after = t.containers()
+    for name, started in trainers_started.items():
+        assert after.get(name) == survivors_before[name], (name, survivors_before[name], after.get(name))
+        log = next(r.log for r in t.current() if r.name == name and r.uid == survivors_before[name][0])
+        assert f"recovered in process: generation {g0} -> {g0 + 1}" in log, log[-3000:]
+        assert len(GENERATION_LINE.findall(log)) == started, f"a trainer started again in {name}"
+    t.wait_terminal()
+    t.assert_outcome(phase="Succeeded", reason="Succeeded", restarts=1, disruptions=0, generation=g0 + 1)
+    t.assert_final_progress()
+    t.assert_no_duplicates(replacements=True)
