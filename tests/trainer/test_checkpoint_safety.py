@@ -33,7 +33,7 @@ from ddp_trainer import runtime
 from ddp_trainer.runtime import CheckpointManager, Job, JobEnv, ProgressReporter, StopRequest
 from ddp_trainer.runtime import checkpoint as checkpoint_module
 from ddp_trainer.runtime import frameworks
-from trainer_harness import PY, base_env, recorded, run, tail, trap_exit
+from trainer_harness import PY, base_env, recorded, run, tail, trap_exit, wait_for
 
 _real_read_bytes = Path.read_bytes
 _real_read_regular_file = getattr(checkpoint_module, "read_regular_file", None)
@@ -296,7 +296,7 @@ def test_a_rescue_of_a_step_the_writer_saves_itself_waits_to_know_the_writer_was
     writer.save(10, _state(10))
     rescue = checkpoint_module.RescueCheckpoint(manager(1), 20, _state(20), after_writer=True).start()
     assert rescue.read.wait(30)  # the survivor trains on at once
-    assert not writer.claim(20).exists() and not writer.path(20).exists()  # nothing of step 20 touched yet
+    assert not writer.claim(20).exists() and not writer.path(20).exists() and not writer.rescue_path(20).exists()
     if writer_kept:
         writer.save(20, _state(20))  # the save that was in flight: alone on the step's file
     manager(2, writer=True)  # generation 2's rank 0 starts: its fence
@@ -307,6 +307,47 @@ def test_a_rescue_of_a_step_the_writer_saves_itself_waits_to_know_the_writer_was
     assert json.loads(reader.marker(20).read_text())["generation"] == (1 if writer_kept else 2)
     if writer_kept:
         assert not reader.claim(20).exists()  # never claimed: rank 0's own rescue could have taken the step
+
+
+def test_a_rescue_and_the_writers_save_of_one_step_never_share_a_file(tmp_path):
+    """A survivor's rescue of step 20 and rank 0's own save of it overlap (rank 0's save was in flight when the
+    peer failed): the rescue writes its own file, and whichever marker comes last commits its own file whole.
+    Before, both wrote step-00000020.pt: rank 0's read-back then found the rescue's bytes and raised
+    CheckpointVolumeUnreadable after uncommitting the step."""
+    def manager(generation: int, writer: bool = False) -> CheckpointManager:
+        return CheckpointManager(tmp_path, job_name="job", run_id=f"uid-g{generation}", is_writer=writer)
+
+    manager(1, writer=True).save(10, _state(10))
+    writer = manager(2, writer=True)  # the rescue, of generation 1, now waits to know where it commits
+    rescue = checkpoint_module.RescueCheckpoint(manager(1), 20, {"w": torch.full((4,), 20.5)}).start()
+    assert rescue.read.wait(30)
+    wait_for(lambda: writer.rescue_path(20).exists(), "the rescue's own data file", 30)
+    withdraw_if_fenced = writer._withdraw_if_fenced
+
+    def rescue_commits_meanwhile(step: int) -> bool:  # between rank 0's marker and its read-back
+        rescue.joined(2, 20)
+        assert rescue.join()
+        return withdraw_if_fenced(step)
+
+    writer._withdraw_if_fenced = rescue_commits_meanwhile
+    writer.save(20, _state(20))  # no CheckpointVolumeUnreadable
+    reader = manager(2)
+    assert reader.committed_steps() == [20, 10]
+    assert json.loads(reader.marker(20).read_text())["data"] == "step-00000020.rescue.pt"
+    assert torch.equal(reader.load(20)["w"], torch.full((4,), 20.5))  # the rescue's, whole
+    assert not reader.path(20).exists()  # rank 0's copy, no longer committed, removed
+
+
+@pytest.mark.parametrize("named", ["../step-00000020.pt", "step-00000010.pt", "/etc/passwd", 7])
+def test_a_marker_naming_a_file_not_of_its_step_is_skipped_as_corrupt(tmp_path, caplog, named):
+    m = CheckpointManager(tmp_path, job_name="job")
+    m.save(10, _state(10))
+    m.save(20, _state(20))
+    marker = json.loads(m.marker(20).read_text())
+    m.marker(20).write_text(json.dumps({**marker, "data": named}))
+    step, state = m.load_latest()
+    assert step == 10 and torch.equal(state["w"], torch.full((4,), 10.0))
+    assert "skipping unreadable checkpoint step 20" in caplog.text and "not a data file of step 20" in caplog.text
 
 
 def test_a_rescue_write_gives_way_to_the_hand_over_it_overlaps(tmp_path):

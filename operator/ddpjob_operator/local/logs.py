@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,20 @@ _HF_DIR = re.compile(r"^checkpoint-(\d+)$")
 _HF_MARKER = "ddpjob.committed.json"
 
 
+def _committed_data(directory: Path, step: str) -> Path:
+    """The data file a runtime marker commits: `step-N.pt`, or a survivor's rescue `step-N.rescue.pt` when the
+    marker names it (read with a bound: the marker is a few hundred bytes of JSON)."""
+    rescue = f"step-{step}.rescue.pt"
+    try:  # a regular file only (never block on a FIFO or follow a link someone put there)
+        fd = os.open(directory / f"step-{step}.committed", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            marker = json.loads(f.read(1 << 16)) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except (OSError, ValueError):
+        marker = None
+    named = marker.get("data") if isinstance(marker, dict) else None
+    return directory / (rescue if named == rescue else f"step-{step}.pt")
+
+
 def newest_checkpoint(checkpoint_dir: Path | None, max_depth: int = 4) -> tuple[int, Path] | None:
     """(step, path) of the newest committed checkpoint anywhere under the checkpoint directory (the job's
     own subdirectory, a framework's), by its commit marker; None when there is none."""
@@ -78,7 +93,7 @@ def newest_checkpoint(checkpoint_dir: Path | None, max_depth: int = 4) -> tuple[
         found = []
         for name in files:
             if m := _COMMITTED.match(name):
-                found.append((int(m.group(1)), base / f"step-{m.group(1)}.pt"))
+                found.append((int(m.group(1)), _committed_data(base, m.group(1))))
             elif m := _LIGHTNING.match(name):
                 found.append((int(m.group(2)), base / m.group(1)))
             elif name == _HF_MARKER and (m := _HF_DIR.match(base.name)):

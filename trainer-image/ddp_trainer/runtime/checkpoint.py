@@ -71,7 +71,7 @@ import torch
 log = logging.getLogger(__name__)
 # ASCII digits only (re.ASCII): `\d` also matches other scripts' digits, which int() takes for a step.
 _MARKER = re.compile(r"^step-(\d{8,})\.committed$", re.ASCII)
-_DATA = re.compile(r"^step-(\d{8,})\.pt$", re.ASCII)
+_DATA = re.compile(r"^step-(\d{8,})(?:\.rescue)?\.pt$", re.ASCII)
 _CLAIM = re.compile(r"^step-(\d{8,})\.rescue$", re.ASCII)
 _FENCE = re.compile(r"^generation-(\d{8,})-([0-9a-f]{12})\.fence$", re.ASCII)
 _TEMP = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$|^\.step-.+\.tmp\d*$", re.ASCII)  # ours, and the PID-named ones of 0.1
@@ -574,7 +574,7 @@ class RescueCheckpoint:
             if self._later_committed(step - 1):  # that write was of this step (or a later one)
                 m.claim(step).unlink(missing_ok=True)
                 return False
-        size, digest = m._write_data(step, buf)
+        size, digest = m._write_data(m.rescue_path(step), buf)
         del buf
         while True:
             with self._settled:
@@ -584,7 +584,7 @@ class RescueCheckpoint:
                 return self._drop(f"generation {generation} resumed from step {member[1]}")
             newer = newer_generation(m.root, m.run, generation, m._markers())
             if newer is None and not self._later_committed(step):
-                m._write_marker(step, size, digest, generation)
+                m._write_marker(step, size, digest, generation, m.rescue_path(step))
                 newer = newer_generation(m.root, m.run, generation, m._markers())
                 if newer is None and not self._later_committed(step):
                     m.last_committed_step = step
@@ -600,7 +600,7 @@ class RescueCheckpoint:
                 self._settled.wait_for(lambda: self._member is not None or self._stayed)
 
     def _drop(self, why: str) -> bool:
-        self.manager.path(self.step).unlink(missing_ok=True)
+        self.manager.rescue_path(self.step).unlink(missing_ok=True)
         self.manager.claim(self.step).unlink(missing_ok=True)  # the step is free again (a later rescue of it)
         if why:
             log.info("rescue checkpoint of step %d not committed: %s", self.step, why)
@@ -648,6 +648,21 @@ class CheckpointManager:
 
     def path(self, step: int) -> Path:
         return self.dir / f"step-{step:08d}.pt"
+
+    def rescue_path(self, step: int) -> Path:
+        """A rescue's data file: never the one the writer's own save of that step (maybe in flight when the peer
+        failed) writes. The marker names the file it commits."""
+        return self.dir / f"step-{step:08d}.rescue.pt"
+
+    def data_path(self, step: int, marker: Mapping[str, Any]) -> Path:
+        """The data file a step's marker commits (`data`; a marker without it commits `path(step)`). Any other
+        name is not a file of this step: CorruptCheckpoint."""
+        name = marker.get("data", self.path(step).name)
+        for candidate in (self.path(step), self.rescue_path(step)):
+            if name == candidate.name:
+                return candidate
+        raise CorruptCheckpoint(f"commit marker {self.marker(step)} names {str(name)[:80]!r}, which is not a data "
+                                f"file of step {step}")
 
     def marker(self, step: int) -> Path:
         return self.dir / f"step-{step:08d}.committed"
@@ -732,7 +747,7 @@ class CheckpointManager:
         size, digest = self._commit(step, state)
         if self._withdraw_if_fenced(step):
             return
-        self._verify(step, size, digest)  # read back before anything older may go
+        self._verify(step, size, digest, self.path(step))  # read back before anything older may go
         self.corrupt.discard(step)
         self.last_committed_step = step
         self._prune(step)
@@ -740,49 +755,58 @@ class CheckpointManager:
     def _commit(self, step: int, state: dict[str, Any]) -> tuple[int, str]:
         buf = io.BytesIO()
         torch.save(state, buf)
-        size, digest = self._write_data(step, buf)
-        self._write_marker(step, size, digest, self.generation)
+        size, digest = self._write_data(self.path(step), buf)
+        self._write_marker(step, size, digest, self.generation, self.path(step))
         return size, digest
 
-    def _write_data(self, step: int, buf: io.BytesIO) -> tuple[int, str]:
+    def _write_data(self, path: Path, buf: io.BytesIO) -> tuple[int, str]:
         data = buf.getbuffer()
         digest = hashlib.sha256(data).hexdigest()
-        atomic_write_bytes(self.path(step), data)
+        atomic_write_bytes(path, data)
         return len(data), digest
 
-    def _write_marker(self, step: int, size: int, digest: str, generation: int) -> None:
+    def _write_marker(self, step: int, size: int, digest: str, generation: int, data: Path) -> None:
         try:
-            atomic_write_json(self.marker(step), {"step": step, "bytes": size, "sha256": digest,
+            atomic_write_json(self.marker(step), {"step": step, "bytes": size, "sha256": digest, "data": data.name,
                                                   "time": time.time(), "generation": generation,
                                                   "run": self.run, "job": self.job_name})
         except BaseException:
             with contextlib.suppress(OSError):
-                self.path(step).unlink(missing_ok=True)  # never committed: give its space back
+                data.unlink(missing_ok=True)  # never committed: give its space back
             raise
 
-    def _verify(self, step: int, size: int, digest: str) -> None:
+    def _verify(self, step: int, size: int, digest: str, data: Path) -> None:
         """Read the committed step back (marker and data) and check it is what was written: an I/O
         error is retried, then raised as CheckpointVolumeUnreadable, as is a mismatch (after uncommitting
-        the step). Either way nothing is pruned."""
-        def read_back() -> tuple[Any, int, str]:
+        the step). Either way nothing is pruned. A survivor's rescue of the same step that committed its own
+        file meanwhile stands: ours is removed."""
+        def read_back() -> tuple[Any, int | None, str]:
             raw = self.marker(step).read_bytes()
-            h, n = hashlib.sha256(), 0
-            with open(self.path(step), "rb") as f:
-                while chunk := f.read(_CHUNK):
-                    h.update(chunk)
-                    n += len(chunk)
             try:
                 marker = json.loads(raw)
             except ValueError:
                 marker = None
+            rescue = self.rescue_path(step)
+            if isinstance(marker, dict) and marker.get("data") == rescue.name and data != rescue:
+                return marker, None, ""  # the only other writer of a step: a survivor's rescue
+            h, n = hashlib.sha256(), 0
+            with open(data, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    h.update(chunk)
+                    n += len(chunk)
             return marker, n, h.hexdigest()
 
         marker, n, got = self._retrying(read_back, f"reading back checkpoint step {step}")
+        if n is None:
+            data.unlink(missing_ok=True)
+            log.info("checkpoint step %d: a survivor's rescue of it was committed meanwhile (%s); ours removed",
+                     step, marker.get("data"))
+            return
         expected = {"bytes": size, "sha256": digest}
         if (n, got) != (size, digest) or not isinstance(marker, dict) or \
                 {k: marker.get(k) for k in expected} != expected:
             self.marker(step).unlink(missing_ok=True)
-            self.path(step).unlink(missing_ok=True)
+            data.unlink(missing_ok=True)
             raise CheckpointVolumeUnreadable(
                 self.dir, f"checkpoint step {step} read back as {n} bytes with SHA-256 {got[:16]}... (marker "
                           f"{'intact' if isinstance(marker, dict) and marker.get('sha256') == digest else 'differs'}), "
@@ -811,6 +835,7 @@ class CheckpointManager:
                     # Marker first: a crash in between leaves an orphan file, never a marker without data.
                     if _unlink_file(self.marker(step)):
                         _unlink_file(self.path(step))
+                        _unlink_file(self.rescue_path(step))
                         self.corrupt.discard(step)
             for p in self.dir.iterdir():  # data files without a marker (torn writes of a killed writer), old claims
                 m = _DATA.match(p.name) or _CLAIM.match(p.name)
@@ -864,17 +889,18 @@ class CheckpointManager:
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptCheckpoint(f"commit marker {self.marker(step)} is not valid "
                                     f"({type(e).__name__}: {e})") from None
-        data = read_regular_file(self.path(step), size=size)  # before reading: never more than the marker says
+        path = self.data_path(step, marker)
+        data = read_regular_file(path, size=size)  # before reading: never more than the marker says
         digest = hashlib.sha256(data).hexdigest()
         if digest != sha:
-            raise CorruptCheckpoint(f"checkpoint {self.path(step)} has SHA-256 {digest[:16]}..., its commit marker "
+            raise CorruptCheckpoint(f"checkpoint {path} has SHA-256 {digest[:16]}..., its commit marker "
                                     f"says {str(sha)[:16]}... (same size {len(data)} bytes: corrupted in place)")
         try:
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except MemoryError:
             raise
         except Exception as e:  # noqa: BLE001 - the bytes are what was committed and do not load
-            raise CorruptCheckpoint(f"checkpoint {self.path(step)} does not load ({type(e).__name__}: {e})") from e
+            raise CorruptCheckpoint(f"checkpoint {path} does not load ({type(e).__name__}: {e})") from e
 
     def load(self, step: int) -> dict[str, Any]:
         """Load one committed checkpoint, verifying size and checksum against its marker: CorruptCheckpoint
