@@ -286,9 +286,9 @@ def test_5_a_survivors_rescue_commits_in_the_generation_it_joined_and_a_left_beh
 @pytest.mark.parametrize("writer_kept", [True, False])
 def test_a_rescue_of_a_step_the_writer_saves_itself_waits_to_know_the_writer_was_lost(tmp_path, writer_kept):
     """Rank 1 rescues step 20, a periodic step, while rank 0 (the writer) may still be writing its own save of
-    it: two writers of one step's file would tear it. The rescue claims nothing until it joined the next
-    generation; where rank 0 lives on, its save stands and the rescue writes nothing; where rank 0 was lost,
-    the rescue commits the step in the generation it joined."""
+    it (each writes its own file, but one copy of the step is enough). The rescue claims nothing until it joined
+    the next generation; where rank 0 lives on, its save stands and the rescue writes nothing; where rank 0 was
+    lost, the rescue commits the step in the generation it joined."""
     def manager(generation: int, writer: bool = False) -> CheckpointManager:
         return CheckpointManager(tmp_path, job_name="job", run_id=f"uid-g{generation}", is_writer=writer)
 

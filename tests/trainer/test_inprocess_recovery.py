@@ -168,7 +168,7 @@ def test_a_second_failure_during_the_hand_over_moves_everyone_to_the_next_genera
 def test_the_rescue_of_a_periodic_step_is_left_to_the_writer_when_it_lives_on(gangs, undisturbed) -> None:
     """Rank 2 dies right after step 10, a periodic checkpoint's step: rank 0, the writer, may be writing that
     step's file when rank 1 starts its rescue of it. Rank 1 waits until it knows rank 0 is in the next generation,
-    then leaves the step to it: one writer of the file, which rank 0's own rescue commits."""
+    then leaves the step to it: one copy of the step, which rank 0's own rescue commits."""
     gang = gangs("periodic")
     gang.publish(1, 3)
     keep = ["--checkpoint-keep", "5"]  # step 10 still there at the end

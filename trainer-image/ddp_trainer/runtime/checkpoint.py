@@ -476,10 +476,10 @@ class RescueCheckpoint:
     after the marker, as the fence is): a rescue only ever adds the newest checkpoint.
 
     `after_writer`: a step the job's writer (rank 0) saves itself, a periodic one, on another rank. The writer
-    may be writing it at this moment (its save in flight when the peer failed), and two writers of one step's
-    file leave a torn checkpoint. Such a rescue claims the step only once it is known that the writer was lost
-    (`joined` a generation where rank 0 held no state) or on the exit path (`stayed`); where the writer lives on
-    its own save, or its own rescue, commits the step."""
+    may be writing it at this moment (its save in flight when the peer failed). The rescue's own data file keeps
+    the two apart whatever happens (`rescue_path`); this only spares a second copy of the step: such a rescue
+    claims it once it is known that the writer was lost (`joined` a generation where rank 0 held no state) or on
+    the exit path (`stayed`); where the writer lives on, its own save, or its own rescue, commits the step."""
 
     def __init__(self, manager: "CheckpointManager", step: int, state: dict[str, Any],
                  done: Callable[["RescueCheckpoint"], None] | None = None, *, after_writer: bool = False) -> None:

@@ -286,16 +286,19 @@ class Job:
         self.watchdog.release()  # out of the collective: the watchdog waits for this save before exiting
         if self.checkpoints is None:
             return False
-        meta = {"step": step, "world_size": self.env.world_size, "generation": self.checkpoints.generation,
-                "rescued_by_rank": self.env.rank}
         try:
-            written = self.checkpoints.save_rescue(step, {**state, META: meta})
+            written = self.checkpoints.save_rescue(step, {**state, META: self._rescue_meta(step)})
         except OSError as e:  # the original failure matters more than this one
             log.warning("rescue checkpoint of step %d not written: %s", step, e)
             return False
         if written:
             log.warning("rescue checkpoint: rank %d saved step %d after a peer failed", self.env.rank, step)
         return written
+
+    def _rescue_meta(self, step: int) -> dict[str, Any]:
+        """A rescue checkpoint's `ddpjob` part: where it was trained and by which rank it was saved."""
+        return {"step": step, "world_size": self.env.world_size, "generation": self.checkpoints.generation,
+                "rescued_by_rank": self.env.rank}
 
     # ---- in-process recovery (DDPJOB_INPROCESS=1, runtime/inprocess.py) ------------------------------
 
@@ -370,17 +373,15 @@ class Job:
         if not carried.rescue or self.checkpoints is None:
             return None
         step, rank = carried.step(), self.env.rank
-        meta = {"step": step, "world_size": self.env.world_size, "generation": self.checkpoints.generation,
-                "rescued_by_rank": rank}
 
         def done(rescue: RescueCheckpoint) -> None:
             if rescue.written:
                 log.warning("rescue checkpoint: rank %d saved step %d after a peer failed (committed in generation "
                             "%d)", rank, step, rescue.generation)
 
-        # A step the writer saves itself (it may be writing it now): this rank's rescue waits to know it was lost.
+        # A step the writer saves itself (maybe now): this rank's rescue waits to know it was lost (no second copy).
         after_writer = not self.checkpoints.is_writer and self.should_save(step)
-        rescue = RescueCheckpoint(self.checkpoints, step, {**carried.state(), META: meta}, done,
+        rescue = RescueCheckpoint(self.checkpoints, step, {**carried.state(), META: self._rescue_meta(step)}, done,
                                   after_writer=after_writer).start()
         self._rescues.append(rescue)
         return rescue
