@@ -143,6 +143,14 @@ class PodRecord:
             parts.append(self.log[start:])
         return "".join(parts)
 
+    def log_served(self, generation: int) -> str:
+        """`log_of(generation)` where its trainers log start-up lines; a pod whose trainer logs none (the HF
+        and Lightning examples) cannot be split, so all of its log if it served `generation` at all (a
+        survivor carried in place keeps the pod, and the label, of the generation it was created for)."""
+        if generation not in self.generations:
+            return ""
+        return self.log_of(generation) if GENERATION_LINE.search(self.log) else self.log
+
     @property
     def ever_scheduled(self) -> bool:
         return any(node for _, node, _ in self.states)
