@@ -1,7 +1,8 @@
 """A progress report's body -> `Report`, or `BadReport` (400 or 422) naming the field and what it must be.
 
-Bodies are hostile: nesting is measured before parsing (json.loads recurses), every field is type- and
-bound-checked, unknown keys are ignored. The same parser reads the local runner's progress.json, so a
+Bodies are hostile: a body is strict UTF-8 (no byte order mark, no UTF-16/32: json.loads would guess those,
+past the nesting check), nesting is measured on the decoded text before parsing (json.loads recurses), every
+field is type- and bound-checked, unknown keys are ignored, and nothing but BadReport leaves the parser. The same parser reads the local runner's progress.json, so a
 report means the same locally and on a cluster."""
 
 from __future__ import annotations
@@ -67,37 +68,51 @@ MAX_STEP_SECONDS = 86400.0  # one step of a day: beyond it a report is wrong, no
 MAX_INT = 2**53
 
 
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of arrays and objects in raw JSON (strings skipped), without parsing it:
+def json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON text (strings skipped), without parsing it:
     json.loads recurses, so a few KiB of brackets would raise RecursionError."""
     depth = deepest = 0
     in_string = escaped = False
-    for byte in raw:
+    for char in text:
         if in_string:
             if escaped:
                 escaped = False
-            elif byte == 0x5C:  # backslash
+            elif char == "\\":
                 escaped = True
-            elif byte == 0x22:  # quote
+            elif char == '"':
                 in_string = False
-        elif byte == 0x22:
+        elif char == '"':
             in_string = True
-        elif byte in (0x5B, 0x7B):  # [ {
+        elif char in "[{":
             depth += 1
             deepest = max(deepest, depth)
-        elif byte in (0x5D, 0x7D):
+        elif char in "]}":
             depth -= 1
     return deepest
 
 
+def decode_body(raw: bytes) -> str:
+    """A body's bytes -> its text, strict UTF-8 (RFC 8259: JSON between systems is UTF-8); BadReport(400)."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise BadReport(400, "the body starts with a UTF-8 byte order mark: send the JSON as UTF-8 without one")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadReport(400, f"the body is not UTF-8 (byte {exc.start}): send the JSON as UTF-8") from None
+    if "\x00" in text:  # never in JSON text; every other byte of UTF-16, and most of UTF-32
+        raise BadReport(400, "the body holds NUL bytes, as UTF-16 or UTF-32 would: send the JSON as UTF-8")
+    return text
+
+
 def parse_report(raw: bytes) -> Report:
     """A report body -> Report; BadReport(400 or 422) naming the field. Unknown keys are ignored."""
-    if json_depth(raw) > MAX_JSON_DEPTH:
+    text = decode_body(raw)
+    if json_depth(text) > MAX_JSON_DEPTH:
         raise BadReport(400, f"the body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels; a report is "
                              "a flat JSON object such as {\"step\": 120}")
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: only if the depth check above were wrong
         raise BadReport(400, f"the body is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadReport(400, "the body must be a JSON object such as {\"step\": 120}")
@@ -124,8 +139,8 @@ def report_from(body: dict[str, Any]) -> Report:
         value = body.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise BadReport(422, f"{key} must be a finite number or null, got {value!r}")
+        if not _finite(value):
+            raise BadReport(422, f"{key} must be a finite number or null, got {_shown(value)}")
         if key == "samples_per_second" and value < 0:
             raise BadReport(422, f"{key} must be >= 0, got {value!r}")
         if key == "step_seconds" and not 0 <= value <= MAX_STEP_SECONDS:
@@ -159,13 +174,23 @@ def parse_recovery(value: Any) -> Recovery:
         if moment is None and key == "first_step_time":
             times[key] = None
             continue
-        if isinstance(moment, bool) or not isinstance(moment, (int, float)) or not math.isfinite(moment) \
-                or not 0 <= moment <= MAX_UNIX_TIME:
+        if not _finite(moment) or not 0 <= moment <= MAX_UNIX_TIME:
             optional = " or null" if key == "first_step_time" else ""
             raise BadReport(422, f"recovery.{key} must be a unix time in seconds (time.time()){optional}, "
                                  f"got {_shown(moment)}")
         times[key] = float(moment)
     return Recovery(path=path, resumed_step=step, reason=reason, **times)
+
+
+def _finite(value: Any) -> bool:
+    """A JSON number that is a finite float: not a bool, not NaN or infinite, not an int past any float
+    (math.isfinite and float() raise OverflowError on those)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def _shown(value: Any) -> str:
