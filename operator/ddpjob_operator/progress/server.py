@@ -26,7 +26,11 @@ BODY_SECONDS = 10.0  # and its body within this
 MAX_CONNECTIONS = 1024  # open connections at once; more are closed on accept
 
 RESULTS = ("accepted", "unauthenticated", "forbidden", "invalid", "too_large", "rate_limited", "standby",
-           "unavailable")
+           "unavailable", "dropped")
+# How a connection ends under a body being read when its sender goes: a trainer killed mid-report (an RST, a
+# FIN before the body's end, a TLS session cut off). ssl.SSLError is an OSError; aiohttp raises ClientPayloadError
+# for a chunked body cut short.
+PEER_GONE = (OSError, EOFError, aiohttp.ClientPayloadError)
 
 
 class _Refuse(asyncio.Protocol):
@@ -187,7 +191,13 @@ class ProgressServer:
         except aiohttp.web.HTTPRequestEntityTooLarge:
             return self._answer(413, "too_large", f"a report is at most {MAX_BODY_BYTES} bytes")
         except TimeoutError:
+            logger.info("a progress report of pod %s/%s (DDPJob %s/%s) did not send its body within %gs",
+                        identity.namespace, identity.pod_name, namespace, name, self.body_seconds)
             return self._answer(408, "invalid", f"the body did not arrive within {self.body_seconds:g}s")
+        except PEER_GONE as exc:  # expected whenever a worker is killed: one quiet line, nobody to answer
+            logger.info("a progress report of pod %s/%s (DDPJob %s/%s) ended with its connection: %s",
+                        identity.namespace, identity.pod_name, namespace, name, exc or type(exc).__name__)
+            return self._answer(400, "dropped", "the connection ended before the body")
         try:
             report = parse_report(raw)
         except BadReport as exc:
