@@ -119,7 +119,7 @@ def test_ctrl_c_stops_workers_gracefully_leaves_no_process_and_resume_continues(
     log0 = (job_dir(tmp_path, "stop") / "logs" / "stop-worker-0.log").read_text()
     stopped = re.search(r"stop requested at step (\d+): writing a final checkpoint", log0)
     assert stopped, log0[-3000:]
-    steps = job_dir(tmp_path, "stop") / "checkpoints" / "stop" / "checkpoints"  # the job's own directory
+    steps = job_dir(tmp_path, "stop") / "checkpoints" / "local.stop" / "checkpoints"  # the job's own directory
     final = steps / f"step-{int(stopped.group(1)):08d}.committed"
     assert final.exists(), sorted(p.name for p in final.parent.iterdir())
 

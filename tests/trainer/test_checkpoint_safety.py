@@ -33,7 +33,7 @@ from ddp_trainer import runtime
 from ddp_trainer.runtime import CheckpointManager, Job, JobEnv, ProgressReporter, StopRequest
 from ddp_trainer.runtime import checkpoint as checkpoint_module
 from ddp_trainer.runtime import frameworks
-from trainer_harness import PY, base_env, recorded, run, tail, trap_exit, wait_for
+from trainer_harness import PY, base_env, recorded, run, steps_dir, tail, trap_exit, wait_for
 
 _real_read_bytes = Path.read_bytes
 _real_read_regular_file = getattr(checkpoint_module, "read_regular_file", None)
@@ -472,7 +472,7 @@ def test_6_the_trainer_exits_75_and_the_termination_message_says_volume_full(tmp
            "-m", "ddp_trainer", *args]
     code = run(cmd, env, tmp_path / "log", 120)
     assert code == 75, tail(tmp_path / "log")
-    steps = ckpt / "test" / "checkpoints"
+    steps = steps_dir(ckpt)
     assert message.read_text().startswith(
         f"rank 0 (local rank 0) exited with code 75: checkpoint volume full: {steps}: "), message.read_text()
     assert _files(steps) == ["step-00000005.committed", "step-00000005.pt"]  # no temp file, step 5 kept

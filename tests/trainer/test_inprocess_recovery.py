@@ -138,7 +138,7 @@ def test_killed_rank_0_survivors_keep_their_processes_and_the_replacement_gets_t
     assert "withdrawn" not in gang.logs() and "not written" not in gang.logs()
     marker = json.loads((steps_dir(gang.ckpt) / f"step-{KILL_AT:08d}.committed").read_text())
     assert marker["generation"] == 2, marker
-    rescued = CheckpointManager(gang.ckpt, is_writer=False, job_name="test").load(KILL_AT)  # verified against it
+    rescued = CheckpointManager(gang.ckpt, is_writer=False, job_name="test", namespace="local").load(KILL_AT)  # verified against it
     assert rescued["progress"]["step"] == KILL_AT and rescued["ddpjob"]["generation"] == 1
 
 
@@ -183,7 +183,7 @@ def test_the_rescue_of_a_periodic_step_is_left_to_the_writer_when_it_lives_on(ga
         assert gang.wait(proc) == 0, gang.logs()
     assert "rescue checkpoint: rank 0 saved step 10 after a peer failed" in gang.text(0, 1), gang.logs()
     assert "rescue checkpoint: rank 1 saved" not in gang.text(1, 1), gang.logs()
-    rescued = CheckpointManager(gang.ckpt, is_writer=False, job_name="test").load(10)  # verified against its marker
+    rescued = CheckpointManager(gang.ckpt, is_writer=False, job_name="test", namespace="local").load(10)  # verified against its marker
     assert rescued["ddpjob"]["rescued_by_rank"] == 0 and rescued["progress"]["step"] == 10
     assert_bit_identical(final_state(gang), undisturbed)
 

@@ -128,8 +128,9 @@ def tail(path: Path, n: int = 60) -> str:
 
 
 def steps_dir(checkpoint_dir: Path, job: str = "test") -> Path:
-    """Where a job's checkpoints are: a directory of its own on the volume (base_env's job is "test")."""
-    return checkpoint_dir / job / "checkpoints"
+    """Where a job's checkpoints are: a directory of its own on the volume, `<namespace>.<name>` (base_env's job
+    is "test" in namespace "local")."""
+    return checkpoint_dir / f"local.{job}" / "checkpoints"
 
 
 def committed_steps(checkpoint_dir: Path) -> list[int]:

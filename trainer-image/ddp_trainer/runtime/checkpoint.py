@@ -1,14 +1,22 @@
 """Crash-safe checkpoints on a shared directory: rank 0 writes, every rank reads.
 
-Layout, with a job name (`$DDPJOB_NAME`: every DDPJob worker has one), under the mount <dir>:
-    <dir>/<job>/generation-00000003-<run>.fence   the newest rendezvous generation that started on it
-    <dir>/<job>/checkpoints/
+Layout, with a job name (`$DDPJOB_NAME`: every DDPJob worker has one) and namespace (`$DDPJOB_NAMESPACE`),
+under the mount <dir> (`contract.job_directory_name`):
+    <dir>/<namespace>.<job>/generation-00000003-<run>.fence   the newest rendezvous generation that started on it
+    <dir>/<namespace>.<job>/checkpoints/
         step-00000120.pt          torch.save of the state dict
-        step-00000120.committed   JSON {"step", "bytes", "sha256", "time", "generation", "run", "job"};
+        step-00000120.committed   JSON {"step", "bytes", "sha256", "time", "generation", "run", "job", "namespace"};
                                   written last, it is the commit
         step-00000120.rescue      a survivor's exclusive claim on writing step 120 as a rescue checkpoint
-Without a job name (a plain script outside DDPJob) the same files live directly under <dir>. Two
-jobs that mount one claim thus never see each other's steps.
+Without a namespace (a plain script naming a job) the job's directory is <dir>/<job>; without a job name
+the same files live directly under <dir>. Two jobs that share storage, also of one name in two namespaces,
+thus never see each other's steps. Earlier versions used <dir>/<job>: the writer adopts that directory
+(one rename) only where its fences and markers show it is this very job's (`adopt_legacy_job_directory`).
+
+Only the writer's own names count: `step-` and `generation-` with the step in 8 digits (more only for a
+step of 10^8 or more, never a leading zero beyond 8). Any other spelling (`step-000000040.committed`) is
+not ours: never loaded, never counted in `keep`, never removed; one warning names it. The job's directory
+and its checkpoints/ are never used through a symbolic link: `CheckpointDirError` names the path and the fix.
 
 A write goes to a hidden temp name unique to this process (a uuid, never a PID: PIDs repeat across
 pods on a shared volume), is fsynced, atomically renamed, then the commit marker is written the same
@@ -24,7 +32,11 @@ EDQUOT) raises `CheckpointVolumeFull` and leaves no temp file behind.
 Files someone else put there are never trusted: a checkpoint or marker is read only if it is a regular
 file (lstat, opened O_NOFOLLOW|O_NONBLOCK: a FIFO, a device or a link is skipped as corrupt, never opened
 or followed) of the size its marker says (a marker: a few KiB at most); steps and generations are ASCII
-digits; a directory under a checkpoint's name is left in place with a warning, never removed.
+digits; a directory under a checkpoint's name is left in place with a warning, never removed. A marker is
+parsed bounded (`read_marker_json`: nesting depth, no NaN or Infinity, every count a non-negative 64-bit
+int) and one that is not valid counts for nothing (not as a later step, not as a newer generation). A
+checkpoint's zip archive is checked before torch.load: only stored records (torch.save compresses none),
+their sizes within the file's, so a planted archive cannot inflate without bound.
 
 Fencing: every trainer knows its rendezvous generation (torchrun's run id `<job uid>-g<N>`, see
 `rendezvous_generation`). The writer of a generation raises the directory's fence to it when it
@@ -55,6 +67,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import re
 import stat
@@ -62,11 +75,14 @@ import threading
 import time
 import traceback
 import uuid
+import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+
+from .contract import JOB_NAME_ENV, JOB_NAMESPACE_ENV, job_directory_name
 
 log = logging.getLogger(__name__)
 # ASCII digits only (re.ASCII): `\d` also matches other scripts' digits, which int() takes for a step.
@@ -78,6 +94,13 @@ _TEMP = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$|^\.step-.+\.tmp\d*$", re.ASCII)  #
 _RUN_ID = re.compile(r"^(?P<run>.+)-g(?P<generation>\d+)$", re.ASCII)  # the operator's rendezvous id: <job uid>-g<N>
 MARKER_LIMIT_BYTES = 1 << 16  # a commit marker or fence is a few hundred bytes of JSON; more is not ours
 _JOB_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")  # one safe path component
+# A DNS-1123 label (a Kubernetes namespace): no '.', so `<namespace>.<name>` splits one way only.
+_NAMESPACE = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$", re.ASCII)
+MARKER_DEPTH_LIMIT = 8  # a marker nests one object in another (a framework's "files"); json would recurse on
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"?|[\[{\]}]', re.DOTALL)  # a string (skipped whole) or a bracket
+_COUNTS = ("step", "bytes", "generation", "world_size")  # a marker's numbers that name a step, a size, a generation
+_COUNT_LIMIT = 1 << 63
+_TEXTS = ("run", "job", "namespace", "sha256")  # (a marker's "data": data_path says what is wrong with it)
 STALE_TEMP_SECONDS = 300.0
 READ_RETRIES = 3  # an I/O error while reading: 3 more tries, 0.5 s, 1 s, 2 s apart
 READ_RETRY_BACKOFF_SECONDS = 0.5
@@ -143,6 +166,122 @@ def read_regular_file(path: str | os.PathLike, *, limit: int | None = None, size
     if len(data) != st.st_size:
         raise CorruptCheckpoint(f"{path} changed size while it was read ({st.st_size} -> {len(data)}+ bytes)")
     return data
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a marker holds")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} is not a finite number")
+    return value
+
+
+def _nesting_exceeds(raw: bytes, limit: int) -> bool:
+    """Whether JSON `raw` nests brackets deeper than `limit`: a linear scan, before json.loads recurses into them."""
+    depth = 0
+    for token in _JSON_TOKENS.finditer(raw):
+        first = token.group()[:1]
+        if first in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif first in (b"]", b"}"):
+            depth -= 1
+    return False
+
+
+def read_marker_json(path: str | os.PathLike) -> dict[str, Any]:
+    """The JSON object of the commit marker (or a framework's) at `path`, a regular file of at most
+    MARKER_LIMIT_BYTES; CorruptCheckpoint naming it when it is not one: nested deeper than MARKER_DEPTH_LIMIT,
+    NaN or Infinity (or a number that overflows to it), not an object, a step, size, generation or world size
+    that is not an int from 0 to 2^63, a run, job, namespace or digest that is not a string (or null). Whatever it
+    says is then safe to compare and count. FileNotFoundError and other OSErrors (I/O) pass through."""
+    raw = read_regular_file(path, limit=MARKER_LIMIT_BYTES)
+    try:
+        if _nesting_exceeds(raw, MARKER_DEPTH_LIMIT):
+            raise ValueError(f"brackets nested deeper than {MARKER_DEPTH_LIMIT}")
+        marker = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite)
+        if not isinstance(marker, dict):
+            raise ValueError(f"a JSON {type(marker).__name__}, not an object")
+        for key in _COUNTS:
+            if key in marker and (type(marker[key]) is not int or not 0 <= marker[key] < _COUNT_LIMIT):
+                raise ValueError(f"{key!r} is a {type(marker[key]).__name__} out of 0..2^63, not a count")
+        for key in _TEXTS:
+            if marker.get(key) is not None and not isinstance(marker[key], str):  # null: no job name, no namespace
+                raise ValueError(f"{key!r} is a {type(marker[key]).__name__}, not a string")
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise CorruptCheckpoint(f"commit marker {path} is not valid ({e})") from None
+    return marker
+
+
+_ignored_names: set[Path] = set()  # warned about once each
+
+
+def _canonical(path: Path, digits: str) -> int | None:
+    """The step (or generation) that `digits` in `path`'s name spell if they are the writer's own spelling
+    (`%08d`), else None: a name this trainer never writes is someone else's file, ignored with one warning."""
+    number = int(digits)
+    if f"{number:08d}" == digits:
+        return number
+    if path not in _ignored_names:
+        _ignored_names.add(path)
+        log.warning("%s is not a name this trainer writes (%d is written %08d): ignored, never loaded, counted "
+                    "or removed (remove it if nobody needs it)", path, number, number)
+    return None
+
+
+def job_key(name: str, namespace: str) -> str:
+    """The job's directory under the mount (`contract.job_directory_name`), after refusing a job name or a
+    namespace that is not one safe path component (CheckpointDirError naming the variable and the fix)."""
+    if name and not _JOB_NAME.match(name):
+        raise CheckpointDirError(f"job name {name!r} ({JOB_NAME_ENV}) cannot name a checkpoint directory: use letters, "
+                                 f"digits, '.', '-' and '_' (a Kubernetes object name)")
+    if name and namespace and not _NAMESPACE.match(namespace):
+        raise CheckpointDirError(f"namespace {namespace!r} ({JOB_NAMESPACE_ENV}) cannot name a checkpoint directory: "
+                                 f"use a Kubernetes namespace (lower-case letters, digits and '-', at most 63)")
+    return job_directory_name(name or None, namespace or None)
+
+
+def refuse_link(path: str | os.PathLike, what: str) -> None:
+    """CheckpointDirError when `path` (a directory the trainer writes, prunes or loads in) is a symbolic link or
+    not a directory; nothing when it is a real directory or absent. Never followed: its target is someone else's."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        target = ""
+        with contextlib.suppress(OSError):
+            target = f" (to {os.readlink(path)})"
+        raise CheckpointDirError(f"{what} {path} is a symbolic link{target}: the trainer never writes, prunes or "
+                                 f"loads through one. Fix: replace the link with a real directory (move into it what "
+                                 f"should be resumed from), or point DDPJOB_CHECKPOINT_DIR at the link's target volume")
+    if not stat.S_ISDIR(st.st_mode):
+        raise CheckpointDirError(f"{what} {path} is not a directory: remove it (this job did not write it) and "
+                                 f"restart the job")
+
+
+def check_archive(data: bytes | memoryview, path: Path) -> None:
+    """CorruptCheckpoint unless `data` is a zip archive as torch.save writes it: stored records only (it compresses
+    none) whose sizes add up to no more than the archive's own. torch.load inflates whatever a record says: a
+    compressed one of half a megabyte can ask for gigabytes before it fails. Reads the central directory only."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            records = archive.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
+        raise CorruptCheckpoint(f"checkpoint {path} is not a torch.save archive ({type(e).__name__}: {e})") from None
+    packed = [r.filename for r in records if r.compress_type != zipfile.ZIP_STORED]
+    if packed:
+        raise CorruptCheckpoint(f"checkpoint {path} holds {len(packed)} compressed record(s) ({packed[0][:80]!r}): "
+                                f"torch.save writes none, and torch.load would inflate them unchecked; not loaded")
+    unpacked = sum(r.file_size for r in records)
+    if unpacked > len(data):
+        raise CorruptCheckpoint(f"checkpoint {path}'s records claim {unpacked} bytes in a {len(data)}-byte archive; "
+                                f"not loaded")
 
 
 class CheckpointVolumeError(OSError):
@@ -269,19 +408,28 @@ def _newer_generation(root: str | os.PathLike, run: str, generation: int,
                       markers: Iterable[Path] = ()) -> tuple[int | None, list[Path]]:
     """newer_generation, and the files that claim it."""
     tag, newest, claims = _run_tag(run), None, []
-    with contextlib.suppress(FileNotFoundError):
-        for p in Path(root).iterdir():
-            if (m := _FENCE.match(p.name)) and m.group(2) == tag and int(m.group(1)) > generation:
-                newest = max(newest or 0, int(m.group(1)))
-                claims.append(p)
+    for p, found, fence_tag in _fences(root):
+        if fence_tag == tag and found > generation:
+            newest = max(newest or 0, found)
+            claims.append(p)
     for path in markers:
-        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):  # CorruptCheckpoint: a ValueError
-            marker = json.loads(read_regular_file(path, limit=MARKER_LIMIT_BYTES))
-            found = int(marker.get("generation", 0))
+        with contextlib.suppress(OSError, CorruptCheckpoint):  # an invalid marker claims nothing
+            marker = read_marker_json(path)
+            found = marker.get("generation", 0)
             if marker.get("run", "") == run and found > generation:
                 newest = max(newest or 0, found)
                 claims.append(path)
     return newest, claims
+
+
+def _fences(root: str | os.PathLike) -> list[tuple[Path, int, str]]:
+    """(path, generation, run tag) of the fences in `root` under the writer's own names."""
+    found = []
+    with contextlib.suppress(FileNotFoundError):
+        for p in Path(root).iterdir():
+            if (m := _FENCE.match(p.name)) and (generation := _canonical(p, m.group(1))) is not None:
+                found.append((p, generation, m.group(2)))
+    return found
 
 
 def refuse_impossible_fence(root: str | os.PathLike, run: str, generation: int, markers: Iterable[Path] = ()) -> None:
@@ -316,11 +464,11 @@ def raise_fence(root: str | os.PathLike, run: str, generation: int, markers: Ite
 def prune_fences(root: str | os.PathLike, run: str) -> None:
     """Keep `run`'s newest fence in `root`; remove superseded ones and those of another run of the job name."""
     tag = _run_tag(run)
-    fences = [(p, int(m.group(1)), m.group(2)) for p in Path(root).iterdir() if (m := _FENCE.match(p.name))]
+    fences = _fences(root)
     ours = max((g for _, g, t in fences if t == tag), default=None)
     for p, generation, t in fences:
         if t != tag or generation != ours:
-            p.unlink(missing_ok=True)
+            _unlink_file(p)
 
 
 def rendezvous_generation(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
@@ -378,6 +526,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes | memoryview) -> Non
     except OSError as e:
         if e.errno in _FULL:
             raise _volume_full(e, path.parent, f"{path.name} ({len(data)} bytes)") from e
+        if e.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST) and stat.S_ISDIR(os.lstat(path).st_mode):
+            raise CheckpointDirError(f"{path} is a directory where this job writes a file: remove it (this job "
+                                     f"did not write it) and restart the job") from None
         raise
 
 
@@ -403,9 +554,9 @@ def check_writable(directory: str | os.PathLike) -> Path:
     who = f"uid {os.getuid()} gid {os.getgid()}"
     try:
         path.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path / f".write-probe-{uuid.uuid4().hex}", b"probe")
-        for probe in path.glob(".write-probe-*"):
-            probe.unlink(missing_ok=True)
+        probe = path / f".write-probe-{uuid.uuid4().hex}"  # this process's own: what else is there is not ours
+        atomic_write_bytes(probe, b"probe")
+        probe.unlink()
     except CheckpointVolumeError:
         raise
     except OSError as e:
@@ -417,6 +568,88 @@ def check_writable(directory: str | os.PathLike) -> Path:
         raise CheckpointDirError(f"checkpoint directory {path} is not writable by {who} "
                                  f"({e.strerror or e}): {hint}") from e
     return path
+
+
+_MARKER_NAMES = re.compile(r"\.committed$|^ddpjob\.committed\.json$|\.ddpjob\.json$")  # ours and the frameworks'
+_ADOPTION_SCAN_LIMIT = 100_000  # entries looked at before giving up on proving a directory is this job's
+
+
+def _whose(directory: Path, run: str, namespace: str) -> str | None:
+    """Why `directory` (a job's directory in the layout before namespaces) cannot be shown to be the job of
+    `run` (its uid) in `namespace`; None when it can: at least one fence or valid commit marker in it (ours
+    or a framework's, up to three levels down, never through a link) names `run`, and none names another
+    run or another namespace."""
+    tag, ours, seen = _run_tag(run), 0, 0
+    pending = [(directory, 0)]
+    while pending:
+        folder, depth = pending.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                seen += 1
+                if seen > _ADOPTION_SCAN_LIMIT:
+                    return f"it holds more than {_ADOPTION_SCAN_LIMIT} files, too many to check"
+                if entry.is_dir(follow_symlinks=False):
+                    if depth < 2:
+                        pending.append((Path(entry.path), depth + 1))
+                    continue
+                if (m := _FENCE.match(entry.name)) and _canonical(Path(entry.path), m.group(1)) is not None:
+                    if m.group(2) != tag:
+                        return f"{entry.path} is the fence of another run (tag {m.group(2)}; this job's is {tag})"
+                    ours += 1
+                elif _MARKER_NAMES.search(entry.name):
+                    try:
+                        marker = read_marker_json(entry.path)
+                    except (OSError, CorruptCheckpoint):
+                        continue  # counts for nothing, either way
+                    if marker.get("run", "") != run:
+                        return f"{entry.path} was committed by run {marker.get('run', '')[:64]!r}, not this job's {run!r}"
+                    if marker.get("namespace") not in (None, namespace):  # markers of before name none
+                        return f"{entry.path} was committed in namespace {marker['namespace'][:64]!r}"
+                    ours += 1
+    return None if ours else "no fence or commit marker in it names this job's run"
+
+
+def adopt_legacy_job_directory(mount: str | os.PathLike, name: str, namespace: str, *,
+                               run: str | None = None) -> bool:
+    """Carry a job's files over from the layout before namespaces (`<mount>/<name>`) to its directory now
+    (`<mount>/<namespace>.<name>`, `contract.job_directory_name`): one atomic rename, by the writer at start,
+    before it looks for a checkpoint. Only a real directory (never a link), only while the new one does not
+    exist, and only when it is shown to be this very job's: its fences and commit markers name this job's run
+    (the job's uid, from the rendezvous id; `run`, default `rendezvous_generation()`) and no other (`_whose`).
+    Otherwise it is left untouched, with one line saying why and how to move it by hand. True once adopted."""
+    if not name or not namespace:
+        return False
+    mount = Path(mount)
+    legacy, target = mount / name, mount / job_directory_name(name, namespace)
+    try:
+        kind = os.lstat(legacy).st_mode
+    except FileNotFoundError:
+        return False
+    if os.path.lexists(target):
+        return False  # adopted already, or this job started in the new layout
+    run = rendezvous_generation()[0] if run is None else run
+    if stat.S_ISLNK(kind):
+        why = "it is a symbolic link, never followed"
+    elif not stat.S_ISDIR(kind):
+        why = "it is not a directory"
+    elif not run:
+        why = "this trainer has no job uid (rendezvous id) to compare its files with"
+    else:
+        why = _whose(legacy, run, namespace)
+    if why is None:
+        try:
+            os.rename(legacy, target)  # atomic; fails rather than merge into a directory created meanwhile
+        except FileNotFoundError:
+            return os.path.isdir(target)  # another process of this job adopted it first
+        except OSError as e:
+            why = f"renaming it failed ({e.strerror or e})"
+        else:
+            _fsync_dir(mount)
+            log.info("adopted %s, this job's directory in the layout before namespaces, as %s", legacy, target)
+            return True
+    log.warning("%s (the layout before namespaces) was not adopted as this job's %s: %s. If it is this job's, "
+                "move it while the job is suspended: mv %s %s", legacy, target, why, legacy, target)
+    return False
 
 
 def cpu_snapshot(obj: Any, pool: dict[tuple, torch.Tensor] | None = None, key: tuple = ()) -> Any:
@@ -542,7 +775,7 @@ class RescueCheckpoint:
         return True
 
     def _later_committed(self, than: int) -> bool:
-        return any(s > than for s in self.manager.committed_steps())
+        return any(s > than and self.manager.holds(s) for s in self.manager.committed_steps())
 
     def _save(self) -> bool:
         m, step = self.manager, self.step
@@ -551,7 +784,9 @@ class RescueCheckpoint:
         if self._stayed and (newer := m.newer_generation()) is not None:
             m._fenced(step, newer, "(rescue) not written")
             return False
+        m._refuse_links()  # before mkdir: never created, nor written, through a link
         m.dir.mkdir(parents=True, exist_ok=True)
+        m._refuse_links()
         if not self.after_writer and not self._claim():
             return False  # another survivor writes this step
         buf = io.BytesIO()
@@ -611,22 +846,24 @@ class CheckpointManager:
     """`save(step, state)` on rank 0 (others return at once), `load_latest()` anywhere.
 
     `keep` >= 2 good checkpoints are kept, so a crash while writing the newest still leaves one.
-    `job_name` (default `$DDPJOB_NAME`; "" for none) puts everything under `<directory>/<job_name>/`;
+    `job_name` (default `$DDPJOB_NAME`; "" for none) and `namespace` (default `$DDPJOB_NAMESPACE`; "" for none)
+    put everything under `<directory>/<namespace>.<job_name>/` (`contract.job_directory_name`);
     `generation` and `run_id` default to torchrun's run id (`rendezvous_generation`)."""
 
     def __init__(self, directory: str | os.PathLike, keep: int = 2, *, is_writer: bool = True,
                  async_save: bool = False, stale_temp_seconds: float = STALE_TEMP_SECONDS,
                  generation: int | None = None, job_name: str | None = None, run_id: str | None = None,
-                 read_retries: int = READ_RETRIES, retry_backoff_s: float = READ_RETRY_BACKOFF_SECONDS) -> None:
+                 read_retries: int = READ_RETRIES, retry_backoff_s: float = READ_RETRY_BACKOFF_SECONDS,
+                 namespace: str | None = None) -> None:
         if keep < 2:
             raise ValueError(f"keep must be >= 2, got {keep}")
-        name = os.environ.get("DDPJOB_NAME", "") if job_name is None else job_name
-        if name and not _JOB_NAME.match(name):
-            raise CheckpointDirError(f"job name {name!r} cannot name a checkpoint directory: use letters, digits, "
-                                     f"'.', '-' and '_' (a Kubernetes object name)")
+        name = os.environ.get(JOB_NAME_ENV, "") if job_name is None else job_name
+        namespace = os.environ.get(JOB_NAMESPACE_ENV, "") if namespace is None else namespace
+        key = job_key(name, namespace)
         self.mount = Path(directory)
         self.job_name = name or None
-        self.root = self.mount / name if name else self.mount  # this job's own directory on the volume
+        self.namespace = namespace if name and namespace else None
+        self.root = self.mount / key if key else self.mount  # this job's own directory on the volume
         self.dir = self.root / "checkpoints"
         self.keep, self.is_writer, self.async_save = keep, is_writer, async_save
         self.stale_temp_seconds = stale_temp_seconds
@@ -641,10 +878,22 @@ class CheckpointManager:
         self._error: BaseException | None = None
         self._pool: dict[tuple, torch.Tensor] = {}  # snapshot buffers, reused once the last write is done
         if is_writer:
+            if self.namespace is not None:
+                adopt_legacy_job_directory(self.mount, name, namespace, run=self.run)
+            self._refuse_links()  # before the probes: a link is never written through
             check_writable(self.root)
             check_writable(self.dir)
+            self._refuse_links()
             self.clean_stale_temp_files()
             self._raise_fence()  # before anything is read: from now on an older generation commits nothing
+
+    def _refuse_links(self) -> None:
+        """The job's directory and its checkpoints/ are real directories (or absent): CheckpointDirError otherwise.
+        Before every write, prune and load: a link put there later is not followed either. (Without a job name the
+        job's directory is the mount itself, the user's to choose.)"""
+        if self.root != self.mount:
+            refuse_link(self.root, "the job's checkpoint directory")
+        refuse_link(self.dir, "the job's checkpoints directory")
 
     def path(self, step: int) -> Path:
         return self.dir / f"step-{step:08d}.pt"
@@ -738,6 +987,7 @@ class CheckpointManager:
             self._error = e
 
     def _write(self, step: int, state: dict[str, Any]) -> None:
+        self._refuse_links()
         if (newer := self.newer_generation()) is not None:
             self._fenced(step, newer, "not written")
             return
@@ -768,8 +1018,8 @@ class CheckpointManager:
     def _write_marker(self, step: int, size: int, digest: str, generation: int, data: Path) -> None:
         try:
             atomic_write_json(self.marker(step), {"step": step, "bytes": size, "sha256": digest, "data": data.name,
-                                                  "time": time.time(), "generation": generation,
-                                                  "run": self.run, "job": self.job_name})
+                                                  "time": time.time(), "generation": generation, "run": self.run,
+                                                  "job": self.job_name, "namespace": self.namespace})
         except BaseException:
             with contextlib.suppress(OSError):
                 data.unlink(missing_ok=True)  # never committed: give its space back
@@ -781,10 +1031,9 @@ class CheckpointManager:
         the step). Either way nothing is pruned. A survivor's rescue of the same step that committed its own
         file meanwhile stands: ours is removed."""
         def read_back() -> tuple[Any, int | None, str]:
-            raw = self.marker(step).read_bytes()
             try:
-                marker = json.loads(raw)
-            except ValueError:
+                marker = read_marker_json(self.marker(step))
+            except CorruptCheckpoint:
                 marker = None
             rescue = self.rescue_path(step)
             if isinstance(marker, dict) and marker.get("data") == rescue.name and data != rescue:
@@ -827,6 +1076,7 @@ class CheckpointManager:
         orphan data files and claims, stale fences and temp files. Best effort: a failure here loses
         nothing and the next save tries again."""
         try:
+            self._refuse_links()
             committed = self.committed_steps()
             good = [s for s in committed if s not in self.corrupt]
             keep = {s for s in good if s > verified} | set([s for s in good if s <= verified][: self.keep])
@@ -839,11 +1089,11 @@ class CheckpointManager:
                         self.corrupt.discard(step)
             for p in self.dir.iterdir():  # data files without a marker (torn writes of a killed writer), old claims
                 m = _DATA.match(p.name) or _CLAIM.match(p.name)
-                if m and int(m.group(1)) not in keep:
+                if m and (found := _canonical(p, m.group(1))) is not None and found not in keep:
                     _unlink_file(p)
             prune_fences(self.root, self.run)
             self.clean_stale_temp_files()
-        except OSError as e:
+        except (OSError, CheckpointDirError) as e:
             log.warning("pruning old checkpoints in %s failed (a later save retries): %s", self.dir, e)
 
     def clean_stale_temp_files(self) -> list[Path]:
@@ -857,8 +1107,11 @@ class CheckpointManager:
                 continue
             for p in d.iterdir():
                 try:
-                    if _TEMP.match(p.name) and now - p.lstat().st_mtime >= self.stale_temp_seconds and \
-                            _unlink_file(p):
+                    if not _TEMP.match(p.name):
+                        continue
+                    st = p.lstat()
+                    # A directory or link under a temp name is not ours: left alone.
+                    if stat.S_ISREG(st.st_mode) and now - st.st_mtime >= self.stale_temp_seconds and _unlink_file(p):
                         removed.append(p)
                 except FileNotFoundError:
                     continue
@@ -867,11 +1120,22 @@ class CheckpointManager:
     # ---- reading ------------------------------------------------------------------------------
 
     def committed_steps(self) -> list[int]:
-        """Steps with a commit marker, newest first."""
+        """Steps with a commit marker under the writer's own name, newest first (valid or not: see `holds`)."""
         if not self.dir.is_dir():
             return []
-        steps = [int(m.group(1)) for p in self.dir.iterdir() if (m := _MARKER.match(p.name))]
+        steps = [step for p in self.dir.iterdir()
+                 if (m := _MARKER.match(p.name)) and (step := _canonical(p, m.group(1))) is not None]
         return sorted(steps, reverse=True)
+
+    def holds(self, step: int) -> bool:
+        """Whether `step` is committed as far as a cheap look tells: a valid marker and the regular file of the size
+        it names (no hash). An empty or invalid marker, maybe of a huge step, counts for nothing."""
+        try:
+            marker = read_marker_json(self.marker(step))
+            st = os.lstat(self.data_path(step, marker))
+            return marker.get("step", step) == step and stat.S_ISREG(st.st_mode) and st.st_size == marker["bytes"]
+        except (OSError, CorruptCheckpoint, KeyError):
+            return False
 
     def _retrying(self, read: Callable[[], T], what: str) -> T:
         """`read()`, again after an OSError (a transient I/O error is not corruption), `read_retries`
@@ -880,21 +1144,18 @@ class CheckpointManager:
 
     def _read_verified(self, step: int) -> dict[str, Any]:
         """One try: OSError for an I/O error, CorruptCheckpoint when the files are not a good checkpoint."""
-        raw = read_regular_file(self.marker(step), limit=MARKER_LIMIT_BYTES)
-        try:
-            marker = json.loads(raw)
-            size, sha = marker["bytes"], marker["sha256"]
-            if type(size) is not int or size < 0 or not isinstance(sha, str):
-                raise TypeError(f"bytes {size!r} and sha256 {sha!r} are not a size and a digest")
-        except (ValueError, KeyError, TypeError) as e:
-            raise CorruptCheckpoint(f"commit marker {self.marker(step)} is not valid "
-                                    f"({type(e).__name__}: {e})") from None
+        marker = read_marker_json(self.marker(step))
+        size, sha = marker.get("bytes"), marker.get("sha256")
+        if size is None or not isinstance(sha, str) or marker.get("step", step) != step:
+            raise CorruptCheckpoint(f"commit marker {self.marker(step)} is not valid (bytes {size!r}, sha256 "
+                                    f"{str(sha)[:16]!r}, step {marker.get('step')!r})")
         path = self.data_path(step, marker)
         data = read_regular_file(path, size=size)  # before reading: never more than the marker says
         digest = hashlib.sha256(data).hexdigest()
         if digest != sha:
             raise CorruptCheckpoint(f"checkpoint {path} has SHA-256 {digest[:16]}..., its commit marker "
                                     f"says {str(sha)[:16]}... (same size {len(data)} bytes: corrupted in place)")
+        check_archive(data, path)
         try:
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except MemoryError:
@@ -905,6 +1166,7 @@ class CheckpointManager:
     def load(self, step: int) -> dict[str, Any]:
         """Load one committed checkpoint, verifying size and checksum against its marker: CorruptCheckpoint
         if they differ; an I/O error is retried, then raised as CheckpointVolumeUnreadable."""
+        self._refuse_links()
         return self._retrying(lambda: self._read_verified(step), f"reading checkpoint step {step} in {self.dir}")
 
     def load_latest(self) -> tuple[int, dict[str, Any]] | None:
@@ -912,6 +1174,7 @@ class CheckpointManager:
         the writer, removed by the next prune without counting towards `keep`). An I/O error is not
         corruption: the whole search is retried, then CheckpointVolumeUnreadable is raised; it never
         falls back to an older checkpoint or to none."""
+        self._refuse_links()
         found = self._retrying(self._load_latest_once, f"looking for the newest checkpoint in {self.dir}")
         if found is None:
             self._mention_shared_layout()
@@ -941,7 +1204,8 @@ class CheckpointManager:
             return
         legacy = self.mount / "checkpoints"
         with contextlib.suppress(OSError):
-            steps = sorted((int(m.group(1)) for p in legacy.iterdir() if (m := _MARKER.match(p.name))), reverse=True)
+            steps = sorted((step for p in legacy.iterdir() if (m := _MARKER.match(p.name))
+                            and (step := _canonical(p, m.group(1))) is not None), reverse=True)
             if steps:
                 log.warning("no checkpoint of job %s in %s, but %s holds %d checkpoint(s) (newest step %d) in the "
                             "layout of earlier versions, shared by every job on the volume: not resumed from. To "

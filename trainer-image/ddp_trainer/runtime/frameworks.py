@@ -45,9 +45,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .checkpoint import (MARKER_LIMIT_BYTES, CheckpointVolumeError, CorruptCheckpoint, atomic_write_json,
-                         newer_generation, prune_fences, raise_fence, read_regular_file, refuse_impossible_fence,
-                         rendezvous_generation, retry_reads, volume_full)
+from .checkpoint import (CheckpointVolumeError, CorruptCheckpoint, adopt_legacy_job_directory, atomic_write_json,
+                         job_key, newer_generation, prune_fences, raise_fence, read_marker_json, refuse_impossible_fence,
+                         refuse_link, rendezvous_generation, retry_reads, volume_full)
+from .contract import CHECKPOINT_DIR_ENV, JOB_NAME_ENV, JOB_NAMESPACE_ENV, job_root
 from .distributed import CollectiveTimeout, StopRequest, abort_process_groups, exit_process
 from .inprocess import INPROCESS_ENV, enabled as inprocess_enabled
 from .progress import ProgressReporter, recovery_field
@@ -60,18 +61,39 @@ T = TypeVar("T")
 
 
 def job_dir(subdir: str, default: str | os.PathLike | None = None) -> Path | None:
-    """`<DDPJOB_CHECKPOINT_DIR>/<DDPJOB_NAME>/<subdir>` under DDPJob (the job's own directory on the
-    volume, next to the runtime's `checkpoints/`), else `default`."""
-    mount = os.environ.get("DDPJOB_CHECKPOINT_DIR")
+    """`<DDPJOB_CHECKPOINT_DIR>/<DDPJOB_NAMESPACE>.<DDPJOB_NAME>/<subdir>` under DDPJob (the job's own directory
+    on the volume, next to the runtime's `checkpoints/`; `contract.job_root`), else `default`. A name or namespace
+    that is not one path component: CheckpointDirError."""
+    mount = os.environ.get(CHECKPOINT_DIR_ENV)
     if not mount:
         return Path(default) if default is not None else None
-    name = os.environ.get("DDPJOB_NAME", "")
-    return Path(mount) / name / subdir if name else Path(mount) / subdir
+    job_key(os.environ.get(JOB_NAME_ENV, ""), os.environ.get(JOB_NAMESPACE_ENV, ""))
+    return job_root(mount) / subdir
+
+
+def _own_job_dir(directory: Path) -> None:
+    """Before a framework's checkpoints in `directory` are looked for or written: where it is the job's own
+    (`job_dir`), carry the job's directory over from the layout before namespaces (`adopt_legacy_job_directory`;
+    any rank: the rename happens once) and refuse a link at the job's directory or at `directory`."""
+    mount = os.environ.get(CHECKPOINT_DIR_ENV)
+    if not mount or directory.parent != job_root(mount) or directory.parent == Path(mount):
+        return
+    adopt_legacy_job_directory(mount, os.environ.get(JOB_NAME_ENV, ""), os.environ.get(JOB_NAMESPACE_ENV, ""))
+    refuse_link(directory.parent, "the job's checkpoint directory")
+    refuse_link(directory, "the job's checkpoints directory")
+
+
+def _is_dir(path: Path) -> bool:
+    """A real directory, never a link to one."""
+    try:
+        return stat.S_ISDIR(path.lstat().st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def marker_path(checkpoint: str | os.PathLike) -> Path:
     p = Path(checkpoint)
-    return p / MARKER_NAME if p.is_dir() else p.with_name(p.name + MARKER_SUFFIX)
+    return p / MARKER_NAME if _is_dir(p) else p.with_name(p.name + MARKER_SUFFIX)
 
 
 def _files(checkpoint: Path) -> list[Path]:
@@ -104,7 +126,9 @@ def start_generation(directory: str | os.PathLike) -> int | None:
     that from now on a trainer of an older generation commits nothing there. Returns the newer generation
     already there, if any (this trainer is the one left behind: it will commit nothing)."""
     root = Path(directory)
+    _own_job_dir(root)
     root.mkdir(parents=True, exist_ok=True)
+    _own_job_dir(root)  # created: a link put there meanwhile is refused too
     run, generation = rendezvous_generation()
     refuse_impossible_fence(root, run, generation, _markers(root))  # a newer generation already: cannot be true
     newer = raise_fence(root, run, generation, _markers(root))
@@ -152,16 +176,14 @@ def commit(checkpoint: str | os.PathLike, *, step: int, world_size: int, skip: r
 def _read_marker_once(root: Path) -> dict[str, Any] | None:
     try:
         is_dir = stat.S_ISDIR(root.lstat().st_mode)  # never through a link (issue 31)
-        raw = read_regular_file(root / MARKER_NAME if is_dir else root.with_name(root.name + MARKER_SUFFIX),
-                                limit=MARKER_LIMIT_BYTES)  # a FIFO or device marker: never opened
+        # A FIFO or device marker is never opened; one nested too deep, with Infinity, a count out of range: invalid.
+        marker = read_marker_json(root / MARKER_NAME if is_dir else root.with_name(root.name + MARKER_SUFFIX))
     except (FileNotFoundError, CorruptCheckpoint):
-        return None  # no checkpoint, its writer died before the marker, or a marker that is not a file
-    try:
-        marker = json.loads(raw)
-        files = marker["files"].items()
-    except (ValueError, KeyError, TypeError, AttributeError):
+        return None  # no checkpoint, its writer died before the marker, or a marker that is not a valid file
+    files = marker.get("files")
+    if not isinstance(files, dict) or not all(type(size) is int and size >= 0 for size in files.values()):
         return None
-    for name, size in files:
+    for name, size in files.items():
         try:
             st = (root / name if is_dir else root).lstat()
             if not stat.S_ISREG(st.st_mode) or st.st_size != size:  # a FIFO, a device, a link: not what was committed
@@ -191,7 +213,10 @@ def newest_complete(directory: str | os.PathLike | None, pattern: re.Pattern[str
     complete ones the framework's own loader cannot take (`unloadable(path)`: why not, or None; e.g. an HF
     checkpoint without weights, as a rescue by a rank other than 0 wrote before issue 32). An I/O error raises
     `CheckpointVolumeUnreadable` (after retries): never an older checkpoint, or none, instead."""
-    if directory is None or not Path(directory).is_dir():
+    if directory is None:
+        return None
+    _own_job_dir(Path(directory))
+    if not Path(directory).is_dir():
         return None
     for step, path in _checkpoints(Path(directory), pattern):
         marker = read_marker(path)
@@ -268,9 +293,14 @@ def refuse(message: str) -> None:
 
 
 def _remove(checkpoint: Path) -> None:
-    """Marker first: a crash in between leaves an incomplete checkpoint, never a marker without its files."""
+    """Marker first: a crash in between leaves an incomplete checkpoint, never a marker without its files. A link
+    or anything else but a file or directory under a checkpoint's name is not the framework's: left alone."""
+    mode = checkpoint.lstat().st_mode
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        log.warning("%s is not a file or directory a framework wrote: left in place (remove it)", checkpoint)
+        return
     marker_path(checkpoint).unlink(missing_ok=True)
-    if checkpoint.is_dir():
+    if stat.S_ISDIR(mode):
         shutil.rmtree(checkpoint)
     else:
         checkpoint.unlink(missing_ok=True)
