@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_harness import PY, base_env, kill_tree, read_json, start, tail
+from trainer_harness import job_dir, PY, base_env, kill_tree, read_json, start, tail
 
 from ddp_trainer.runtime import frameworks
 
@@ -50,7 +50,7 @@ def test_the_docs_snippet_runs_as_written_under_torchrun_and_alone(tmp_path: Pat
         assert proc.wait(240) == 0, tail(log)
     finally:
         kill_tree(proc, signal.SIGKILL)
-    result = read_json(ck / "result.json")
+    result = read_json(job_dir(ck) / "result.json")
     assert result and result["status"] == "completed" and result["step"] == 40 and result["world_size"] == 2, \
         (result, tail(log))
     found = frameworks.newest_complete(ck / "test" / framework, re.compile(f"^{pattern}$"))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_harness import PY, base_env, kill_tree, read_json, start, tail, wait_for, worker_ranks
+from trainer_harness import job_dir, PY, base_env, kill_tree, read_json, start, tail, wait_for, worker_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERVAL, MAX_STEPS, KILL_FROM = 10, 20, 13
@@ -65,7 +65,7 @@ def test_a_rescue_by_either_survivor_resumes_bit_identically_with_dropout(tmp_pa
             tmp_path / f"resumed{victim}.log"
         proc = start(_cmd(framework), _env(ck), killed_log)
         try:
-            wait_for(lambda: ((read_json(ck / "progress.json") or {}).get("step") or 0) >= KILL_FROM,
+            wait_for(lambda: ((read_json(job_dir(ck) / "progress.json") or {}).get("step") or 0) >= KILL_FROM,
                      f"step {KILL_FROM}", 180, explain=lambda: tail(killed_log))
             os.kill(worker_ranks(proc.pid)[victim], signal.SIGKILL)  # between the checkpoints of 10 and 20
             proc.wait(120)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_harness import PY, base_env, kill_tree, read_json, start, tail, wait_for
+from trainer_harness import job_dir, PY, base_env, kill_tree, read_json, start, tail, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def test_the_callback_reports_its_own_time_per_step(tmp_path: Path, framework: s
     proc = start(cmd, env, log)
     try:
         report = wait_for(lambda: (lambda r: r if isinstance(r.get("step_seconds"), float) else None)(
-            read_json(ck / "progress.json") or {}), "a report with step_seconds", 300, explain=lambda: tail(log))
+            read_json(job_dir(ck) / "progress.json") or {}), "a report with step_seconds", 300, explain=lambda: tail(log))
         proc.wait(300)
     finally:
         kill_tree(proc, signal.SIGKILL)

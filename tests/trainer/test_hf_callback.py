@@ -22,7 +22,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from trainer_harness import (PY, base_env, kill_tree, read_json, recorded, run, start, tail,  # noqa: E402
+from trainer_harness import (job_dir, PY, base_env, kill_tree, read_json, recorded, run, start, tail,  # noqa: E402
                              trainer_pids, trap_exit, wait_for)
 from transformers import GPT2Config, Trainer, TrainerCallback, TrainingArguments, set_seed  # noqa: E402
 
@@ -85,7 +85,7 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_complete_checkpoint_and_exi
            "--monitor-interval=0.2", str(SCRIPT), "--max-steps", "500", "--step-sleep", "0.05"]
     proc = start(cmd, env, log)
     try:
-        wait_for(lambda: ((read_json(ck / "progress.json") or {}).get("step") or 0) >= 5, "step 5", 180,
+        wait_for(lambda: ((read_json(job_dir(ck) / "progress.json") or {}).get("step") or 0) >= 5, "step 5", 180,
                  explain=lambda: tail(log))
         for pid in trainer_pids(proc.pid):
             os.kill(pid, signal.SIGTERM)  # as torchrun forwards the pod's SIGTERM to every trainer
@@ -99,7 +99,7 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_complete_checkpoint_and_exi
     step = stops.pop()
     assert hf.resume_from_checkpoint(str(ck / "test" / "hf")) == str(ck / "test" / "hf" / f"checkpoint-{step}")
     assert frameworks.read_marker(ck / "test" / "hf" / f"checkpoint-{step}")["world_size"] == 2
-    assert not (ck / "result.json").exists()  # stopped, not finished
+    assert not (job_dir(ck) / "result.json").exists()  # stopped, not finished
 
 
 
@@ -142,7 +142,7 @@ def test_a_resume_at_another_world_size_goes_on_from_the_checkpoints_step_with_i
     two_log, one_log = tmp_path / "two.log", tmp_path / "one.log"
     proc = start(_torchrun(2, "--step-sleep", "0.25"), env, two_log)
     try:
-        wait_for(lambda: ((read_json(ck / "progress.json") or {}).get("step") or 0) >= 5, "step 5", 180,
+        wait_for(lambda: ((read_json(job_dir(ck) / "progress.json") or {}).get("step") or 0) >= 5, "step 5", 180,
                  explain=lambda: tail(two_log))
         for pid in trainer_pids(proc.pid):
             os.kill(pid, signal.SIGTERM)  # a scale-down: the operator's SIGTERM, forwarded by torchrun
@@ -170,9 +170,9 @@ def test_a_resume_at_another_world_size_goes_on_from_the_checkpoints_step_with_i
     twice = min(2 * n, RESIZE_STEPS)
     again = {i for s in range(n + 1, twice + 1) for i in one[s][1]}
     assert again == set(order[n * b:twice * b])  # consumed by the two trainers (rank 1: odd batches), trained again
-    result = read_json(ck / "result.json")
+    result = read_json(job_dir(ck) / "result.json")
     assert result["status"] == "completed" and result["step"] == RESIZE_STEPS and result["world_size"] == 1
-    recovery = read_json(ck / "progress.json")["recovery"]  # the callback's timeline: the restart path (issue 29)
+    recovery = read_json(job_dir(ck) / "progress.json")["recovery"]  # the callback's timeline: the restart path (issue 29)
     assert (recovery["path"], recovery["reason"], recovery["resumed_step"]) == ("Restart", "", n)
     assert recovery["rendezvous_time"] <= recovery["first_step_time"]
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from ddp_trainer.runtime import CheckpointManager
-from ddpjob_operator.agent import WORKER_PROGRAM
+from ddpjob_operator.agent import command as agent_command
 from inprocess_gang import UID, Gang
-from trainer_harness import PY, descendants, kill_tree, steps_dir, wait_for
+from trainer_harness import job_dir, PY, descendants, kill_tree, steps_dir, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -91,7 +91,7 @@ def undisturbed(tmp_path_factory) -> dict:
 
 def assert_recovery_reported(gang: Gang, path: str, generation: int, reason: str = "") -> None:
     """Rank 0's last report (progress.json) carries its generation's recovery timeline (recovery_contract)."""
-    progress = json.loads((gang.ckpt / "progress.json").read_text())
+    progress = json.loads((job_dir(gang.ckpt) / "progress.json").read_text())
     recovery = progress.get("recovery") or {}
     assert progress["generation"] == generation and progress["step"] == STEPS, progress
     assert (recovery.get("path"), recovery.get("reason"), recovery.get("resumed_step")) == (path, reason, KILL_AT), \
@@ -237,9 +237,9 @@ def test_a_failure_after_the_last_step_is_recovered_in_process_too(gangs, undist
     replacement = gang.start(0, 2, 3)
     assert_survivors_recovered_and_fed_the_replacement(gang, survivors, replacement, STEPS)
     assert_bit_identical(final_state(gang), undisturbed)
-    result = json.loads((gang.ckpt / "result.json").read_text())
+    result = json.loads((job_dir(gang.ckpt) / "result.json").read_text())
     assert (result["status"], result["step"], result["world_size"]) == ("completed", STEPS, 3)
-    progress = json.loads((gang.ckpt / "progress.json").read_text())
+    progress = json.loads((job_dir(gang.ckpt) / "progress.json").read_text())
     assert progress["generation"] == 2 and progress["recovery"]["path"] == "InProcess"
     assert progress["recovery"]["resumed_step"] == STEPS and progress["recovery"]["first_step_time"] is None
 
@@ -247,7 +247,7 @@ def test_a_failure_after_the_last_step_is_recovered_in_process_too(gangs, undist
 @pytest.mark.parametrize("replacement_kind", ["worker", "spare"])
 def test_the_pods_agents_leave_survivors_training_and_start_a_replacement_that_joins_them(
         gangs, tmp_path, replacement_kind: str) -> None:
-    """The worker agent (WORKER_PROGRAM, the pod's command) with DDPJOB_INPROCESS=1: each pod's torchrun only
+    """The worker agent (agent_command("worker"), the pod's command) with DDPJOB_INPROCESS=1: each pod's torchrun only
     starts and watches its own trainer; the survivors' trainers keep their PIDs through the incident, and the
     replacement's agent (a new worker's) publishes generation 2 and starts a trainer that joins them and gets the
     state by broadcast. A warm spare's trainer runs before the incident (its model built, waiting for its place)
@@ -258,7 +258,7 @@ def test_the_pods_agents_leave_survivors_training_and_start_a_replacement_that_j
         flags = ["--nnodes=3:3", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={gang.store.endpoint}",
                  f"--rdzv-id={UID}-g{generation}", "--rdzv-conf=is_host=false,join_timeout=60,last_call_timeout=1",
                  "--local-addr=127.0.0.1", "--max-restarts=0", "--monitor-interval=0.2"]
-        command = [PY, "-c", WORKER_PROGRAM, *flags, "-m", "ddp_trainer", *ARGS, *args]
+        command = [*agent_command("worker", python=PY), *flags, "-m", "ddp_trainer", *ARGS, *args]
         proc = gang.start(replica, generation, 3, command=command)
         return proc
 

@@ -20,7 +20,7 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from lightning.fabric.plugins import TorchCheckpointIO  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
-from trainer_harness import (PY, base_env, kill_tree, read_json, recorded, start, tail,  # noqa: E402
+from trainer_harness import (job_dir, PY, base_env, kill_tree, read_json, recorded, start, tail,  # noqa: E402
                              trainer_pids, trap_exit, wait_for)
 
 from ddp_trainer.runtime import ResumableDistributedSampler  # noqa: E402
@@ -92,7 +92,7 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_complete_checkpoint_and_exi
            "--monitor-interval=0.2", str(SCRIPT), "--max-steps", "500", "--step-sleep", "0.05"]
     proc = start(cmd, env, log)
     try:
-        wait_for(lambda: ((read_json(ck / "progress.json") or {}).get("step") or 0) >= 5, "step 5", 180,
+        wait_for(lambda: ((read_json(job_dir(ck) / "progress.json") or {}).get("step") or 0) >= 5, "step 5", 180,
                  explain=lambda: tail(log))
         for pid in trainer_pids(proc.pid):
             os.kill(pid, signal.SIGTERM)  # as torchrun forwards the pod's SIGTERM to every trainer
@@ -107,7 +107,7 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_complete_checkpoint_and_exi
     saved = ck / "test" / "lightning" / f"step-{step:08d}.ckpt"
     assert lightning.resume_from_checkpoint(ck / "test" / "lightning") == str(saved)
     assert frameworks.read_marker(saved)["world_size"] == 2
-    assert not (ck / "result.json").exists()  # stopped, not finished
+    assert not (job_dir(ck) / "result.json").exists()  # stopped, not finished
 
 
 # ---- issue 23, items 4-6, with Lightning's own saves ----------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 
 from ddp_trainer.runtime import (CheckpointDirError, ProgressReporter, ResumableDistributedSampler, ResumeMismatch,
                                  check_writable)
-from trainer_harness import base_env, read_json, run, tail, torchrun_cmd, wait_for
+from trainer_harness import job_dir, base_env, read_json, run, tail, torchrun_cmd, wait_for
 
 
 def test_the_runtime_library_imports_nothing_beyond_torch_and_the_standard_library() -> None:
@@ -209,7 +209,7 @@ def test_plugin_with_dict_batches_collate_fn_train_step_and_ddp_options(tmp_path
             "--lr", "0.01", "--log-every", "5", "--ddp-static-graph",
             "--ddp-gradient-as-bucket-view", "--ddp-bucket-cap-mb", "1", "--num-workers", "1"]
     assert run(torchrun_cmd(args, nproc=2), env, tmp_path / "log", 120) == 0, tail(tmp_path / "log")
-    result = read_json(ckpt / "result.json")
+    result = read_json(job_dir(ckpt) / "result.json")
     assert result["status"] == "completed" and result["eval_accuracy"] is None and result["eval_loss"] < 0.69
     log = (tmp_path / "log").read_text()
     assert "step=5 epoch=0 loss=" in log and log.count("eval epoch=") == 3

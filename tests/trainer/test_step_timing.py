@@ -13,7 +13,7 @@ import pytest
 from ddp_trainer.config import ConfigError, parse_config
 from ddp_trainer.fault import due, slow_due
 from ddp_trainer.runtime.timing import StepTimer
-from trainer_harness import StoreServer, base_env, kill_tree, read_json, start, tail, torchrun_cmd
+from trainer_harness import job_dir, StoreServer, base_env, kill_tree, read_json, start, tail, torchrun_cmd
 
 
 class Clock:
@@ -101,7 +101,7 @@ def test_a_slowed_node_reports_its_own_time_and_its_peer_does_not_count_the_wait
             kill_tree(a, signal.SIGKILL)
         store.close()
     assert rcs == [0, 0], "\n".join(tail(p) for p in logs)
-    progress = read_json(ckpt / "progress.json")
+    progress = read_json(job_dir(ckpt) / "progress.json")
     by_worker = {int(k): v for k, v in progress["step_seconds_by_worker"].items()}
     assert set(by_worker) == {0, 1}, progress
     fast, slow = by_worker[0], by_worker[1]

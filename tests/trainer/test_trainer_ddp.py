@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from ddp_trainer.config import parse_config
-from ddpjob_operator.agent import WORKER_PROGRAM, contract
+from ddpjob_operator.agent import command, contract
 from ddp_trainer.runtime import ResumableDistributedSampler
 from ddp_trainer.workloads import load_workload
-from trainer_harness import (base_env, committed_steps, kill_tree, read_json, run, start, steps_dir, tail,
+from trainer_harness import (job_dir, base_env, committed_steps, kill_tree, read_json, run, start, steps_dir, tail,
                              torchrun_cmd, wait_for)
 
 pytestmark = pytest.mark.slow
@@ -25,12 +25,12 @@ def test_two_workers_train_digits_to_95_percent(tmp_path: Path) -> None:
     rc = run(torchrun_cmd(args, nproc=2), base_env(ckpt), tmp_path / "log", timeout=120)
     log = (tmp_path / "log").read_text()
     assert rc == 0, tail(tmp_path / "log")
-    result = read_json(ckpt / "result.json")
+    result = read_json(job_dir(ckpt) / "result.json")
     assert result["status"] == "completed" and result["world_size"] == 2 and result["epoch"] == 20
     assert result["eval_accuracy"] >= 0.95, result
     assert "step=20 epoch=0 loss=" in log and "samples_per_s=" in log
     assert log.count("step=20 epoch=0") == 1  # rank 0 only
-    progress = read_json(ckpt / "progress.json")
+    progress = read_json(job_dir(ckpt) / "progress.json")
     assert set(progress) == {"step", "epoch", "loss", "samples_per_second", "world_size", "last_checkpoint_step",
                              "time", "total_steps", "rank", "generation", "step_seconds", "step_seconds_by_worker"}
     assert set(progress["step_seconds_by_worker"]) == {"0"}  # one pod here (torchrun's group rank 0), two ranks
@@ -72,15 +72,15 @@ def test_ddp_matches_a_single_process_on_the_same_global_batches(tmp_path: Path,
 
 
 def test_sigterm_to_the_agent_writes_a_final_checkpoint_and_exits_143(tmp_path: Path) -> None:
-    """The agent as in a pod: torchrun under the pod's launcher (WORKER_PROGRAM), PID 1's role."""
+    """The agent as in a pod: torchrun under the pod's launcher (agent.command), PID 1's role."""
     ckpt, termination_log = tmp_path / "ckpt", tmp_path / "termination-log"
     args = ["--workload", "digits", "--epochs", "500", "--batch-size", "8", "--log-every", "10"]  # runs for minutes
     torchrun = torchrun_cmd(args, nproc=2)
     assert torchrun[1:3] == ["-m", "torch.distributed.run"]
-    launcher = [torchrun[0], "-c", WORKER_PROGRAM, *torchrun[3:]]
+    launcher = [*command("worker", python=torchrun[0]), *torchrun[3:]]
     agent = start(launcher, base_env(ckpt, **{contract.TERMINATION_LOG_ENV: str(termination_log)}), tmp_path / "log")
     try:
-        wait_for(lambda: (read_json(ckpt / "progress.json") or {}).get("step", 0) >= 30, "step 30", 60)
+        wait_for(lambda: (read_json(job_dir(ckpt) / "progress.json") or {}).get("step", 0) >= 30, "step 30", 60)
         assert committed_steps(ckpt) == []  # no periodic checkpoints configured
         agent.send_signal(signal.SIGTERM)  # what the kubelet sends to the pod's PID 1
         agent.wait(60)
@@ -97,4 +97,4 @@ def test_sigterm_to_the_agent_writes_a_final_checkpoint_and_exits_143(tmp_path: 
     assert "rank1 WARNING __main__: exiting with code 143" in log
     assert agent.returncode == 143, tail(tmp_path / "log")
     assert termination_log.read_text().startswith("torchrun stopped by SIGTERM; exit code 143")
-    assert read_json(ckpt / "result.json") is None
+    assert read_json(job_dir(ckpt) / "result.json") is None

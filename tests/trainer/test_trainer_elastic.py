@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_harness import (StoreServer, base_env, kill_tree, read_json, run, start, tail, torchrun_cmd,
+from trainer_harness import (job_dir, StoreServer, base_env, kill_tree, read_json, run, start, tail, torchrun_cmd,
                              wait_for)
 
 pytestmark = pytest.mark.slow
@@ -29,12 +29,12 @@ def test_killed_node_restarts_and_training_resumes_from_the_last_checkpoint(tmp_
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
     nodes = [start(cmd, env, log) for cmd, log in zip(cmds, logs)]
     try:
-        wait_for(lambda: ((read_json(ckpt / "progress.json") or {}).get("last_checkpoint_step") or 0) >= 50,
+        wait_for(lambda: ((read_json(job_dir(ckpt) / "progress.json") or {}).get("last_checkpoint_step") or 0) >= 50,
                  "a checkpoint at step >= 50", 90)
         victim = next(i for i in range(2) if "rank=0 world_size=2" in logs[i].read_text())
         kill_tree(nodes[victim], signal.SIGKILL)
         nodes[victim].wait(10)
-        killed_at = read_json(ckpt / "progress.json")["step"]
+        killed_at = read_json(job_dir(ckpt) / "progress.json")["step"]
         assert killed_at < 16 * 45, "training finished before the kill"
         nodes[victim] = start(cmds[victim], env, tmp_path / "node-restarted.log")
         rcs = [n.wait(150) for n in nodes]
@@ -51,7 +51,7 @@ def test_killed_node_restarts_and_training_resumes_from_the_last_checkpoint(tmp_
     # the 25 steps of the checkpoint interval (progress.json may lag the last step by a little).
     assert step >= killed_at - 1, all_logs
     assert "rescue checkpoint: rank" in all_logs or step % 25 == 0, all_logs
-    result = read_json(ckpt / "result.json")
+    result = read_json(job_dir(ckpt) / "result.json")
     assert result["status"] == "completed" and result["epoch"] == 16 and result["eval_accuracy"] >= 0.95
 
 
@@ -75,7 +75,7 @@ def test_resume_at_another_world_size_repeats_and_skips_no_sample(tmp_path: Path
     env = base_env(ckpt)
     first = run(torchrun_cmd(args + ["--max-steps", str(stop_step)], nproc=world_before), env, tmp_path / "a.log", 90)
     assert first == 0, tail(tmp_path / "a.log")
-    assert read_json(ckpt / "progress.json")["world_size"] == world_before
+    assert read_json(job_dir(ckpt) / "progress.json")["world_size"] == world_before
     assert run(torchrun_cmd(args, nproc=world_after), env, tmp_path / "b.log", 90) == 0, tail(tmp_path / "b.log")
     log = (tmp_path / "b.log").read_text()
     assert f"resumed from checkpoint step={stop_step} epoch=0" in log
@@ -87,7 +87,7 @@ def test_resume_at_another_world_size_repeats_and_skips_no_sample(tmp_path: Path
         assert not repeated, f"epoch {epoch} repeated {repeated}"
         assert sorted(indices) == list(range(n)), f"epoch {epoch} skipped {set(range(n)) - set(indices)}"
     assert seen[0] != seen[1]  # reshuffled
-    assert read_json(ckpt / "result.json")["world_size"] == world_after
+    assert read_json(job_dir(ckpt) / "result.json")["world_size"] == world_after
 
 
 def test_a_hung_peer_fails_the_survivors_collective_within_the_steady_timeout(tmp_path: Path) -> None:

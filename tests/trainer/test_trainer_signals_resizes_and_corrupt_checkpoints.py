@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ddp_trainer.runtime import CheckpointManager
-from trainer_harness import (base_env, committed_steps, kill_tree, read_json, run, start, steps_dir, tail,
+from trainer_harness import (job_dir, base_env, committed_steps, kill_tree, read_json, run, start, steps_dir, tail,
                              torchrun_cmd, wait_for)
 
 TINY = ["--workload", "synthetic", "--workload-option", "samples=512", "--workload-option", "features=8",
@@ -41,7 +41,7 @@ def test_1_sigterm_with_dataloader_workers_still_writes_the_final_checkpoint(tmp
     args = [*TINY, "--epochs", "5000", "--batch-size", "8", "--log-every", "5", "--num-workers", "2"]
     agent = start(torchrun_cmd(args, nproc=2), base_env(ckpt), tmp_path / "log")
     try:
-        wait_for(lambda: (read_json(ckpt / "progress.json") or {}).get("step", 0) >= 20, "step 20", 90)
+        wait_for(lambda: (read_json(job_dir(ckpt) / "progress.json") or {}).get("step", 0) >= 20, "step 20", 90)
         agent.send_signal(signal.SIGTERM)
         agent.wait(60)
     finally:
@@ -219,4 +219,4 @@ def test_7d_evaluation_runs_once_per_epoch_not_twice_at_the_end(tmp_path: Path) 
     args = ["--workload", "counting_task", "--epochs", "3", "--batch-size", "8", "--eval-batch-size", "16"]
     assert run(torchrun_cmd(args, nproc=1), env, tmp_path / "log", 90) == 0, tail(tmp_path / "log")
     assert count.read_text().count("eval") == 3  # 16 eval samples in one batch, once per epoch
-    assert read_json(tmp_path / "ckpt" / "result.json")["eval_accuracy"] is not None
+    assert read_json(job_dir(tmp_path / "ckpt") / "result.json")["eval_accuracy"] is not None

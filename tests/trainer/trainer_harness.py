@@ -12,6 +12,9 @@ from pathlib import Path
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # this tier is no package: reach tests/support.py
     sys.path.append(str(Path(__file__).resolve().parents[2]))
 from tests.support import read_json, wait_for  # noqa: E402,F401 - the trainer tests import them from here
+from ddp_trainer.runtime.contract import job_root  # noqa: E402
+
+JOB = {"DDPJOB_NAME": "test", "DDPJOB_NAMESPACE": "local"}  # the job base_env runs
 
 PY = sys.executable
 
@@ -29,11 +32,16 @@ def base_env(checkpoint_dir: Path | None = None, **extra: str) -> dict[str, str]
     env = dict(os.environ)
     for k in [k for k in env if k.startswith(("PET_", "TORCHELASTIC_", "DDPJOB_"))]:
         del env[k]
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DDPJOB_NAME="test", DDPJOB_NAMESPACE="local")
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **JOB)
     if checkpoint_dir is not None:
         env["DDPJOB_CHECKPOINT_DIR"] = str(checkpoint_dir)
     env.update(extra)
     return env
+
+
+def job_dir(checkpoint_dir: Path) -> Path:
+    """Where base_env's job keeps its own files under `checkpoint_dir` (progress.json, result.json): local.test."""
+    return job_root(checkpoint_dir, JOB)
 
 
 class StoreServer:

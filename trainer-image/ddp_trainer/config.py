@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from collections.abc import Mapping
 from typing import Any
 
+from .runtime.contract import CHECKPOINT_DIR_ENV, CHECKPOINT_INTERVAL_ENV, CHECKPOINT_KEEP_ENV, env_int
+
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field."""
@@ -254,13 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "")
-    if raw == "":
-        return default
     try:
-        return int(raw)
+        return env_int(env, name, default)
     except ValueError as e:
-        raise ConfigError(f"environment {name} must be an integer, got {raw!r}") from e
+        raise ConfigError(str(e)) from None
 
 
 def parse_config(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> TrainConfig:
@@ -274,8 +273,8 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] | None = 
         options[key] = value
     every = args.checkpoint_every
     if every is None:
-        every = _env_int(env, "DDPJOB_CHECKPOINT_INTERVAL_STEPS", 0)
-    keep = args.checkpoint_keep if args.checkpoint_keep is not None else _env_int(env, "DDPJOB_CHECKPOINT_KEEP", 2)
+        every = _env_int(env, CHECKPOINT_INTERVAL_ENV, 0)
+    keep = args.checkpoint_keep if args.checkpoint_keep is not None else _env_int(env, CHECKPOINT_KEEP_ENV, 2)
     return TrainConfig(
         workload=WorkloadConfig(name=args.workload, options=options),
         data=DataConfig(batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
@@ -284,7 +283,7 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] | None = 
         optim=OptimConfig(optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
                           momentum=args.momentum, schedule=args.schedule, warmup_fraction=args.warmup_fraction,
                           grad_accum=args.grad_accum, grad_clip=args.grad_clip, precision=args.precision),
-        checkpoint=CheckpointConfig(dir=args.checkpoint_dir or env.get("DDPJOB_CHECKPOINT_DIR") or None,
+        checkpoint=CheckpointConfig(dir=args.checkpoint_dir or env.get(CHECKPOINT_DIR_ENV) or None,
                                     every_steps=every, keep=keep, async_save=args.async_checkpoint,
                                     rescue=args.rescue_checkpoint),
         dist=DistConfig(backend=args.backend, timeout_s=args.dist_timeout, steady_timeout_s=args.dist_steady_timeout),

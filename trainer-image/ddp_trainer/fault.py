@@ -18,13 +18,14 @@ import time
 from collections.abc import Mapping
 
 from .config import FaultConfig
+from .runtime.contract import GENERATION_ENV
 
 
 def _here(fault: FaultConfig, environ: Mapping[str, str]) -> bool:
     """In the generation the fault is for and, with --fault-node, on that node ($NODE_NAME)."""
     if fault.node is not None and environ.get("NODE_NAME") != fault.node:
         return False
-    return fault.generation == -1 or environ.get("DDPJOB_GENERATION", "0") == str(fault.generation)
+    return fault.generation == -1 or environ.get(GENERATION_ENV, "0") == str(fault.generation)
 
 
 def due(fault: FaultConfig, rank: int, step: int, environ: Mapping[str, str] = os.environ) -> bool:

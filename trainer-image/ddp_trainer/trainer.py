@@ -9,7 +9,6 @@ import random
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -21,7 +20,7 @@ from .config import ConfigError, TrainConfig
 from .fault import after_training_due as fault_after_training_due
 from .fault import due as fault_due, hang as fault_hang, hang_due as fault_hang_due, strike as fault_strike
 from .fault import slow_down as fault_slow_down, slow_due as fault_slow_due
-from .runtime import (Job, ResumableDistributedSampler, atomic_write_json, check_resume, is_peer_failure, move_to,
+from .runtime import (Job, ResumableDistributedSampler, check_resume, is_peer_failure, move_to,
                       worker_init_fn)
 from .runtime.data import iter_with_stop_signals_held
 from .workloads import Workload, load_workload
@@ -155,9 +154,8 @@ class Trainer:
             fault_strike(self.cfg.fault, self.env.rank, self.progress.step)
         metrics = self.evaluate()
         self._save(final=True)
-        self._write_json("result.json", {"status": "completed", "step": self.progress.step,
-                                         "epoch": self.progress.epoch, "eval_loss": metrics["loss"],
-                                         "eval_accuracy": metrics["accuracy"], "world_size": self.env.world_size})
+        self.job.result(step=self.progress.step, epoch=self.progress.epoch, eval_loss=metrics["loss"],
+                        eval_accuracy=metrics["accuracy"])
         return 0
 
     def _train_epoch(self) -> int | None:
@@ -340,10 +338,6 @@ class Trainer:
         total = p.step + steps(len(self.train_set) - p.epoch_samples) + \
             (self.cfg.epochs - p.epoch - 1) * steps(len(self.train_set))
         return min(total, self.cfg.max_steps) if self.cfg.max_steps else total
-
-    def _write_json(self, name: str, obj: dict[str, Any]) -> None:
-        if self.env.is_main and self.job.checkpoint_dir:
-            atomic_write_json(Path(self.job.checkpoint_dir) / name, obj)
 
     # ---- checkpoints ------------------------------------------------------------------------
 

@@ -14,15 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-
-def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
-    raw = env.get(name, "")
-    if raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError as e:
-        raise ValueError(f"environment {name} must be an integer, got {raw!r}") from e
+from .contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_INTERVAL_ENV, CHECKPOINT_KEEP_ENV, GENERATION_ENV, JOB_NAME_ENV,
+                       JOB_NAMESPACE_ENV, REPLICA_INDEX_ENV, env_int)
 
 
 @dataclass(frozen=True)
@@ -50,13 +43,13 @@ class JobEnv:
         if missing:
             raise RuntimeError(f"{', '.join(missing)} not set: run the trainer under torchrun")
         return cls(rank=int(e["RANK"]), local_rank=int(e["LOCAL_RANK"]), world_size=int(e["WORLD_SIZE"]),
-                   group_rank=_int(e, "GROUP_RANK", 0), local_world_size=_int(e, "LOCAL_WORLD_SIZE", 1),
-                   restart_count=_int(e, "TORCHELASTIC_RESTART_COUNT", 0),
-                   generation=_int(e, "DDPJOB_GENERATION", 0), job_name=e.get("DDPJOB_NAME"),
-                   namespace=e.get("DDPJOB_NAMESPACE"), replica_index=_int(e, "DDPJOB_REPLICA_INDEX", None),
-                   checkpoint_dir=e.get("DDPJOB_CHECKPOINT_DIR") or None,
-                   checkpoint_interval_steps=_int(e, "DDPJOB_CHECKPOINT_INTERVAL_STEPS", 0),
-                   checkpoint_keep=_int(e, "DDPJOB_CHECKPOINT_KEEP", 2))
+                   group_rank=env_int(e, "GROUP_RANK", 0), local_world_size=env_int(e, "LOCAL_WORLD_SIZE", 1),
+                   restart_count=env_int(e, "TORCHELASTIC_RESTART_COUNT", 0),
+                   generation=env_int(e, GENERATION_ENV, 0), job_name=e.get(JOB_NAME_ENV),
+                   namespace=e.get(JOB_NAMESPACE_ENV), replica_index=env_int(e, REPLICA_INDEX_ENV, None),
+                   checkpoint_dir=e.get(CHECKPOINT_DIR_ENV) or None,
+                   checkpoint_interval_steps=env_int(e, CHECKPOINT_INTERVAL_ENV, 0),
+                   checkpoint_keep=env_int(e, CHECKPOINT_KEEP_ENV, 2))
 
     @property
     def is_main(self) -> bool:

@@ -63,10 +63,10 @@ from transformers.utils import (ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME,
                                 SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME)
 
 from . import frameworks
-from .checkpoint import atomic_write_json
 from .distributed import JobEnv, barrier, is_peer_failure
 from .distributed import exit_process
-from .progress import ProgressReporter
+from .contract import CHECKPOINT_DIR_ENV
+from .progress import ProgressReporter, write_result
 from .timing import StepTimer
 
 __all__ = ["DDPJobCallback", "exit_process", "output_dir", "resume_from_checkpoint"]
@@ -202,12 +202,7 @@ class DDPJobCallback(TrainerCallback):
         if args.should_save:
             self._guard(lambda: frameworks.start_generation(args.output_dir), args.output_dir, "a generation fence")
         if self.reporter is None:
-            env = self.env
-            self.reporter = ProgressReporter(
-                os.environ.get("DDPJOB_CHECKPOINT_DIR") or None, os.environ.get("DDPJOB_PROGRESS_URL") or None,
-                enabled=env is None or env.is_main, http_enabled=env is None or env.local_rank == 0,
-                token_file=os.environ.get("DDPJOB_PROGRESS_TOKEN_FILE") or None,
-                rank=env.rank if env else 0, ca_pem=os.environ.get("DDPJOB_PROGRESS_CA") or None)
+            self.reporter = ProgressReporter.from_env()
         if self.timer is None and model is not None:
             self.timer = StepTimer(next(model.parameters()).device)
             self.timer.watch(model)  # the wait for DDP's gradient all_reduce is not this rank's work
@@ -330,9 +325,9 @@ class DDPJobCallback(TrainerCallback):
             if self.exit_on_stop:
                 exit_process(self.exit_code)
             return
-        if args.should_save and os.environ.get("DDPJOB_CHECKPOINT_DIR"):
-            mount = Path(os.environ["DDPJOB_CHECKPOINT_DIR"])
-            self._guard(lambda: atomic_write_json(mount / "result.json", {
+        mount = os.environ.get(CHECKPOINT_DIR_ENV)
+        if args.should_save and mount:
+            self._guard(lambda: write_result(mount, {
                 "status": "completed", "world_size": args.world_size, "step": state.global_step, "loss": self.loss}),
                 mount, "result.json")
         self._close()

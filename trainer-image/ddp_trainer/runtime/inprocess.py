@@ -40,23 +40,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .contract import INPROCESS_ENV, REPLICA_INDEX_ENV, SPARE_PLACE_ENV
 from .distributed import abort_process_groups
 
 log = logging.getLogger(__name__)
 
-INPROCESS_ENV = "DDPJOB_INPROCESS"
 ENDPOINT_ENV = "PET_RDZV_ENDPOINT"  # the job's rendezvous store, as torchrun's --rdzv-endpoint
-REJOIN_TIMEOUT_ENV = "DDPJOB_REJOIN_TIMEOUT_SECONDS"
-REJOIN_TIMEOUT_S = 120.0
+REJOIN_TIMEOUT_S = 120.0  # without contract.REJOIN_TIMEOUT_ENV (the operator always sets it)
 # The launcher's keys (operator/ddpjob_operator launcher): the newest generation and its node range.
 GENERATION_KEY = "ddpjob/{uid}/generation"
 NNODES_KEY = "ddpjob/{uid}/nnodes/{generation}"
 GROUP_PREFIX = "ddpjob/{uid}/inprocess/g{generation}/"
 FALLBACK = "fallback"  # under a generation's GROUP_PREFIX: why its survivors took the exit path
 FALLBACK_LOOKBACK = 32  # generations before this one whose fallback notes rank 0 reads (one store round trip each)
-# A warm spare's trainer: the store key its agent writes the spare's assignment to ({"index", "generation", ...}:
-# the operator's answer, once the agent published the generation). Set by the agent only (agent/contract.py).
-SPARE_PLACE_ENV = "DDPJOB_SPARE_PLACE_KEY"
+# A warm spare's trainer finds, under contract.SPARE_PLACE_ENV, the store key its agent writes the spare's assignment
+# to ({"index", "generation", ...}: the operator's answer, once the agent published the generation).
 SPARE_BUILT_KEY = "{place}/built/{local_rank}"  # set once built: the agent marks the spare ready after all of them
 JOIN_TIMEOUT_S = 600.0  # every rank of a generation arrives within this (a pod's start: image pull, scheduling)
 CONNECT_TIMEOUT_S = 60.0  # every rank has arrived: the group's own connections take this at most
@@ -280,11 +278,11 @@ class Rendezvous:
         run_id = environ.get("TORCHELASTIC_RUN_ID") or environ.get("PET_RDZV_ID", "")
         try:
             uid, generation = split_run_id(run_id)
-            replica = int(environ.get("DDPJOB_REPLICA_INDEX", ""))
+            replica = int(environ.get(REPLICA_INDEX_ENV, ""))
             seat = Seat(replica, int(environ.get("LOCAL_RANK", "0")), int(environ.get("LOCAL_WORLD_SIZE", "1")))
         except ValueError as e:
             raise CannotRecover(f"{INPROCESS_ENV}=1 needs TORCHELASTIC_RUN_ID (or PET_RDZV_ID) <uid>-g<N>, "
-                                f"DDPJOB_REPLICA_INDEX, LOCAL_RANK and LOCAL_WORLD_SIZE: {e}") from None
+                                f"{REPLICA_INDEX_ENV}, LOCAL_RANK and LOCAL_WORLD_SIZE: {e}") from None
         place_key = environ.get(SPARE_PLACE_ENV, "")
         if (replica < 0 and not place_key) or not 0 <= seat.local_rank < seat.nproc:
             raise CannotRecover(f"no seat for replica index {replica}, local rank {seat.local_rank} of {seat.nproc}")

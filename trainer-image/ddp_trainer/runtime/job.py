@@ -29,19 +29,19 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from .checkpoint import CheckpointManager, RescueCheckpoint, atomic_write_json, raise_fence
+from .checkpoint import CheckpointManager, RescueCheckpoint, raise_fence
 from .frameworks import announce as announce_line, resume_message
 from .distributed import (CollectiveTimeout, JobEnv, StopRequest, abort_process_groups, barrier,
                           destroy_process_group, init_process_group, select_device)
 from . import inprocess
+from .contract import GENERATION_ENV, REJOIN_TIMEOUT_ENV, REPLICA_INDEX_ENV
 from .distributed import is_peer_failure
-from .progress import ProgressReporter, recovery_field
+from .progress import ProgressReporter, recovery_field, write_result
 from .timing import StepTimer
 from .watchdog import StallWatchdog
 
@@ -101,10 +101,8 @@ class Job:
             self.checkpoints = CheckpointManager(self.checkpoint_dir, keep if keep is not None else env.checkpoint_keep,
                                                  is_writer=env.is_main, async_save=async_save,
                                                  job_name=env.job_name or "")
-        self.reporter = reporter if reporter is not None else ProgressReporter(
-            self.checkpoint_dir, os.environ.get("DDPJOB_PROGRESS_URL") or None, enabled=env.is_main,
-            http_enabled=env.local_rank == 0, token_file=os.environ.get("DDPJOB_PROGRESS_TOKEN_FILE") or None,
-            rank=env.rank)
+        self.reporter = reporter if reporter is not None else ProgressReporter.from_env(
+            checkpoint_dir=self.checkpoint_dir or "", rank=env.rank, local_rank=env.local_rank)
 
     @property
     def env(self) -> JobEnv:
@@ -400,7 +398,7 @@ class Job:
         phase: where a recovery's time went, in its log line)"""
         rdzv, generation = self.rendezvous, self.env.generation
         phases = _Phases()
-        timeout = float(os.environ.get(inprocess.REJOIN_TIMEOUT_ENV) or inprocess.REJOIN_TIMEOUT_S)
+        timeout = float(os.environ.get(REJOIN_TIMEOUT_ENV) or inprocess.REJOIN_TIMEOUT_S)
         while True:
             if not self._group_wedged:
                 try:
@@ -510,10 +508,10 @@ class Job:
         self.reporter.report(step=step, total_steps=total_steps, loss=loss, **fields)
 
     def result(self, **metrics: Any) -> None:
-        """Rank 0 at a successful end: result.json {"status": "completed", "world_size", **metrics}, atomically."""
+        """Rank 0 at a successful end: result.json {"status": "completed", "world_size", **metrics}, atomically, in
+        the job's own directory (beside progress.json)."""
         if self.env.is_main and self.checkpoint_dir:
-            atomic_write_json(Path(self.checkpoint_dir) / "result.json",
-                              {"status": "completed", "world_size": self.env.world_size, **metrics})
+            write_result(self.checkpoint_dir, {"status": "completed", "world_size": self.env.world_size, **metrics})
 
     def mean(self, value: float | torch.Tensor) -> float:
         """The mean of a per-rank value over all ranks (a collective: every rank must call it)."""
@@ -606,7 +604,7 @@ def _join_in_process(rdzv: inprocess.Rendezvous, generation: int, device: torch.
 def _publish_environ(rdzv: inprocess.Rendezvous, generation: int, world: int) -> None:
     """What this process is now, where scripts and the runtime read it (torchrun's names)."""
     seat = rdzv.seat
-    os.environ.update(RANK=str(seat.rank), WORLD_SIZE=str(world), LOCAL_RANK=str(seat.local_rank),
-                      LOCAL_WORLD_SIZE=str(seat.nproc), GROUP_RANK=str(seat.replica_index),
-                      DDPJOB_REPLICA_INDEX=str(seat.replica_index),
-                      DDPJOB_GENERATION=str(generation), TORCHELASTIC_RUN_ID=f"{rdzv.uid}-g{generation}")
+    os.environ.update({"RANK": str(seat.rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(seat.local_rank),
+                       "LOCAL_WORLD_SIZE": str(seat.nproc), "GROUP_RANK": str(seat.replica_index),
+                       REPLICA_INDEX_ENV: str(seat.replica_index), GENERATION_ENV: str(generation),
+                       "TORCHELASTIC_RUN_ID": f"{rdzv.uid}-g{generation}"})

@@ -48,11 +48,11 @@ import torch
 from lightning.pytorch import Callback
 
 from . import frameworks
-from .checkpoint import atomic_write_json
 from .data import batch_size_of
 from .distributed import JobEnv, is_peer_failure
 from .distributed import exit_process
-from .progress import REPORT_PACE_S, ProgressReporter
+from .contract import CHECKPOINT_DIR_ENV
+from .progress import REPORT_PACE_S, ProgressReporter, write_result
 from .timing import StepTimer
 from .sampler import ResumableDistributedSampler
 
@@ -190,13 +190,8 @@ class DDPJobCallback(Callback):
             signal.signal(signum, self.stop._handle)
         timeout = getattr(trainer.strategy, "_timeout", None)  # DDPStrategy's process group timeout
         self.guard.start(timeout.total_seconds() if timeout is not None else None)
-        env = self.env
         if self.reporter is None:
-            self.reporter = ProgressReporter(
-                os.environ.get("DDPJOB_CHECKPOINT_DIR") or None, os.environ.get("DDPJOB_PROGRESS_URL") or None,
-                enabled=env is None or env.is_main, http_enabled=env is None or env.local_rank == 0,
-                token_file=os.environ.get("DDPJOB_PROGRESS_TOKEN_FILE") or None,
-                rank=env.rank if env else 0, ca_pem=os.environ.get("DDPJOB_PROGRESS_CA") or None)
+            self.reporter = ProgressReporter.from_env()
         if trainer.is_global_zero:  # (also creates the directory, and the volume's root outside DDPJob)
             self._guard(lambda: frameworks.start_generation(self.directory), "a generation fence")
         if trainer.global_step:
@@ -300,12 +295,12 @@ class DDPJobCallback(Callback):
             if self.exit_on_stop:
                 exit_process(self.exit_code)  # save_checkpoint's barrier: rank 0's file is committed
             return
-        if trainer.is_global_zero and os.environ.get("DDPJOB_CHECKPOINT_DIR"):
-            mount = Path(os.environ["DDPJOB_CHECKPOINT_DIR"])
+        mount = os.environ.get(CHECKPOINT_DIR_ENV)
+        if trainer.is_global_zero and mount:
             loss = trainer.callback_metrics.get("train_loss", trainer.callback_metrics.get("loss"))
             result = {"status": "completed", "world_size": trainer.world_size, "step": trainer.global_step,
                       **({"loss": float(loss)} if loss is not None else {})}
-            self._guard(lambda: atomic_write_json(mount / "result.json", result), "result.json", mount)
+            self._guard(lambda: write_result(mount, result), "result.json", mount)
         self._close()
 
     def _close(self) -> None:

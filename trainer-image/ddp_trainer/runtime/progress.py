@@ -8,8 +8,9 @@ never more than one report, whatever the rate), so it costs microseconds and nev
 disk or a network. Call it on every rank; each transport is used only where it applies, and a
 process with none configured does nothing. Transports (docs/launch-contract.md, "Progress"):
 
-- file (global rank 0): `<DDPJOB_CHECKPOINT_DIR>/progress.json`, written atomically (what
-  `ddpjob run --local` reads);
+- file (global rank 0): `progress.json` in the job's own directory on the volume,
+  `<DDPJOB_CHECKPOINT_DIR>/<DDPJOB_NAMESPACE>.<DDPJOB_NAME>/` (contract.job_root: two jobs sharing a
+  directory never share it), written atomically (what `ddpjob run --local` reads);
 - HTTP (local rank 0 of every pod): a JSON POST to `$DDPJOB_PROGRESS_URL` when set, with
   `Authorization: Bearer <$DDPJOB_PROGRESS_TOKEN_FILE>` (read at each send: the kubelet rotates it),
   timeout 2 s, body at most 4 KiB; an https URL is verified against `$DDPJOB_PROGRESS_CA` (PEM) when set,
@@ -19,6 +20,9 @@ process with none configured does nothing. Transports (docs/launch-contract.md, 
   say nothing about the training, and a warning could become the launcher's last log line, which a
   killed worker's incident quotes. A refused token or report (another 4xx) is a misconfiguration:
   warned once.
+
+`ProgressReporter.from_env` is the one way a trainer builds its reporter (`Job`, the framework callbacks,
+`report()`): the directory, endpoint, token and CA all come from the environment there.
 
 `flush()` (also called by `close()`) writes the newest report synchronously, for the end of a run: a
 trainer's last report is taken before its process exits, so the operator's status write that says
@@ -51,12 +55,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .contract import (CHECKPOINT_DIR_ENV, GENERATION_ENV, PROGRESS_CA_ENV, PROGRESS_FILE, PROGRESS_TOKEN_ENV,
+                       PROGRESS_URL_ENV, RESULT_FILE, env_int, job_root)
 
 log = logging.getLogger(__name__)
-PROGRESS_FILE = "progress.json"
-URL_ENV = "DDPJOB_PROGRESS_URL"
-TOKEN_ENV = "DDPJOB_PROGRESS_TOKEN_FILE"
-CA_ENV = "DDPJOB_PROGRESS_CA"
 MAX_BODY = 4096
 FILE_INTERVAL_S = 0.1
 # A loop with short steps need not build a report per step: most would be overwritten before a publish.
@@ -101,7 +103,7 @@ class ProgressReporter:
             try:
                 self._ssl = ssl.create_default_context(cadata=ca_pem)
             except (ssl.SSLError, ValueError) as e:  # progress is advisory: report nowhere, say why once
-                self._warn_once("ca", f"cannot use ${CA_ENV} to verify {self.url}: {e}; progress is not posted")
+                self._warn_once("ca", f"cannot use ${PROGRESS_CA_ENV} to verify {self.url}: {e}; progress is not posted")
                 self.url = None
         self.enabled = self.path is not None or self.url is not None
         self.http_timeout_s, self.heartbeat_s = http_timeout_s, heartbeat_s
@@ -111,6 +113,7 @@ class ProgressReporter:
         # File pacing: progress.json at most every FILE_INTERVAL_S (its readers poll it: the local runner
         # every 0.2 s); a write per step of a fast loop costs the trainer's CPU for nothing.
         self._next_file = 0.0
+        self._directory_made = False  # the job's own directory may not exist before its first checkpoint
         self._idle = False  # the thread waits for a report: only then does report() wake it (no GIL churn)
         self._last_sent: dict[str, Any] | None = None
         self._latest: dict[str, Any] | None = None
@@ -125,12 +128,20 @@ class ProgressReporter:
         self._prompt = False
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "ProgressReporter":
+    def from_env(cls, env: Mapping[str, str] | None = None, *, checkpoint_dir: str | os.PathLike | None = None,
+                 rank: int | None = None, local_rank: int | None = None) -> "ProgressReporter":
+        """The reporter of a trainer in this environment (`env`, default this process's), the one way to build
+        one: progress.json in the job's own directory under `checkpoint_dir` (default $DDPJOB_CHECKPOINT_DIR;
+        "": no file), the endpoint, its token and its CA from DDPJOB_PROGRESS_*. `rank`, `local_rank`: this
+        process's (default torchrun's RANK, LOCAL_RANK; 0 outside torchrun): the file is global rank 0's, the
+        POST local rank 0's. With `env` None the generation is read at each report (in-process recovery moves it)."""
         e = os.environ if env is None else env
-        return cls(e.get("DDPJOB_CHECKPOINT_DIR") or None, e.get(URL_ENV) or None,
-                   enabled=e.get("RANK", "0") == "0", http_enabled=e.get("LOCAL_RANK", "0") == "0",
-                   token_file=e.get(TOKEN_ENV) or None, rank=int(e.get("RANK", "0") or 0),
-                   ca_pem=e.get(CA_ENV) or None, generation=None if env is None else _generation(e))
+        mount = e.get(CHECKPOINT_DIR_ENV) if checkpoint_dir is None else checkpoint_dir
+        rank = env_int(e, "RANK", 0) if rank is None else rank  # a plain script is its own rank 0
+        local_rank = env_int(e, "LOCAL_RANK", 0) if local_rank is None else local_rank
+        return cls(job_root(mount, e) if mount else None, e.get(PROGRESS_URL_ENV) or None, enabled=rank == 0,
+                   http_enabled=local_rank == 0, token_file=e.get(PROGRESS_TOKEN_ENV) or None, rank=rank,
+                   ca_pem=e.get(PROGRESS_CA_ENV) or None, generation=None if env is None else _generation(e))
 
     def report(self, *, step: int, total_steps: int | None = None, loss: float | None = None,
                **fields: Any) -> None:
@@ -183,6 +194,9 @@ class ProgressReporter:
             self._recovery_sent = values.get("recovery")
             if self.path is not None:
                 try:
+                    if not self._directory_made:
+                        self.path.parent.mkdir(parents=True, exist_ok=True)
+                        self._directory_made = True
                     _replace_json(self.path, values)
                     self._next_file = time.monotonic() + FILE_INTERVAL_S
                 except OSError as e:
@@ -250,7 +264,8 @@ def _generation(environ: Mapping[str, str]) -> int | None:
         run, generation = rendezvous_generation(environ)
     except ValueError:
         return None
-    return generation if run or environ.get("DDPJOB_GENERATION") else None
+    return generation if run or environ.get(GENERATION_ENV) else None
+
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -267,6 +282,16 @@ def _replace_json(path: Path, values: dict[str, Any]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_result(checkpoint_dir: str | os.PathLike, result: Mapping[str, Any]) -> Path:
+    """Rank 0's summary at a successful end, `result.json` in the job's own directory (beside progress.json, so two
+    jobs sharing `checkpoint_dir` never share it), atomically and durably; returns its path."""
+    from .checkpoint import atomic_write_json  # torch: imported by the trainer that finishes anyway
+    directory = job_root(checkpoint_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(directory / RESULT_FILE, dict(result))
+    return directory / RESULT_FILE
 
 
 _default: ProgressReporter | None = None
