@@ -12,11 +12,12 @@ API version 1 (`API_VERSION`); additions keep it, a breaking change bumps it. Se
 | `CheckpointVolumeError` (`CheckpointVolumeFull`, `CheckpointVolumeUnreadable`) | the volume is full, or kept failing reads: exit `CHECKPOINT_VOLUME_EXIT_CODE` (75) with `error.record()`, message starting `checkpoint volume full:` / `checkpoint volume unreadable:` |
 | `StopRequest` | SIGTERM/SIGINT -> a flag all ranks agree on at the same step, without a device sync; `exit_code` 143 |
 | `ResumableDistributedSampler` | per-epoch permutation sharded over ranks, resumable mid-epoch at any world size |
-| `report()`, `ProgressReporter` | non-blocking progress (progress.json; POST to $DDPJOB_PROGRESS_URL) |
+| `report()`, `ProgressReporter` | non-blocking progress (progress.json in the job's own directory; POST to $DDPJOB_PROGRESS_URL); `ProgressReporter.from_env()` builds every reporter |
 | `worker_init_fn()`, `ignore_stop_signals` | DataLoader workers that outlive SIGTERM until the final checkpoint |
 | `seed_step(seed, step, rank)` | every random stream of the process (Python, NumPy, torch CPU/CUDA) from (seed, step, rank) alone: call it before each step's forward pass and dropout draws the same after a resume from any checkpoint, a rescue included |
 | `move_to`, `batch_size_of` | batches of any structure (tensors, dicts, tuples) |
 | `check_writable`, `check_resume` | fail early: unwritable checkpoint dir, resume with another data order |
+| `ddp_trainer.runtime.contract` | every `DDPJOB_*` variable's name, and `job_root`: the job's own directory on its volume |
 
 Framework integrations, imported on their own (they need their framework; docs/hf-and-lightning.md):
 `ddp_trainer.runtime.hf` (`DDPJobCallback` for the Hugging Face `Trainer`, `resume_from_checkpoint`,

@@ -103,7 +103,9 @@ class ProgressReporter:
             try:
                 self._ssl = ssl.create_default_context(cadata=ca_pem)
             except (ssl.SSLError, ValueError) as e:  # progress is advisory: report nowhere, say why once
-                self._warn_once("ca", f"cannot use ${PROGRESS_CA_ENV} to verify {self.url}: {e}; progress is not posted")
+                self._warn_once("ca", f"cannot use ${PROGRESS_CA_ENV} to verify {self.url}: {e}; it takes the CA "
+                                      f"certificate's PEM text (-----BEGIN CERTIFICATE-----...), not a file's path; "
+                                      f"progress is not posted")
                 self.url = None
         self.enabled = self.path is not None or self.url is not None
         self.http_timeout_s, self.heartbeat_s = http_timeout_s, heartbeat_s
