@@ -39,7 +39,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "trainer-image")]
 
 from ddpjob_operator import decisions, validation  # noqa: E402
-from ddpjob_operator.local.logs import read_report  # noqa: E402
 from ddpjob_operator.local.processes import marked_pids  # noqa: E402
 from ddpjob_operator.local.options import DELETE, KILL, KILL_STORE, FaultInjection, RunOptions  # noqa: E402
 from ddpjob_operator.local.runner import LocalRunner  # noqa: E402
@@ -134,7 +133,7 @@ class SoakRunner(LocalRunner):
                 self._signal(pids, signal.SIGCONT)
                 self.paused = None
             return
-        step = (read_report(self.checkpoint_dir, "progress.json") or {}).get("step") or 0
+        step = self.files.progress().get("step") or 0
         for fault in list(self.pending_pauses):
             target = self.workers.get(self.pod_of(fault.index))
             if step < fault.at_step or target is None or target.deleted or target.held or target.process.poll(now) \

@@ -8,7 +8,8 @@ import json
 from datetime import datetime, timedelta, timezone
 
 from ddpjob_operator import decisions, progress
-from ddpjob_operator.local.progress_file import PROGRESS_FILE, ProgressFile
+from ddpjob_operator.local.logs import PROGRESS_FILE, JobFiles
+from ddpjob_operator.local.progress_file import ProgressFile
 
 T0 = datetime(2026, 11, 22, 12, tzinfo=timezone.utc)
 
@@ -45,7 +46,7 @@ def seen(observation: decisions.ProgressObservation | None) -> tuple:
 
 def test_the_same_reports_give_the_same_eta_and_stall_clock_locally_and_on_a_cluster(tmp_path):
     tracker = progress.ProgressTracker(write_seconds=0.0)
-    local = ProgressFile(tmp_path, "uid", ("local", "job"), T0 - timedelta(seconds=1), warn=print)
+    local = ProgressFile(JobFiles(tmp_path, print), "uid", ("local", "job"), T0 - timedelta(seconds=1))
     etas = {}
     for second, served, body in reports():
         now = T0 + timedelta(seconds=second)
@@ -66,7 +67,7 @@ def test_the_same_reports_give_the_same_eta_and_stall_clock_locally_and_on_a_clu
 
 def test_a_report_the_endpoint_would_refuse_is_not_progress_locally_and_is_warned_of_once(tmp_path):
     warnings: list[str] = []
-    local = ProgressFile(tmp_path, "uid", ("local", "job"), T0, warn=warnings.append)
+    local = ProgressFile(JobFiles(tmp_path, warnings.append), "uid", ("local", "job"), T0)
     for second, loss in ((1, 0.5), (2, float("nan")), (3, float("nan"))):
         (tmp_path / PROGRESS_FILE).write_text(json.dumps({"step": second, "loss": loss,
                                                           "time": T0.timestamp() + second}))
@@ -79,7 +80,7 @@ def test_a_report_the_endpoint_would_refuse_is_not_progress_locally_and_is_warne
 
 
 def test_every_workers_step_time_gathered_by_rank_zero_reaches_straggler_detection(tmp_path):
-    local = ProgressFile(tmp_path, "uid", ("local", "job"), T0, warn=print)
+    local = ProgressFile(JobFiles(tmp_path, print), "uid", ("local", "job"), T0)
     for second in (1, 2):
         (tmp_path / PROGRESS_FILE).write_text(json.dumps({
             "step": 10 * second, "time": T0.timestamp() + second, "rank": 0, "step_seconds_by_worker": {

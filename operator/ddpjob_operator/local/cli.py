@@ -128,7 +128,6 @@ def with_replicas(job: model.DDPJob, replicas: int | None) -> model.DDPJob:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-
     try:
         job = with_replicas(load_one_job(args.file), args.replicas)
         _check_progress_source(args, job.spec)
@@ -136,11 +135,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                              print_logs=args.logs, faults=_fault(args, job.spec.replicas),
                              changes=_changes(args, job.spec), cold_start=args.cold_start)
         runner = LocalRunner(job, options, make_view())
+        phase = runner.run()  # InvalidJob before anything starts: its directories are another run's, or planted
     except validation.InvalidJob as exc:
         for error in exc.errors:
             print(error, file=sys.stderr)
         return validation.EXIT_INVALID
-    phase = runner.run()
     if runner.interrupted:
         return EXIT_INTERRUPTED
     return 0 if phase == "Succeeded" else EXIT_FAILED

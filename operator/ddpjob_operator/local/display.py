@@ -7,8 +7,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from .. import decisions, model
-from .logs import newest_checkpoint, read_report
-from .progress_file import PROGRESS_FILE
+from .logs import RESULT_FILE
 from .view import Snapshot, Summary, WorkerRow
 
 if TYPE_CHECKING:
@@ -17,7 +16,7 @@ if TYPE_CHECKING:
 
 def snapshot(runner: LocalRunner, now: datetime) -> Snapshot:
     """The live table: the job's phase and progress, a row per worker."""
-    progress = read_report(runner.checkpoint_dir, PROGRESS_FILE) or {}
+    progress = runner.files.progress()
     shown = runner.status.progress
     ranks = {r.index: r for r in runner.status.ranks}
     rows = []
@@ -49,7 +48,7 @@ def summary(runner: LocalRunner) -> Summary:
     message = runner.status.message or ""
     if condition is not None and condition.reason != phase:
         message = f"{condition.reason}: {message}"
-    newest = newest_checkpoint(runner.checkpoint_dir)
+    newest = runner.files.newest_checkpoint()
     if runner.interrupted:
         kept = (f"the workers checkpointed (newest: step {newest[0]}), continue with --resume" if newest is not None
                 else "no checkpoint was written (the trainer saved none), --resume would start over")
@@ -62,10 +61,8 @@ def summary(runner: LocalRunner) -> Summary:
     notes += tuple(f"Warning {c.reason}: {c.message}" for c in runner.status.conditions
                    if c.type in (decisions.CONDITION_WORLD_SIZE_MISMATCH, decisions.CONDITION_NOT_REPORTING)
                    and c.status == "True")
-    result = read_report(runner.checkpoint_dir, "result.json")
-    started = runner.created_at.timestamp()
-    if result is not None and (runner.checkpoint_dir / "result.json").stat().st_mtime < started:
-        result = None  # left by an earlier run in a kept directory
+    # One left by an earlier run in a kept directory is not this run's.
+    result = runner.files.report(RESULT_FILE, since=runner.created_at.timestamp())
     return Summary(job=runner.name, phase=phase, message=message,
                    elapsed_s=(runner.clock() - runner.created_at).total_seconds(),
                    restarts=runner.status.restarts, disruptions=runner.status.disruptions,

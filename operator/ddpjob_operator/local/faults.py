@@ -10,10 +10,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Callable
 
 from ..validation import InvalidJob
-from .logs import read_report
 from .options import KILL, KILL_STORE, NO_PROGRESS_WARNING_SECONDS, FaultInjection, SpecChange
 from .processes import LocalProcess, kill_together
-from .progress_file import PROGRESS_FILE
 
 if TYPE_CHECKING:
     from .runner import LocalRunner, WorkerProcess
@@ -51,7 +49,7 @@ class Schedule:
 
     def inject(self, runner: LocalRunner, now: datetime) -> None:
         """Every fault due now, in the same instant (all trees frozen before any is killed)."""
-        progress = read_report(runner.checkpoint_dir, PROGRESS_FILE) or {}
+        progress = runner.files.progress()
         step = runner.reported_step(progress)
         self._warn_without_progress(step, now)
         elapsed = (now - self.started_at).total_seconds()
@@ -80,7 +78,7 @@ class Schedule:
             kill_together(*(process for process, _ in killed))
             # Read once the trees are gone, not a poll before: the survivors cannot complete a step without the
             # killed rank, so the newest report now is the last step the job completed.
-            last = runner.reported_step(read_report(runner.checkpoint_dir, PROGRESS_FILE) or {})
+            last = runner.reported_step(runner.files.progress())
             for process, asked in killed:
                 at = "before the trainer reported any step" if last is None else f"trainer step {last}"
                 if asked is not None and last is not None and last != asked:
@@ -97,7 +95,7 @@ class Schedule:
 
     def apply_changes(self, runner: LocalRunner, now: datetime) -> None:
         """Each spec change whose moment came, in order, validated as the API server would."""
-        progress = read_report(runner.checkpoint_dir, PROGRESS_FILE) or {}
+        progress = runner.files.progress()
         elapsed = (now - self.started_at).total_seconds()
         while self.changes:
             change = self.changes[0]

@@ -23,7 +23,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO
 
-from ..agent import WORKER_PROGRAM, ZYGOTE_PROGRAM
+from .. import agent
+from .paths import open_for_append
 
 MARKER_ENV = "DDPJOB_LOCAL_POD"
 PROC = Path("/proc")
@@ -80,8 +81,8 @@ def kill_marked(*prefixes: str, sessions: tuple[int, ...] = (), timeout: float =
 
 
 class Zygote:
-    """Starts worker launchers (`python -c WORKER_PROGRAM ARGS...`) as forks of one process that
-    imported torch once (agent.ZYGOTE_PROGRAM), in milliseconds instead of seconds of imports.
+    """Starts worker launchers (agent.command("worker") ARGS...) as forks of one process that
+    imported torch once (agent.command("zygote")), in milliseconds instead of seconds of imports.
     It is started on first use; a worker it cannot start (it failed to import) starts as a new
     interpreter instead, so every failure still surfaces as that worker's exit."""
 
@@ -99,15 +100,15 @@ class Zygote:
         if self.popen is not None and self.popen.poll() is None:
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen([self.python, "-c", ZYGOTE_PROGRAM],
+        with os.fdopen(open_for_append(self.log_path), "ab") as log:
+            self.popen = subprocess.Popen(agent.command("zygote", python=self.python),
                                           env={**self.env, MARKER_ENV: self.marker}, stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         os.set_blocking(self.popen.stdout.fileno(), False)
         self._pending = b""
 
     def handles(self, argv: list[str]) -> bool:
-        return not self.failed and argv[:3] == [self.python, "-c", WORKER_PROGRAM]
+        return not self.failed and argv[:3] == agent.command("worker", python=self.python)
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> int | None:
         """The started worker's pid; None when the zygote is not usable (it exited or hung in its
@@ -213,7 +214,7 @@ class LocalProcess:
 
     def start(self, now: datetime) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
+        self._log = os.fdopen(open_for_append(self.log_path), "ab")
         # One line: a `python -c` program (the builders' launcher or store) is shown by its role only.
         shown = ["<program>" if "\n" in arg else arg for arg in self.argv]
         self._log.write(f"---- {self.name}: {' '.join(shown)}\n".encode())

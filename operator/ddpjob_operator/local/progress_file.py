@@ -6,25 +6,21 @@ a new report is one whose `time` changed."""
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .. import decisions, progress
 from ..progress.reports import MAX_STEP_SECONDS
-from .logs import read_report
-
-PROGRESS_FILE = "progress.json"
+from .logs import PROGRESS_FILE, JobFiles
 
 
 class ProgressFile:
     """`observe()` -> the decision layer's ProgressObservation of the job, from the newest progress.json.
 
-    `warn` is told once when the trainer writes a report the operator's endpoint would refuse (422): such
-    reports are not progress here either."""
+    The files' `warn` is told once when the trainer writes a report the operator's endpoint would refuse (422):
+    such reports are not progress here either."""
 
-    def __init__(self, directory: Path | None, uid: str, key: tuple[str, str], started_at: datetime,
-                 warn: Callable[[str], None]):
-        self.directory, self.uid, self.key, self.warn = directory, uid, key, warn
+    def __init__(self, files: JobFiles, uid: str, key: tuple[str, str], started_at: datetime):
+        self.files, self.uid, self.key = files, uid, key
         self.started = started_at.timestamp()  # a file left by an earlier run (kept with --resume) is not news
         # Nothing to bound locally (no API server): every observation shows the newest report.
         self.tracker = progress.ProgressTracker(write_seconds=0.0)
@@ -33,7 +29,7 @@ class ProgressFile:
 
     def observe(self, generation: int, now: datetime) -> decisions.ProgressObservation | None:
         """`generation`: the one the runner's pods serve now (status.generation); the clock is the runner's."""
-        raw = read_report(self.directory, PROGRESS_FILE)
+        raw = self.files.report(PROGRESS_FILE)
         stamp = raw.get("time") if raw is not None else None
         if raw is not None and stamp != self._stamp and not (isinstance(stamp, (int, float)) and stamp < self.started):
             self._stamp = stamp
@@ -46,7 +42,7 @@ class ProgressFile:
         except progress.BadReport as bad:
             if not self._warned:
                 self._warned = True
-                self.warn(f"Warning: {PROGRESS_FILE} holds a report the operator would refuse ({bad}); such reports "
+                self.files.warn(f"Warning: {PROGRESS_FILE} holds a report the operator would refuse ({bad}); such reports "
                           f"are not taken as progress, locally or on a cluster")
             return
         served = report.attributed_to(generation)

@@ -22,17 +22,23 @@ from pathlib import Path
 from typing import Callable
 
 from .. import builders, decisions, model, validation
+from .. import agent
 from ..agent import contract
 from ..validation import FieldError, InvalidJob
 from . import display
 from .faults import Schedule
-from .logs import RESUME_LINE, LogTail
+from .logs import RESUME_LINE, JobFiles, LogTail, job_directory_name
 from .options import (COLD_GPU_NODE, FaultInjection, RunOptions)
+from .paths import (DirectoryLock, NotARegularFile, read_regular, refuse_planted_entries, refuse_unusable_directories,
+                    replace_file)
 from .processes import LocalProcess, Zygote, kill_marked, marker_for
 from .progress_file import ProgressFile
 from .view import Summary, View
 
 NAMESPACE = "local"
+LOCK_FILE = "run.lock"
+# SIGHUP: the terminal or ssh session closed. Each stops the run as a deletion does (docs/local.md).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 LOCALHOST = "127.0.0.1"
 POLL_SECONDS = 0.2
 EXIT_FAILED = 1
@@ -87,18 +93,6 @@ class WorkerProcess:
     ready_seen: bool = False
 
 
-def refuse_links(*paths: Path) -> None:
-    """The run's own directories are emptied and written: none may be a symbolic link (one committed in a
-    cloned repository would have the run delete and overwrite whatever it points to)."""
-    errors = [FieldError(str(p), f"is a symbolic link (to {os.readlink(p)}): the local run empties and writes its "
-                                 f"own directories and never does so through a link",
-                         f"remove the link (`rm {p}`: what it points to is left alone) and run again, or give "
-                         f"--checkpoint-dir DIR for checkpoints kept elsewhere")
-              for p in paths if p.is_symlink()]
-    if errors:
-        raise InvalidJob(errors)
-
-
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -126,15 +120,17 @@ def _spare_ready(w: WorkerProcess) -> bool:
 
 
 def _read_text(path: Path) -> str | None:
+    """A termination message: the launcher's file, or None (absent, or not a regular file of at most 64 KiB)."""
     try:
-        return path.read_text(errors="replace")
-    except FileNotFoundError:
+        data = read_regular(path, limit=1 << 16)
+    except (OSError, NotARegularFile):
         return None
+    return None if data is None else data.decode(errors="replace")
 
 
 def _size(path: Path) -> int:
     try:
-        return path.stat().st_size
+        return os.lstat(path).st_size
     except FileNotFoundError:
         return 0
 
@@ -168,12 +164,24 @@ class LocalRunner:
         self.uid = str(uuid.uuid4())
         self.run_id = f"{self.name}-{self.uid[:8]}"
         self.run_marker = marker_for(self.run_id)
-        root = options.state_dir / self.name
-        refuse_links(options.state_dir, root, root / "logs", *([] if options.checkpoint_dir else [root / "checkpoints"]))
-        self.log_dir = (root / "logs").resolve()
+        self._root = options.state_dir / self.name
+        mount = options.checkpoint_dir or self._root / "checkpoints"
+        # The trainer's own directory on the volume (progress.json, result.json, checkpoints/): the key is
+        # the trainer's, so two jobs that share --checkpoint-dir never read each other's files.
+        self._job_key = job_directory_name(self.name, NAMESPACE)
+        refuse_unusable_directories(
+            options.state_dir, self._root, self._root / "logs", *([mount] if options.checkpoint_dir is None else []),
+            mount / self._job_key,
+            mount / self._job_key / "checkpoints",
+            fix="give --checkpoint-dir DIR for checkpoints kept elsewhere")
+        if options.checkpoint_dir is not None:  # the user's own directory: may be a link, must be a directory
+            refuse_unusable_directories(options.checkpoint_dir.resolve(), fix="give another --checkpoint-dir")
+        self.log_dir = (self._root / "logs").resolve()
         self.checkpoint_dir: Path | None = None
         if job.spec.checkpoint is not None:
-            self.checkpoint_dir = (options.checkpoint_dir or root / "checkpoints").resolve()
+            self.checkpoint_dir = mount.resolve()
+        self.files = JobFiles(self.checkpoint_dir / self._job_key if self.checkpoint_dir else None, self.view.event)
+        self._locks: list[DirectoryLock] = []
         self.status = model.DDPJobStatus()
         self.store: LocalProcess | None = None
         # Every worker starts as a fork of it: a new generation imports nothing (bench/recovery.py).
@@ -200,8 +208,7 @@ class LocalRunner:
         self.created_at = clock()
         # Progress as the decision layer sees it (hang detection, status.progress, straggler timings): the
         # trainer's progress.json through the operator's own tracker.
-        self.progress = ProgressFile(self.checkpoint_dir, self.uid, (NAMESPACE, self.name), self.created_at,
-                                     self.view.event)
+        self.progress = ProgressFile(self.files, self.uid, (NAMESPACE, self.name), self.created_at)
         self.schedule = Schedule(options.faults, options.changes, self.created_at, self.view.event)
 
     @property
@@ -212,10 +219,11 @@ class LocalRunner:
     # ---- the loop ----------------------------------------------------------------------------
 
     def run(self) -> str:
-        """Run to Succeeded or Failed (or until SIGINT/SIGTERM); returns the final phase."""
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        """Run to Succeeded or Failed (or until SIGINT, SIGTERM or SIGHUP); returns the final phase.
+        InvalidJob, before anything starts, when another run holds its directories or something is planted there."""
+        self._prepare_dirs()
+        previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         try:
-            self._prepare_dirs()
             if self.zygote is not None:
                 self.zygote.start()  # its imports overlap the store's start
             while True:
@@ -261,12 +269,28 @@ class LocalRunner:
         self._signals.append(signum)
 
     def _prepare_dirs(self) -> None:
+        """Takes the run's directories (one run at a time: a second would empty the first's checkpoints and logs),
+        then empties what a new job starts without. InvalidJob when another run holds them or a file of the
+        run's own is not a regular file."""
+        self._root.mkdir(parents=True, exist_ok=True)  # no link on the way (refuse_unusable_directories)
+        try:
+            self._locks.append(DirectoryLock(self._root, LOCK_FILE, f"the logs and checkpoints of job {self.name} "
+                                             "live here", "run from another working directory"))
+            if self.options.checkpoint_dir is not None and self.checkpoint_dir is not None:
+                # Another working directory's run of this job may share the claim, where its files are this one's.
+                self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+                self._locks.append(DirectoryLock(self.checkpoint_dir, f"{self._job_key}.lock", f"job {self.name} "
+                                                 "keeps its checkpoints here", "give another --checkpoint-dir"))
+        except InvalidJob:
+            self._release_locks()
+            raise
         # The default directory is the job's own claim (claimTemplate): a new job starts empty, and so do
         # its logs (the logs of the run whose checkpoints are kept, with --resume or --checkpoint-dir, go on).
         fresh = self.options.checkpoint_dir is None and not self.options.resume
         if fresh and self.log_dir.exists():
-            shutil.rmtree(self.log_dir)  # not a link (refuse_links); rmtree removes links inside, not their targets
+            shutil.rmtree(self.log_dir)  # not a link (checked); rmtree removes links inside, not their targets
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        refuse_planted_entries(self.log_dir)  # a kept log directory: a link there would be appended through
         if self.checkpoint_dir is None:
             return
         if fresh and self.checkpoint_dir.exists():
@@ -394,7 +418,7 @@ class LocalRunner:
         process = LocalProcess(
             name=name, marker=marker_for(self.run_id, name, action.attempt), env=env,
             argv=builders.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST,
-                                         python=sys.executable),
+                                         python=sys.executable, agent_dir=agent.DIRECTORY),
             log_path=self.log_dir / f"{name}.log", zygote=self.zygote)
         if name not in self.tails:  # logs are appended across runs: read only this run's part
             self.tails[name] = LogTail(process.log_path, offset=_size(process.log_path))
@@ -435,7 +459,7 @@ class LocalRunner:
         process = LocalProcess(
             name=name, marker=marker_for(self.run_id, name, 0), env=env,
             argv=builders.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST,
-                                         python=sys.executable),
+                                         python=sys.executable, agent_dir=agent.DIRECTORY),
             log_path=self.log_dir / f"{name}.log", zygote=self.zygote)
         if name not in self.tails:
             self.tails[name] = LogTail(process.log_path, offset=_size(process.log_path))
@@ -455,9 +479,7 @@ class LocalRunner:
                 continue
             given = {"index": rank.index, "generation": rank.generation, "nnodes": builders.nnodes(self.spec),
                      "rdzvId": builders.rendezvous_id(self.uid, rank.generation)}
-            partial = w.assignment_file.with_suffix(".partial")
-            partial.write_text(json.dumps(given))
-            partial.replace(w.assignment_file)
+            replace_file(w.assignment_file, json.dumps(given).encode())
             self.view.event(f"{name} takes the place of worker {rank.index} in generation {rank.generation}")
 
     def _start(self, w: WorkerProcess, now: datetime) -> None:
@@ -522,6 +544,25 @@ class LocalRunner:
     def stop_all(self) -> None:
         """Like deleting the job: SIGTERM every worker (they checkpoint), SIGKILL after the grace
         period or a second Ctrl-C, then the store; nothing of this run survives."""
+        try:
+            self._stop_gracefully()
+        finally:  # whatever interrupted the graceful part, nothing of this run survives
+            kill_marked(self.run_marker)
+            for w in self.workers.values():
+                w.process.kill()  # reaps the root processes
+            if self.store is not None:
+                self.store.kill()
+            if self.zygote is not None:
+                self.zygote.close()
+            self._release_locks()  # nothing of the run is left: its directories are free
+            self._show(self.clock())
+
+    def _release_locks(self) -> None:
+        for lock in self._locks:
+            lock.release()
+        self._locks.clear()
+
+    def _stop_gracefully(self) -> None:
         signals_seen = len(self._signals)
         now = self.clock()
         for w in self.workers.values():
@@ -538,14 +579,6 @@ class LocalRunner:
             wait_until = time.monotonic() + 5
             while self.store.poll(self.clock()) is None and time.monotonic() < wait_until:
                 time.sleep(0.05)
-        kill_marked(self.run_marker)
-        for w in self.workers.values():
-            w.process.kill()  # reaps the root processes
-        if self.store is not None:
-            self.store.kill()
-        if self.zygote is not None:
-            self.zygote.close()
-        self._show(self.clock())
 
     # ---- show --------------------------------------------------------------------------------
 
@@ -569,5 +602,5 @@ class LocalRunner:
 
     @property
     def stopped_by(self) -> str | None:
-        """The signal that stopped the run (SIGINT, SIGTERM), if one did."""
+        """The signal that stopped the run (SIGINT, SIGTERM, SIGHUP), if one did."""
         return signal.Signals(self._signals[0]).name if self._signals else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from rich.console import Console
 from rich.live import Live
@@ -132,17 +132,34 @@ def make_view(console: Console | None = None) -> View:
     return LiveView(console) if console.is_terminal else PlainView(console)
 
 
-class PlainView:
-    """No terminal: one timestamped line per state change, progress now and then."""
+class ConsoleOutput:
+    """A console that may vanish mid-run (the terminal or ssh session closed: SIGHUP, then EIO or EPIPE on every
+    write): showing stops at the first OSError, and the run and its cleanup go on."""
 
     def __init__(self, console: Console):
         self.console = console
+        self.lost = False
+
+    def _write(self, draw: Callable[[], None]) -> None:
+        if self.lost:
+            return
+        try:
+            draw()
+        except OSError:
+            self.lost = True
+
+
+class PlainView(ConsoleOutput):
+    """No terminal: one timestamped line per state change, progress now and then."""
+
+    def __init__(self, console: Console):
+        super().__init__(console)
         self._last: Snapshot | None = None
         self._last_progress_at = 0.0
 
     def _print(self, text: str) -> None:
-        self.console.print(f"{time.strftime('%H:%M:%S')} {text}", markup=False, highlight=False,
-                           soft_wrap=True)
+        self._write(lambda: self.console.print(f"{time.strftime('%H:%M:%S')} {text}", markup=False, highlight=False,
+                                               soft_wrap=True))
 
     def update(self, snap: Snapshot) -> None:
         last = self._last
@@ -165,7 +182,7 @@ class PlainView:
         self._print(text)
 
     def log_line(self, pod: str, line: str) -> None:
-        self.console.print(f"[{pod}] {line}", markup=False, highlight=False, soft_wrap=True)
+        self._write(lambda: self.console.print(f"[{pod}] {line}", markup=False, highlight=False, soft_wrap=True))
 
     def close(self, summary: Summary) -> None:
         for line in summary.lines():
@@ -179,15 +196,20 @@ def _progress_text(snap: Snapshot) -> str:
     return text + (f"\nSTALLED: {snap.stalled}" if snap.stalled else "")
 
 
-class LiveView:
+class LiveView(ConsoleOutput):
     """A terminal: a table redrawn in place; events and log lines scroll above it."""
 
     def __init__(self, console: Console):
-        self.console = console
+        super().__init__(console)
+        # Started at the first update: a run refused before it starts draws nothing and leaves the terminal as is.
         self.live = Live(console=console, auto_refresh=False, transient=False)
-        self.live.start()
 
     def update(self, snap: Snapshot) -> None:
+        self._write(lambda: self._draw(snap))
+
+    def _draw(self, snap: Snapshot) -> None:
+        if not self.live.is_started:
+            self.live.start()
         self.live.update(self._table(snap), refresh=True)
 
     def _table(self, snap: Snapshot) -> Table:
@@ -206,13 +228,14 @@ class LiveView:
         return table
 
     def event(self, text: str) -> None:
-        self.live.console.print(f"{time.strftime('%H:%M:%S')} {text}", markup=False, highlight=False)
+        self._write(lambda: self.live.console.print(f"{time.strftime('%H:%M:%S')} {text}", markup=False,
+                                                    highlight=False))
 
     def log_line(self, pod: str, line: str) -> None:
-        self.live.console.print(f"[{pod}] {line}", markup=False, highlight=False)
+        self._write(lambda: self.live.console.print(f"[{pod}] {line}", markup=False, highlight=False))
 
     def close(self, summary: Summary) -> None:
-        self.live.stop()
+        self._write(self.live.stop)
         style = PHASE_STYLE.get(summary.phase, "")
         for i, line in enumerate(summary.lines()):
-            self.console.print(Text(line, style if i == 0 else ""))
+            self._write(lambda: self.console.print(Text(line, style if i == 0 else "")))
