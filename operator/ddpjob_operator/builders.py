@@ -15,7 +15,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from . import model
-from .agent import WORKER_PROGRAM
+from . import agent
 from .agent.contract import (ASSIGNMENT_FILE_ENV, PROGRESS_CA_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV,
                              INPROCESS_ENV, REJOIN_TIMEOUT_ENV, SPARE_PLACE_ENV, REJOIN_TIMEOUT_SECONDS, SPARE_ENV, SPARE_READY_FILE_ENV,
                              TERMINATION_LOG_ENV, TERMINATION_LOG_PATH)
@@ -176,15 +176,33 @@ def torchrun_flags(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str,
     ]
 
 
+# ---------------------------------------------------------------- the agent, by reference (issue 37)
+
+# Every worker and spare runs the agent's files (agent.POD_SOURCES) from the job's agent ConfigMap, mounted
+# here read-only: a pod's command names them instead of carrying them (24 KB in each pod, each list and
+# watch event of pods). Under the operator's directory, where no template mount may go.
+AGENT_VOLUME = f"{model.OPERATOR_VOLUME_PREFIX}agent"
+AGENT_DIR = f"{model.OPERATOR_SECRETS_DIR}/agent"
+AGENT_FILE_MODE = 0o444
+
+
+def agent_config_map_name(job_name: str) -> str:
+    # The files' digest in the name: a newer operator's agent is a ConfigMap of its own (they are immutable),
+    # and the pods already running keep the one they mounted.
+    return f"{job_name}-agent-{agent.POD_DIGEST}"
+
+
 def entrypoint_args(spec: model.DDPJobSpec) -> list[str]:
     """What follows torchrun's flags: `-m` for a module, the entrypoint, the user's args."""
     return (["-m"] if not spec.entrypoint.endswith(".py") else []) + [spec.entrypoint, *spec.args]
 
 
 def worker_command(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str, local_addr: str,
-                   python: str = "python") -> list[str]:
-    """The worker's argv: the launcher, torchrun flags, then the user's entrypoint and args (never a shell)."""
-    argv = [python, "-c", WORKER_PROGRAM]
+                   python: str = "python", agent_dir: str = AGENT_DIR) -> list[str]:
+    """The worker's argv: the launcher (the agent's files in `agent_dir`: the pod's mount of the agent
+    ConfigMap, or agent.DIRECTORY in a local run), torchrun flags, then the user's entrypoint and args (never
+    a shell)."""
+    argv = agent.command("worker", python=python, directory=agent_dir)
     flags = torchrun_flags(spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=local_addr)
     argv += [f"--{flag}={value}" for flag, value in flags]
     return argv + entrypoint_args(spec)
@@ -393,9 +411,10 @@ def worker_pod(job: JobRef, spec: model.DDPJobSpec, *, index: int, generation: i
     env = [pod_ip] + [{"name": k, "value": v} for k, v in contract.items()] + user_env \
         + [{"name": k, "value": contract[k]} for k in clashes]
 
-    mounts = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    agent_mount, agent_files = agent_volume(job)
+    mounts = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}, agent_mount]
     volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {
-        "medium": "Memory", "sizeLimit": spec.resources.shared_memory}}]
+        "medium": "Memory", "sizeLimit": spec.resources.shared_memory}}, agent_files]
     claim = checkpoint_claim_name(job.name, spec)
     if claim is not None:
         assert spec.checkpoint is not None
@@ -636,6 +655,21 @@ def headless_service(job: JobRef) -> dict[str, Any]:
                      "selector": worker_selector(job.name)}}
 
 
+def agent_config_map(job: JobRef) -> dict[str, Any]:
+    """The agent's files, keyed by file name, byte for byte the operator package's; immutable (the kubelet
+    watches none of it, and nobody can change what a running pod's agent is)."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _metadata(job, agent_config_map_name(job.name), job_labels(job)),
+            "immutable": True, "data": dict(agent.POD_SOURCES)}
+
+
+def agent_volume(job: JobRef) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The worker container's mount of the agent ConfigMap, and the pod's volume."""
+    return ({"name": AGENT_VOLUME, "mountPath": AGENT_DIR, "readOnly": True},
+            {"name": AGENT_VOLUME, "configMap": {"name": agent_config_map_name(job.name),
+                                                  "defaultMode": AGENT_FILE_MODE}})
+
+
 def checkpoint_claim(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any] | None:
     """The PVC to create from claimTemplate; None when the job uses an existing claim or none."""
     if spec.checkpoint is None or spec.checkpoint.claim_template is None:
@@ -698,10 +732,11 @@ def gang_resources(spec: model.DDPJobSpec) -> dict[str, str]:
 
 
 def shared_manifests(job: JobRef, spec: model.DDPJobSpec) -> list[dict[str, Any]]:
-    """Objects that live as long as the job: the PodGroup (gang scheduling), the two Services and the
-    checkpoint claim. All exist before any pod is created."""
+    """Objects that live as long as the job: the PodGroup (gang scheduling), the agent's ConfigMap, the two
+    Services and the checkpoint claim. All exist before any pod is created."""
     claim, group = checkpoint_claim(job, spec), pod_group(job, spec)
-    return ([group] if group else []) + [headless_service(job), store_service(job, spec)] + ([claim] if claim else [])
+    return ([group] if group else []) + [agent_config_map(job), headless_service(job), store_service(job, spec)] \
+        + ([claim] if claim else [])
 
 
 def all_manifests(job: JobRef, spec: model.DDPJobSpec, *, generation: int = 0,

@@ -110,11 +110,13 @@ class Kind:
 PODS = Kind("v1", "pods")
 SERVICES = Kind("v1", "services")
 CLAIMS = Kind("v1", "persistentvolumeclaims")
+CONFIG_MAPS = Kind("v1", "configmaps")  # the job's agent files (builders.agent_config_map)
 EVENTS = Kind("v1", "events")
 DDPJOBS = Kind(model.API_VERSION, model.PLURAL)
 # runPolicy.schedulingPolicy: the PodGroups of Volcano and of the scheduler-plugins coscheduling plugin.
 POD_GROUPS = {api_version: Kind(api_version, "podgroups") for api_version, _ in model.GANG_SCHEDULERS.values()}
 KINDS = {("v1", "Pod"): PODS, ("v1", "Service"): SERVICES, ("v1", "PersistentVolumeClaim"): CLAIMS,
+         ("v1", "ConfigMap"): CONFIG_MAPS,
          **{(api_version, "PodGroup"): kind for api_version, kind in POD_GROUPS.items()}}
 
 

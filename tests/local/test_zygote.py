@@ -1,4 +1,4 @@
-"""Workers forked from the local runner's zygote (processes.Zygote, agent.ZYGOTE_PROGRAM): a real
+"""Workers forked from the local runner's zygote (processes.Zygote, agent.command("zygote")): a real
 torchrun agent and trainer each, behaving like a worker started as a new interpreter."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpjob_operator.agent import WORKER_PROGRAM, contract
+from ddpjob_operator.agent import command, contract
 from ddpjob_operator.local.processes import LocalProcess, Zygote, kill_marked, marked_pids, marker_for
 
 from ..support import wait_for
@@ -55,7 +55,7 @@ def zygote(tmp_path_factory):
 def worker(tmp_path: Path, zygote: Zygote, name: str, body: str, *args: str, **env: str) -> LocalProcess:
     script = tmp_path / f"{name}.py"
     script.write_text(body)
-    argv = [sys.executable, "-c", WORKER_PROGRAM, "--standalone", "--nnodes=1", "--nproc-per-node=1",
+    argv = [*command("worker", python=sys.executable), "--standalone", "--nnodes=1", "--nproc-per-node=1",
             "--shutdown-timeout=5", str(script), *args]
     process = LocalProcess(name=name, marker=marker_for(RUN, name, 0), argv=argv, zygote=zygote,
                            env={**BASE_ENV, contract.TERMINATION_LOG_ENV: str(tmp_path / f"{name}.termination-log"),

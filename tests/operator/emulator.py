@@ -357,7 +357,8 @@ class Cluster(kmock.KubernetesEmulator):
         self._scale_paths[resource] = version["subresources"]["scale"]
         for plural, kind, subresources in (("pods", "Pod", {"status", "eviction"}), ("services", "Service", set()),
                                            ("events", "Event", set()),
-                                           ("persistentvolumeclaims", "PersistentVolumeClaim", set())):
+                                           ("persistentvolumeclaims", "PersistentVolumeClaim", set()),
+                                           ("configmaps", "ConfigMap", set())):
             self.resources[kmock.resource("", "v1", plural)] = kmock.ResourceInfo(
                 kind=kind, singular=kind.lower(), namespaced=True,
                 verbs={"list", "watch", "get", "create", "update", "patch", "delete"}, subresources=subresources)

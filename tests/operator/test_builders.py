@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpjob_operator import builders, model
-from ddpjob_operator.agent import WORKER_PROGRAM, contract
+from ddpjob_operator import agent, builders, model
+from ddpjob_operator.agent import contract
 from ddpjob_operator.validation import parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = builders.JobRef("digits", "team-a", "0b9f6d0e-uid")
+# The pod's launcher: the agent's entry file in the agent ConfigMap's read-only mount, never program text.
+POD_LAUNCHER = ["python", "/var/run/secrets/ddpjob/agent/bootstrap.py", "worker"]
 
 
 def spec(**overrides) -> model.DDPJobSpec:
@@ -55,7 +57,7 @@ def flags(argv: list[str]) -> dict[str, str]:
 def test_torchrun_flags(overrides, expected):
     argv = builders.worker_command(spec(**overrides), endpoint="h:1", rdzv_id="u-g0", local_addr="10.0.0.7")
     got = flags(argv)
-    assert argv[:3] == ["python", "-c", WORKER_PROGRAM]
+    assert argv[:3] == POD_LAUNCHER
     assert got["rdzv-backend"] == "c10d" and got["rdzv-endpoint"] == "h:1" and got["rdzv-id"] == "u-g0"
     assert got["local-addr"] == "10.0.0.7"
     assert "is_host=false" in got["rdzv-conf"]  # no worker ever hosts the store
@@ -73,9 +75,8 @@ def test_entrypoint_and_args_are_argv_not_shell(entrypoint, args, tail):
     argv = builders.worker_command(spec(entrypoint=entrypoint, args=args), endpoint="h:1", rdzv_id="x",
                                    local_addr="127.0.0.1")
     assert argv[-len(tail):] == tail
-    # The only program text is the fixed launcher; user input only ever follows it as argv.
-    assert argv[1:3] == ["-c", WORKER_PROGRAM] and "sh" not in argv and argv.count("-c") == 1
-    assert "$(" not in WORKER_PROGRAM, "Kubernetes would expand $(VAR) inside the program text"
+    # No program text at all: the launcher is a file, and user input only ever follows it as argv.
+    assert argv[:3] == POD_LAUNCHER and "sh" not in argv and "-c" not in argv
 
 
 def test_rendezvous_id_is_unique_per_job_and_generation():
@@ -158,7 +159,7 @@ def test_worker_pod_shape():
     assert (pod_spec["hostname"], pod_spec["subdomain"]) == ("digits-worker-1", "digits-workers")
     assert pod_spec["terminationGracePeriodSeconds"] == 90
     container = pod_spec["containers"][0]
-    assert container["command"][:3] == ["python", "-c", WORKER_PROGRAM]
+    assert container["command"][:3] == POD_LAUNCHER
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     got = flags(container["command"])
     assert got["rdzv-endpoint"] == "digits-rdzv.team-a.svc:29400" and got["rdzv-id"] == f"{JOB.uid}-g2"
@@ -172,7 +173,7 @@ def test_worker_pod_shape():
     volumes = {v["name"]: v for v in pod_spec["volumes"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "digits-checkpoints"}
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", "/checkpoints"}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", "/checkpoints", builders.AGENT_DIR}
     assert pod_spec["tolerations"] == NODE_LOSS_DEFAULT and "resources" not in container
     assert pod_spec["securityContext"] == {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
 
@@ -372,7 +373,7 @@ def names_of(job_name: str, replicas: int = 12) -> dict[str, set[str]]:
     names: dict[str, set[str]] = {}
     for manifest in builders.all_manifests(ref, s):
         names.setdefault(manifest["kind"], set()).add(manifest["metadata"]["name"])
-        pod_spec = manifest["spec"]
+        pod_spec = manifest.get("spec", {})
         if manifest["kind"] == "Pod" and "hostname" in pod_spec:
             names.setdefault("hostname", set()).add(pod_spec["hostname"])
             names.setdefault("subdomain", set()).add(pod_spec["subdomain"])
@@ -384,13 +385,15 @@ def names_of(job_name: str, replicas: int = 12) -> dict[str, set[str]]:
 
 ADVERSARIAL = [("x", "x-rdzv"), ("x", "x-workers"), ("a", "a-worker-1"), ("a", "a-worker"),
                ("x", "x-checkpoints"), ("x-rdzv", "x-rdzv-rdzv"), ("a-worker-1", "a-worker-1-worker-1"),
-               ("x-workers", "x-workers-workers"), ("digits", "digits-worker-0")]
+               ("x-workers", "x-workers-workers"), ("digits", "digits-worker-0"),
+               ("x", f"x-agent-{agent.POD_DIGEST}"), ("x", "x-agent")]
 
 
 @pytest.mark.parametrize("first, second", ADVERSARIAL)
 def test_names_of_two_jobs_never_collide(first, second):
     one, two = names_of(first), names_of(second)
-    assert set(one) == set(two) == {"Service", "Pod", "PersistentVolumeClaim", "hostname", "subdomain", "dns"}
+    assert set(one) == set(two) == {"ConfigMap", "Service", "Pod", "PersistentVolumeClaim", "hostname", "subdomain",
+                                    "dns"}
     for kind in one:
         assert not one[kind] & two[kind], f"{kind}: {first} and {second} both create {one[kind] & two[kind]}"
 
@@ -411,7 +414,10 @@ def test_every_generated_name_fits_a_dns_label(job_name):
     s = spec(replicas=1024, checkpoint={"claimTemplate": {"size": "1Gi"}})  # the highest index is 1023
     last = builders.worker_pod(ref, s, index=1023, generation=0)
     manifests = builders.shared_manifests(ref, s) + [builders.store_pod(ref, s), last]
-    names = [m["metadata"]["name"] for m in manifests]
+    # A ConfigMap's name is a DNS subdomain (up to 253 characters); every other name is also a label or host name.
+    config_map = next(m["metadata"]["name"] for m in manifests if m["kind"] == "ConfigMap")
+    assert len(config_map) <= 253 and DNS_LABEL.match(config_map), config_map
+    names = [m["metadata"]["name"] for m in manifests if m["kind"] != "ConfigMap"]
     names += [last["spec"]["hostname"], last["spec"]["subdomain"]]
     names += [v for m in manifests for v in m["metadata"]["labels"].values()]
     for name in names:
@@ -517,10 +523,10 @@ def test_every_container_level_field_reaches_the_trainer():
     assert container["resources"] == {"requests": {"cpu": "4", "memory": "16Gi", "rdma/hca": 1, "hugepages-2Mi": "1Gi"},
                                       "limits": {"cpu": "4", "memory": "16Gi", "rdma/hca": 1, "hugepages-2Mi": "1Gi"}}
     # The launch contract is untouched.
-    assert container["command"][:3] == ["python", "-c", WORKER_PROGRAM]
+    assert container["command"][:3] == POD_LAUNCHER
     assert container["env"][0]["name"] == builders.POD_IP_ENV
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm"}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", builders.AGENT_DIR}
 
 
 def test_the_store_pod_gets_pull_secrets_and_the_pod_security_context_only():
@@ -623,7 +629,7 @@ def test_scheduling_policy_creates_an_owned_pod_group_the_workers_belong_to(poli
 
 def test_no_scheduling_policy_no_pod_group():
     assert builders.pod_group(JOB, spec()) is None
-    assert [m["kind"] for m in builders.shared_manifests(JOB, spec())] == ["Service", "Service"]
+    assert [m["kind"] for m in builders.shared_manifests(JOB, spec())] == ["ConfigMap", "Service", "Service"]
 
 
 @pytest.mark.parametrize("quantity, factor, expected", [

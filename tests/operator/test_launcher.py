@@ -1,4 +1,4 @@
-"""The worker launcher for real: WORKER_PROGRAM running torchrun (--standalone, one Gloo/CPU
+"""The worker launcher for real: the agent (agent.command("worker")) running torchrun (--standalone, one Gloo/CPU
 process) around tiny scripts, then the decision layer on what it reported."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from ddpjob_operator import builders, decisions, model
-from ddpjob_operator.agent import WORKER_PROGRAM, contract
+from ddpjob_operator import agent
+from ddpjob_operator.agent import contract
 from ddpjob_operator.local.runner import free_port
 
 pytestmark = pytest.mark.slow  # a torchrun agent per test (a few seconds)
@@ -44,7 +45,7 @@ class Launched:
         script = tmp_path / "entry.py"
         script.write_text(body)
         self.termination_log = tmp_path / "termination-log"
-        argv = [sys.executable, "-c", WORKER_PROGRAM, *rendezvous, "--nnodes=1",
+        argv = [*agent.command("worker", python=sys.executable), *rendezvous, "--nnodes=1",
                 "--nproc-per-node=1", "--shutdown-timeout=5", str(script)]
         env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
                contract.TERMINATION_LOG_ENV: str(self.termination_log), **env}
@@ -233,7 +234,7 @@ def test_a_rendezvous_that_never_forms_is_reported_as_such_and_retried_in_a_new_
         script = tmp_path / "entry.py"
         script.write_text("print('never runs')\n")
         log = tmp_path / "termination-log"
-        argv = [sys.executable, "-c", WORKER_PROGRAM, "--nnodes=2", "--nproc-per-node=1",
+        argv = [*agent.command("worker", python=sys.executable), "--nnodes=2", "--nproc-per-node=1",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test-g0",
                 "--rdzv-conf=is_host=false,join_timeout=3,read_timeout=10", str(script)]
         done = subprocess.run(argv, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",

@@ -1,6 +1,6 @@
-"""The worker agent is plain source (ddpjob_operator/agent/) that the pod's command carries as text: the
-program is exactly those files, runs without the operator package, names the agent's file and line in a
-traceback, and patches only torch code that was checked against the installed torch."""
+"""The worker agent is plain source (ddpjob_operator/agent/) that a pod runs from its job's agent ConfigMap:
+those files alone run without the operator package, leave a trainer's own modules its own, name the agent's
+file and line in a traceback, and patch only torch code that was checked against the installed torch."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ddpjob_operator import agent
+from ddpjob_operator import agent, builders
 from ddpjob_operator.agent import contract
+
+from .pod_agent import mount_agent
 
 AGENT = Path(agent.__file__).parent
 
@@ -47,20 +49,6 @@ def resolve(dotted: str):
 
 def source_hash(target) -> str:
     return hashlib.sha256(inspect.getsource(target).encode()).hexdigest()[:16]
-
-
-def test_the_program_is_the_agents_source_files_without_their_comments():
-    for name in ("contract", "worker"):
-        assert repr(agent.code((AGENT / f"{name}.py").read_text())) in agent.WORKER_PROGRAM
-    for name in ("contract", "worker", "zygote"):
-        assert repr(agent.code((AGENT / f"{name}.py").read_text())) in agent.ZYGOTE_PROGRAM
-    assert agent.WORKER_PROGRAM.startswith(agent.code((AGENT / "bootstrap.py").read_text()))
-    source = (AGENT / "worker.py").read_text()
-    stripped = agent.code(source).splitlines()
-    assert len(stripped) == len(source.splitlines()) and "#" not in agent.code("x = 1  # note\n# alone\n")
-    # Every line keeps its place (a traceback names the file's line) and its code.
-    assert all(line.startswith(kept) for line, kept in zip(source.splitlines(), stripped))
-    assert "'#'" in agent.code("mark = '#'  # a hash in a string stays\n")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -119,14 +107,20 @@ def test_patch_torch_replaces_each_target_once(monkeypatch):
             h.filters[:] = filters[id(h)]
 
 
-def run_program(tmp_path: Path, env: dict[str, str], script: str) -> subprocess.CompletedProcess:
-    (tmp_path / "train.py").write_text(script)
+def run_program(tmp_path: Path, env: dict[str, str], script: str,
+                files: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The pod's launcher, from the ConfigMap's files alone, training `script` (train.py, beside `files`)."""
+    launcher = mount_agent(tmp_path / "node")
+    work = tmp_path / "work"
+    work.mkdir()
+    for name, text in {"train.py": script, **(files or {})}.items():
+        (work / name).write_text(text)
     # A package named like the operator's that cannot be imported: the program must never need it.
     (tmp_path / "shadow" / "ddpjob_operator").mkdir(parents=True)
     (tmp_path / "shadow" / "ddpjob_operator" / "__init__.py").write_text(
         "raise ImportError('no operator package in the worker image')\n")
-    return subprocess.run([sys.executable, "-c", agent.WORKER_PROGRAM, "--standalone", "--nproc-per-node=1",
-                           "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    return subprocess.run([*launcher, "--standalone", "--nproc-per-node=1", "train.py"], cwd=work,
+                          capture_output=True, text=True, timeout=180,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "shadow"),
                                contract.TERMINATION_LOG_ENV: str(tmp_path / "termination-log"), **env})
 
@@ -139,11 +133,22 @@ def test_the_pods_program_runs_without_the_operator_package(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_trainers_own_modules_named_like_the_agents_files_stay_its_own(tmp_path):
+    # The agent runs as a file: its directory must not come first on the path the (forked) trainer imports from.
+    files = {f"{name}.py": "ORIGIN = 'the user'\n" for name in ("worker", "contract", "bootstrap")}
+    done = run_program(tmp_path, {}, "import bootstrap, contract, worker\n"
+                       "print('imported:', {m.ORIGIN for m in (bootstrap, contract, worker)})\n", files)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "imported: {'the user'}" in done.stdout
+
+
+@pytest.mark.slow
 def test_a_traceback_from_the_pods_program_names_the_agents_file_line_and_source(tmp_path):
     done = run_program(tmp_path, {contract.REJOIN_TIMEOUT_ENV: "not-a-number"}, "print('never started')\n")
     assert done.returncode == 1
     line = next(i for i, text in enumerate((AGENT / "worker.py").read_text().splitlines(), 1)
                 if "float(os.environ.get(REJOIN_TIMEOUT_ENV" in text)
-    assert f'File "ddpjob_agent/worker.py", line {line}, in launch\n' \
+    mounted = tmp_path / "node" / builders.AGENT_DIR.lstrip("/") / "worker.py"
+    assert f'File "{mounted}", line {line}, in launch\n' \
            "    timeout = float(os.environ.get(REJOIN_TIMEOUT_ENV, str(REJOIN_TIMEOUT_SECONDS)))" in done.stderr
     assert "ValueError: could not convert string to float: 'not-a-number'" in done.stderr

@@ -468,7 +468,7 @@ def test_6_the_trainer_exits_75_and_the_termination_message_says_volume_full(tmp
     args = ["--workload", "full_volume_task", "--workload-option", "samples=512", "--workload-option", "features=8",
             "--workload-option", "hidden=16", "--workload-option", "classes=3", "--epochs", "100",
             "--batch-size", "8", "--checkpoint-every", "5", "--log-every", "5"]
-    cmd = [PY, "-c", agent.WORKER_PROGRAM, "--standalone", "--nproc-per-node=1", "--max-restarts=0",
+    cmd = [*agent.command("worker", python=PY), "--standalone", "--nproc-per-node=1", "--max-restarts=0",
            "-m", "ddp_trainer", *args]
     code = run(cmd, env, tmp_path / "log", 120)
     assert code == 75, tail(tmp_path / "log")

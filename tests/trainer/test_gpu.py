@@ -70,7 +70,7 @@ def test_on_a_gpu_node_the_launcher_starts_the_trainer_as_a_new_interpreter(tmp_
     agent = pytest.importorskip("ddpjob_operator.agent", reason="the operator package is not on the path")
     script = tmp_path / "gpu_trainer.py"
     script.write_text(GPU_TRAINER)
-    cmd = [PY, "-c", agent.WORKER_PROGRAM, "--standalone", "--nproc-per-node=1", str(script)]
+    cmd = [*agent.command("worker", python=PY), "--standalone", "--nproc-per-node=1", str(script)]
     env = {**base_env(), agent.contract.TERMINATION_LOG_ENV: str(tmp_path / "termination-log")}
     assert run(cmd, env, tmp_path / "log", 300) == 0, tail(tmp_path / "log")
     log = (tmp_path / "log").read_text()

@@ -1,42 +1,36 @@
 """The worker agent: the program every worker and spare container runs, and the local runner's zygote.
 
-Plain modules (contract.py, worker.py, zygote.py, bootstrap.py). The pod's command carries their source,
-read here with importlib.resources (`python -c WORKER_PROGRAM <torchrun args...>`), because the trainer
-image has torch and no operator package. The operator imports contract.py only; worker.py and zygote.py
-import torch and run in the pod (or in the local runner's processes)."""
+Plain modules (bootstrap.py, contract.py, worker.py, zygote.py), run as files: `python DIRECTORY/bootstrap.py
+ROLE ARGS...` (`command`). The trainer image has torch and no operator package, so a pod gets the files by
+reference: the job's agent ConfigMap (builders.agent_config_map: POD_SOURCES, named by POD_DIGEST) mounted
+read-only; the local runner runs them from this package's directory. The operator imports contract.py only;
+worker.py and zygote.py import torch and run in the pod (or in the local runner's processes)."""
 
-import io
-import tokenize
-from importlib import resources
+import hashlib
+import json
+from pathlib import Path
 
 from . import contract
 
-__all__ = ["WORKER_PROGRAM", "ZYGOTE_PROGRAM", "code", "contract"]
+__all__ = ["DIRECTORY", "ENTRY", "POD_DIGEST", "POD_SOURCES", "command", "contract", "digest"]
+
+DIRECTORY = str(Path(__file__).resolve().parent)
+ENTRY = "bootstrap.py"
+# What a pod runs: the entry and the modules the worker imports (zygote.py is the local runner's only).
+POD_FILES = (ENTRY, "contract.py", "worker.py")
+# Byte for byte the package's files (decoded, never newline-translated): what the ConfigMap carries.
+POD_SOURCES = {name: (Path(DIRECTORY) / name).read_bytes().decode("utf-8") for name in POD_FILES}
 
 
-def _source(module: str) -> str:
-    return resources.files(__name__).joinpath(f"{module}.py").read_text(encoding="utf-8")
+def digest(sources: dict[str, str]) -> str:
+    """12 hex digits of the sha256 of the files' names and contents: another agent, another ConfigMap name."""
+    return hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def code(source: str) -> str:
-    """The source without its comments, every line where it is in the file (a traceback's line numbers stay
-    the file's): every pod spec carries the program, and every list and watch event of pods carries it."""
-    lines = source.splitlines(True)
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT:
-            row, column = token.start
-            line = lines[row - 1]
-            lines[row - 1] = line[:column].rstrip() + line[len(line.rstrip("\r\n")):]
-    return "".join(lines)
+POD_DIGEST = digest(POD_SOURCES)
 
 
-def _program(modules: tuple[str, ...], arguments: str) -> str:
-    """bootstrap.py, then a call that loads `modules` (each after those it imports) and calls the last one's
-    main(arguments)."""
-    sources = {module: code(_source(module)) for module in modules}
-    return f"{code(_source('bootstrap'))}\nrun({sources!r}{arguments})\n"
-
-
-# Constants, never built from user input: user input only ever follows them as argv.
-WORKER_PROGRAM = _program(("contract", "worker"), ", sys.argv[1:]")
-ZYGOTE_PROGRAM = _program(("contract", "worker", "zygote"), "")
+def command(role: str, *, python: str, directory: str = DIRECTORY) -> list[str]:
+    """The argv that runs the agent module `role` (bootstrap.ROLES) from the files in `directory`; its own
+    arguments follow."""
+    return [python, f"{directory}/{ENTRY}", role]

@@ -1,39 +1,30 @@
-"""The start of every program the agent's package builds (agent/__init__.py appends a call of `run` with the
-agent's sources): it makes the package `ddpjob_agent` of those sources, each compiled under its own file
-name and registered with linecache, so that a traceback from the pod names the agent's file and line and
-shows the source line. Standard library only: it runs before anything else in the container."""
+"""The agent's entry: `python DIRECTORY/bootstrap.py ROLE ARGS...` loads the files beside it (a pod: the job's
+agent ConfigMap, mounted read-only; a local run: the operator package's agent/ directory) as the package
+`ddpjob_agent` and calls `main(ARGS)` of its module ROLE. Standard library only: it runs before anything
+else in the container, on the user's image, which has no operator package."""
 
-import linecache
+import importlib
+import os
 import sys
-import traceback
 import types
 
 PACKAGE = "ddpjob_agent"
+ROLES = ("worker", "zygote")
 
 
-def load(sources):
-    """The modules `ddpjob_agent.<name>` of {name: source}, executed in order (a module after those it
-    imports); returns the last one."""
-    package = sys.modules.setdefault(PACKAGE, types.ModuleType(PACKAGE))
-    package.__path__ = []
-    module = None
-    for name, source in sources.items():
-        filename = f"{PACKAGE}/{name}.py"
-        module = types.ModuleType(f"{PACKAGE}.{name}")
-        module.__file__, module.__package__ = filename, PACKAGE
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # no mtime: kept
-        sys.modules[module.__name__] = module
-        setattr(package, name, module)
-        exec(compile(source, filename, "exec"), module.__dict__)
-    return module
+def start(argv):
+    if not argv or argv[0] not in ROLES:
+        sys.exit(f"usage: python {sys.argv[0]} {{{','.join(ROLES)}}} ARGS... (the ddpjob agent's entry)")
+    directory = os.path.dirname(os.path.abspath(__file__))
+    if not getattr(sys.flags, "safe_path", False):  # Python 3.11's -P / PYTHONSAFEPATH adds nothing
+        # As under `python -c`: the trainer (forked from the agent) finds the working directory's modules
+        # first, never the agent's own files (a user's `worker` or `contract` module stays theirs).
+        sys.path[0] = ""
+    package = types.ModuleType(PACKAGE)
+    package.__path__ = [directory]  # its modules are the files beside this one, whatever the directory
+    sys.modules[PACKAGE] = package
+    importlib.import_module(f"{PACKAGE}.{argv[0]}").main(argv[1:])
 
 
-def print_uncaught(kind, error, trace):
-    # The interpreter's own printer reads source lines from disk, where the agent's files are not.
-    traceback.print_exception(kind, error, trace)
-
-
-def run(sources, *args):
-    """Loads the sources and calls the last module's `main`."""
-    sys.excepthook = print_uncaught
-    load(sources).main(*args)
+if __name__ == "__main__":
+    start(sys.argv[1:])

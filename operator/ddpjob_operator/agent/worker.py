@@ -1,12 +1,13 @@
-"""The worker agent: what every worker container runs (`python -c WORKER_PROGRAM <torchrun args...>`,
-agent/__init__.py). torchrun's own entry point, run in-process, so that the container's exit code is the
+"""The worker agent: what every worker container runs (`python AGENT_DIR/bootstrap.py worker <torchrun args...>`,
+agent.command). torchrun's own entry point, run in-process, so that the container's exit code is the
 failed trainer's (torchrun itself always exits 1), 128+N for a signal N, and the failure is written where
 the kubelet reads termination messages; a survivor of a peer's failure joins the next rendezvous generation
 in place; a warm spare waits for its assignment.
 
-The pod's image has torch and no operator package: this module's source travels in the pod's command and
-imports only the standard library, torch and contract.py (the pod's program loads both as the package
-`ddpjob_agent`). Importing it changes nothing in torch: `patch_torch` does, from `main`."""
+The pod's image has torch and no operator package: this module's file reaches the pod in the job's agent
+ConfigMap (builders.agent_config_map) and imports only the standard library, torch and contract.py
+(bootstrap.py loads both as the package `ddpjob_agent`). Importing it changes nothing in torch: `patch_torch`
+does, from `main`."""
 
 import logging
 import os

@@ -5,8 +5,8 @@ of CPU (2.3 s for torch, 2 s for torch._dynamo) on a 2-core machine (bench/recov
 
 Protocol, one line each way: stdin gets {"args", "env", "log"} as JSON; stdout answers "started PID" per
 request and "exit PID CODE" (CODE as Popen's returncode) when a worker ends. Its own diagnostics go to
-stderr. It exits when stdin closes; its workers live on. Run as `python -c ZYGOTE_PROGRAM`
-(agent/__init__.py), like the worker's program, with no operator package imported."""
+stderr. It exits when stdin closes; its workers live on. Run as `python agent/bootstrap.py zygote`
+(agent.command), like the worker, with no operator package imported."""
 
 import io
 import json
@@ -42,7 +42,7 @@ def become_worker(request, sibling_fds):
             sys.stdout = io.TextIOWrapper(open(1, "wb", 0, closefd=False), write_through=True)
             sys.stderr = io.TextIOWrapper(open(2, "wb", 0, closefd=False), write_through=True,
                                           errors="backslashreplace")
-        sys.argv = ["-c", *request["args"]]
+        sys.argv = [sys.argv[0], "worker", *request["args"]]  # as the worker's own command has it
         launch(request["args"])
     except SystemExit as stop:
         finish(stop.code if isinstance(stop.code, int) else 1)
@@ -78,6 +78,8 @@ def serve():
                 os.write(1, f"started {pid}\n".encode())
 
 
-def main():
+def main(args):
+    if args:
+        sys.exit(f"the zygote takes no arguments (its requests come on stdin), not {args}")
     patch_torch()
     serve()
