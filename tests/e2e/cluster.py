@@ -148,9 +148,9 @@ def latest_step(logs: str) -> int:
 
 
 def owned_objects(namespace: str, owner_uid: str) -> list[str]:
-    """`kind/name` of every pod, service and PVC in `namespace` that the owner owns."""
+    """`kind/name` of every pod, service, PVC and ConfigMap in `namespace` that the owner owns."""
     found = []
-    for kind in ("pods", "services", "persistentvolumeclaims"):
+    for kind in ("pods", "services", "persistentvolumeclaims", "configmaps"):
         for item in get_json(kind, "-n", namespace)["items"]:
             owners = item["metadata"].get("ownerReferences", [])
             if any(o["uid"] == owner_uid for o in owners):

@@ -133,11 +133,11 @@ def test_delete_garbage_collects_every_owned_object(namespace, operator):
     uid = job["metadata"]["uid"]
     owned = cluster.owned_objects(namespace, uid)
     kinds = {o.split("/")[0] for o in owned}
-    assert kinds == {"pods", "services", "persistentvolumeclaims"}, owned
+    assert kinds == {"pods", "services", "persistentvolumeclaims", "configmaps"}, owned  # the agent's ConfigMap
 
     cluster.kubectl("delete", RESOURCE, name, "-n", namespace, "--timeout=300s", timeout=360)
     cluster.wait_for(lambda: not cluster.owned_objects(namespace, uid),
-                     "every owned pod, service and PVC to be garbage-collected", timeout=300)
+                     "every owned pod, service, PVC and ConfigMap to be garbage-collected", timeout=300)
     assert cluster.kubectl("get", RESOURCE, name, "-n", namespace, check=False).returncode != 0
 
 
