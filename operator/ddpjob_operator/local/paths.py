@@ -88,12 +88,13 @@ def read_regular(path: Path, limit: int = READ_LIMIT_BYTES, since: float | None 
         if e.errno == errno.ELOOP:
             raise NotARegularFile(f"{path} is a symbolic link") from None
         raise
-    with os.fdopen(fd, "rb") as f:
-        status = os.fstat(fd)
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode) or (since is not None and status.st_mtime < since):
+        os.close(fd)
         if not stat.S_ISREG(status.st_mode):
             raise NotARegularFile(f"{path} is {_kind(status.st_mode)}")
-        if since is not None and status.st_mtime < since:
-            return None
+        return None
+    with os.fdopen(fd, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise NotARegularFile(f"{path} is larger than {limit} bytes")
