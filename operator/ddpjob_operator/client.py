@@ -26,14 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from . import builders, function_job, model, server_fields, validation
+from . import builders, function_job, kube, model, object_names, server_fields, validation
 from .kube import SERVICE_ACCOUNT_DIR, Connection
 from .validation import FieldError
 
 USER_AGENT = "ddpjob-client"
 TERMINAL_PHASES = ("Succeeded", "Failed")
-JOBS_PATH = f"/apis/{model.API_VERSION}"
-_PLURALS = {"Pod": "pods", "Service": "services", "PersistentVolumeClaim": "persistentvolumeclaims"}
+CONFIG_MAPS = kube.Kind("v1", "configmaps")
 
 
 # ---------------------------------------------------------------- errors
@@ -45,6 +44,18 @@ class DDPJobError(Exception):
 
 class InvalidManifest(validation.InvalidJob, DDPJobError):
     """The manifest breaks a rule of the CRD: `errors` are `ddpjob validate`'s, each with its field and fix."""
+
+
+class InvalidName(DDPJobError, object_names.InvalidName):
+    """A name or namespace no object can have (empty, holding '/', not a DNS label ...): refused before anything
+    is sent, since an empty name addresses the whole collection (a delete there deletes every DDPJob)."""
+
+
+def _valid(value: Any, rule: object_names.NameRule, argument: str) -> str:
+    try:
+        return object_names.check(value, rule, argument)
+    except object_names.InvalidName as exc:
+        raise InvalidName(str(exc)) from None
 
 
 class JobNotFound(DDPJobError):
@@ -222,7 +233,10 @@ class Client:
                  request_timeout: float = 30.0):
         self._connection = connection
         self._from_environment = connection is None
-        self.namespace = namespace or (default_namespace() if connection is None else "default")
+        if namespace is not None:
+            _valid(namespace, object_names.NAMESPACE, "namespace")
+        self.namespace = namespace if namespace is not None else (
+            default_namespace() if connection is None else "default")
         self.request_timeout = request_timeout
         self._ssl: ssl.SSLContext | None = None
 
@@ -293,14 +307,15 @@ class Client:
             text = response.read().decode()
         return json.loads(text) if text else None
 
-    def _job_path(self, namespace: str, name: str | None = None, sub: str | None = None) -> str:
-        path = f"{JOBS_PATH}/namespaces/{namespace}/{model.PLURAL}"
-        return path + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+    def _namespace(self, namespace: str | None) -> str:
+        """The namespace a call means (None: the client's), checked before anything is sent."""
+        return _valid(self.namespace if namespace is None else namespace, object_names.NAMESPACE, "namespace")
 
     def _job_call(self, method: str, name: str, namespace: str | None, sub: str | None = None, **kwargs: Any) -> Any:
-        ns = namespace or self.namespace
+        ns = self._namespace(namespace)
+        _valid(name, object_names.JOB_NAME, "name")
         try:
-            return self._call(method, self._job_path(ns, name, sub), **kwargs)
+            return self._call(method, kube.DDPJOBS.path(ns, name, sub), **kwargs)
         except ApiError as exc:
             if exc.status == 404:
                 raise JobNotFound(ns, name) from None
@@ -316,7 +331,7 @@ class Client:
         `judge` (the default) the API server first dry-runs it and what it creates (`judge`)."""
         body = as_manifest(job)
         meta = body.setdefault("metadata", {})
-        ns = namespace or meta.get("namespace") or self.namespace
+        ns = self._namespace(namespace if namespace is not None else meta.get("namespace"))
         meta["namespace"] = ns
         if judge:
             self.judge(body, ns)
@@ -327,17 +342,16 @@ class Client:
         objects the operator creates for it first (Services, claim, store and worker pods): InvalidManifest naming
         the DDPJob field when it refuses one. Returns notes on what could not be judged (no permission)."""
         body = as_manifest(job)
-        ns = namespace or body.get("metadata", {}).get("namespace") or self.namespace
+        ns = self._namespace(namespace if namespace is not None else body["metadata"].get("namespace"))
         body["metadata"]["namespace"] = ns
         self._create(body, ns, dry_run=True)
         parsed = validation.parse_job(body)
         notes, errors = [], []
         for manifest in builders.all_manifests(builders.JobRef.preview(parsed.metadata.name, ns), parsed.spec):
             kind, name = manifest["kind"], manifest["metadata"]["name"]
-            group = "/api/v1" if manifest["apiVersion"] == "v1" else f"/apis/{manifest['apiVersion']}"
-            path = f"{group}/namespaces/{ns}/{_PLURALS.get(kind, kind.lower() + 's')}"
             try:
-                self._call("POST", path, body=manifest, params={"dryRun": "All"})
+                self._call("POST", kube.KINDS[(manifest["apiVersion"], kind)].path(ns), body=manifest,
+                           params={"dryRun": "All"})
             except ApiError as exc:
                 if exc.status == 403 and "cannot create resource" in exc.message:
                     notes.append(f"{kind} {name} not judged: you may not create {kind}s (the operator may)")
@@ -361,7 +375,7 @@ class Client:
     def _create(self, body: dict[str, Any], ns: str, *, dry_run: bool = False) -> Job:
         meta = body["metadata"]
         try:
-            return Job(self._call("POST", self._job_path(ns), body=body,
+            return Job(self._call("POST", kube.DDPJOBS.path(ns), body=body,
                                   params={"dryRun": "All"} if dry_run else None))
         except ApiError as exc:
             if exc.status == 409:
@@ -376,12 +390,11 @@ class Client:
     def submit_function(self, fn: Callable[..., Any], namespace: str | None = None, **options: Any) -> Job:
         """A Python function as a job (function_job.build, `options` as for it): creates the ConfigMap, then
         the job, then makes the job own the ConfigMap (deleting the job deletes it)."""
-        ns = namespace or self.namespace
+        ns = self._namespace(namespace)
         fj = function_job.build(fn, namespace=ns, **options)
-        maps = f"/api/v1/namespaces/{ns}/configmaps"
-        config_map = f"{maps}/{fj.config_map['metadata']['name']}"
+        config_map = CONFIG_MAPS.path(ns, fj.config_map["metadata"]["name"])
         try:
-            self._call("POST", maps, body=fj.config_map)
+            self._call("POST", CONFIG_MAPS.path(ns), body=fj.config_map)
         except ApiError as exc:
             if exc.status == 409:
                 raise JobExists(ns, fj.name) from None
@@ -402,7 +415,7 @@ class Client:
 
     def list(self, namespace: str | None = None, *, all_namespaces: bool = False,
              label_selector: str | None = None) -> list[Job]:
-        path = f"{JOBS_PATH}/{model.PLURAL}" if all_namespaces else self._job_path(namespace or self.namespace)
+        path = kube.DDPJOBS.path(None if all_namespaces else self._namespace(namespace))
         listed = self._call("GET", path, params={"labelSelector": label_selector})
         return [Job(item) for item in (listed or {}).get("items") or ()]
 
@@ -485,7 +498,7 @@ class Client:
                  until_gone: bool = False) -> Iterator[Job]:
         """The job, then every version of it a watch sees, until `deadline` (None: for ever). A watch the
         server ends (timeoutSeconds, 410 Gone) is started again from a fresh read."""
-        ns = namespace or self.namespace
+        ns = self._namespace(namespace)
         while True:
             try:
                 job = self.get(name, ns)
@@ -503,7 +516,7 @@ class Client:
                       "timeoutSeconds": seconds, "allowWatchBookmarks": "false"}
             try:
                 # The socket timeout ends a watch that sees nothing by the deadline.
-                with self._open("GET", self._job_path(ns), params=params,
+                with self._open("GET", kube.DDPJOBS.path(ns), params=params,
                                 timeout=min(seconds, remaining) if remaining is not None else seconds + 30) as stream:
                     for line in stream:
                         event = json.loads(line)
@@ -531,21 +544,21 @@ class Client:
         if not 0 <= rank < top:
             raise LogsUnavailable(f"ddpjob {job.namespace}/{name} has no rank {rank}. Fix: pick a rank in 0..{top - 1}")
         ranked = next((r.pod for r in job.status.ranks if r.index == rank), None)
-        return ranked or builders.worker_name(name, rank)
+        return _rank_pod(job, ranked) if ranked else builders.worker_name(name, rank)
 
     def logs(self, name: str, rank: int = 0, namespace: str | None = None, *, follow: bool = False,
              tail_lines: int | None = None, previous: bool = False) -> Iterator[str]:
         """The trainer log lines of one worker pod (rank: its replica index; with nprocPerNode > 1 the pod's
         log holds all its processes). `follow`: stream until the job ends, moving on to a replacement
         pod when this rank's pod is replaced."""
-        ns = namespace or self.namespace
+        ns = self._namespace(namespace)
         pod = self.worker_pod(name, rank, ns)
         while True:
             uid = self._pod_uid(ns, pod) if follow else None
             params = {"container": builders.TRAINER_CONTAINER, "follow": "true" if follow else None,
                       "tailLines": tail_lines, "previous": "true" if previous else None}
             try:
-                with self._open("GET", f"/api/v1/namespaces/{ns}/pods/{pod}/log", params=params,
+                with self._open("GET", kube.PODS.path(ns, pod, "log"), params=params,
                                 timeout=None if follow else self.request_timeout,
                                 what=f"logs of {pod}") as stream:
                     for raw in stream:
@@ -568,7 +581,7 @@ class Client:
 
     def _pod_uid(self, namespace: str, pod: str) -> str | None:
         try:
-            return self._call("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}")["metadata"]["uid"]
+            return self._call("GET", kube.PODS.path(namespace, pod))["metadata"]["uid"]
         except ApiError as exc:
             if exc.status == 404:
                 return None
@@ -581,10 +594,16 @@ class Client:
                 return None
             current = next((r for r in job.status.ranks if r.index == rank), None)
             if current is not None and current.phase in ("Running", "Succeeded", "Failed"):
-                uid = current.uid or self._pod_uid(namespace, current.pod)
+                pod = _rank_pod(job, current.pod)
+                uid = current.uid or self._pod_uid(namespace, pod)
                 if uid is not None and uid != old_uid:
-                    return current.pod
+                    return pod
         return None
+
+
+def _rank_pod(job: Job, pod: str) -> str:
+    """A rank's pod as the job's status names it, checked before it goes into a URL (the status is data)."""
+    return _valid(pod, object_names.POD_NAME, f"ddpjob {job.namespace}/{job.name} status.ranks[].pod")
 
 
 def submit(train_fn: Callable[..., Any], *, client: Client | None = None, namespace: str | None = None,

@@ -1,8 +1,8 @@
 """`ddpjob submit | status | logs | list | delete | suspend | resume | scale`: DDPJobs on a cluster, through
 the Python API (client.py) with the current kubeconfig context (or in-cluster credentials).
 
-Errors are messages with their fix and a non-zero exit (2: the manifest, 1: anything else), never a
-traceback. `status --watch` (and `submit --watch`) shows the live view `ddpjob run --local` shows.
+Errors are messages with their fix and a non-zero exit (2: the manifest, or a NAME or --namespace no object
+can have, refused before anything is sent; 1: anything else), never a traceback. `status --watch` (and `submit --watch`) shows the live view `ddpjob run --local` shows.
 """
 
 from __future__ import annotations
@@ -15,13 +15,19 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
-from . import client, validation
+from . import client, object_names, validation
 from .local.view import Snapshot, Summary, WorkerRow, make_view
 
 EXIT_FAILED = 1
 
 
 def _client(args: argparse.Namespace) -> client.Client:
+    """The client for a command, once its NAME and --namespace are ones an object can have: an empty NAME (an
+    unset "$JOB") would make a delete one of the whole collection."""
+    if "name" in args:
+        object_names.check(args.name, object_names.JOB_NAME, "NAME")
+    if args.namespace is not None:
+        object_names.check(args.namespace, object_names.NAMESPACE, "--namespace")
     return client.Client(namespace=args.namespace)
 
 
@@ -32,6 +38,9 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
         except client.InvalidManifest as exc:
             for error in exc.errors:
                 print(error, file=sys.stderr)
+            return validation.EXIT_INVALID
+        except object_names.InvalidName as exc:
+            print(f"ddpjob {args.command}: {exc}", file=sys.stderr)
             return validation.EXIT_INVALID
         except client.DDPJobError as exc:
             print(f"ddpjob {args.command}: {exc}", file=sys.stderr)

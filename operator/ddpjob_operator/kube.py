@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Callable
 import aiohttp
 import kopf
 
-from . import model
+from . import model, object_names
 
 USER_AGENT = "ddpjob-operator"
 
@@ -97,14 +97,19 @@ class Kind:
     plural: str
 
     def path(self, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
-        """The object's URL, or the collection's (no name); namespace None: every namespace's collection."""
-        root = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
-        path = f"{root}/{self.plural}" if namespace is None else f"{root}/namespaces/{namespace}/{self.plural}"
-        if name:
-            path += f"/{name}"
-        if subresource:
-            path += f"/{subresource}"
-        return path
+        """The object's URL, or the collection's (name None); namespace None: every namespace's collection.
+        The one builder of a request's path: an empty name or namespace (which would address the collection:
+        a delete there deletes every object of it) or one that would move the URL ('/', '.', '..', '%') raises
+        object_names.InvalidName, and every segment is percent-escaped."""
+        segments = ["api", "v1"] if self.api_version == "v1" else ["apis", *self.api_version.split("/")]
+        if namespace is not None:
+            segments += ["namespaces", object_names.check(namespace, object_names.PATH_SEGMENT, "namespace")]
+        segments.append(self.plural)
+        if name is not None:
+            segments.append(object_names.check(name, object_names.PATH_SEGMENT, f"{self.plural} name"))
+        if subresource is not None:
+            segments.append(subresource)
+        return "/" + "/".join(object_names.segment(s) for s in segments)
 
 
 PODS = Kind("v1", "pods")

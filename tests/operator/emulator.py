@@ -18,6 +18,7 @@ real v1.36 cluster: tests/operator/test_emulator.py):
   preconditions, finalizers, the Eviction subresource;
 - list and watch: label and field selectors, resourceVersion (a watch resumes after it; 410 Gone
   when it is too old), timeoutSeconds;
+- deletecollection: a DELETE on a namespace's collection URL deletes every object it selects;
 - background garbage collection through ownerReferences (the kube-controller-manager's job);
 - the control plane and kubelets as test-side methods: scheduler preemption, the taint manager,
   kubelet node-pressure eviction and graceful node shutdown, a node going down and coming back,
@@ -439,6 +440,9 @@ class Cluster(kmock.KubernetesEmulator):
                 code, body = 200, await self._update(request)
             elif method == "DELETE" and named:
                 code, body = 200, await self._delete_request(request)
+            elif method == "DELETE" and sub is None and (request.namespace is not None
+                                                          or not self.resources[resource].namespaced):
+                code, body = 200, await self._delete_collection(request)
             else:
                 raise api_error(405, "MethodNotAllowed",
                                 "the server does not allow this method on the requested resource")
@@ -759,12 +763,17 @@ class Cluster(kmock.KubernetesEmulator):
 
     # ------------------------------------------------------------ delete
 
-    async def _delete_request(self, request: rendering.Request) -> dict[str, Any]:
+    @staticmethod
+    def _delete_options(request: rendering.Request) -> dict[str, Any]:
         options = dict(request.data) if isinstance(request.data, dict) else {}
         if "gracePeriodSeconds" in request.params:  # kubectl and some clients use the query instead
             options.setdefault("gracePeriodSeconds", int(request.params["gracePeriodSeconds"]))
         if "propagationPolicy" in request.params:
             options.setdefault("propagationPolicy", request.params["propagationPolicy"])
+        return options
+
+    async def _delete_request(self, request: rendering.Request) -> dict[str, Any]:
+        options = self._delete_options(request)
         resource = request.resource
         key = (resource, request.namespace if self.resources[resource].namespaced else None, request.name)
         removed, obj = await self._delete(key, options)
@@ -773,6 +782,24 @@ class Cluster(kmock.KubernetesEmulator):
                     "details": {"name": request.name, "group": resource.group, "kind": resource.plural,
                                 "uid": obj["metadata"].get("uid")}}
         return obj  # built-in kinds return the object (pods: ReturnDeletedObject)
+
+    async def _delete_collection(self, request: rendering.Request) -> dict[str, Any]:
+        """deletecollection: a DELETE on a namespace's collection URL (what an object's URL becomes when its name
+        is empty) deletes every object the selectors match, each as its own DELETE would; the answer is the list
+        of them as their deletion left them. On the all-namespaces URL of a namespaced kind it is a 405."""
+        listed = await self._list(request)
+        options = self._delete_options(request)
+        namespaced = self.resources[request.resource].namespaced
+        items = []
+        for obj in listed["items"]:
+            meta = obj["metadata"]
+            try:
+                items.append((await self._delete((request.resource, meta.get("namespace") if namespaced else None,
+                                                  meta["name"]), options))[1])
+            except KubernetesError as exc:
+                if exc.status != 404:  # gone meanwhile: nothing left to delete
+                    raise
+        return {**listed, "items": items}
 
     async def _delete(self, key: tuple[Any, str | None, str], options: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
         """The generic registry's Delete: (whether the object is gone now, the object)."""
