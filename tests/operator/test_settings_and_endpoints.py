@@ -65,7 +65,7 @@ def test_render_prints_what_the_operator_creates():
                              "-n", "ml", "--uid", "u-1"], capture_output=True, text=True, check=True, timeout=60)
     docs = list(yaml.safe_load_all(result.stdout))
     assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
-        ("Service", "digits-cpu-workers"), ("Service", "digits-cpu-rdzv"), ("PersistentVolumeClaim", "digits-cpu-checkpoints"),
+        ("ConfigMap", builders.agent_config_map_name("digits-cpu")), ("Service", "digits-cpu-workers"), ("Service", "digits-cpu-rdzv"), ("PersistentVolumeClaim", "digits-cpu-checkpoints"),
         ("Pod", "digits-cpu-rdzv"), ("Pod", "digits-cpu-worker-0"), ("Pod", "digits-cpu-worker-1")]
     assert "--rdzv-id=u-1-g0" in docs[-1]["spec"]["containers"][0]["command"]
 
