@@ -1,7 +1,7 @@
 """`ddpjob render FILE`: print every object the operator would create for a DDPJob (as YAML).
 
-A preview for review and debugging: PodGroup, Services, checkpoint claim, rendezvous store pod and the
-worker pods of generation 0, exactly as the operator's builders produce them, the progress token volume
+A preview for review and debugging: PodGroup, the agent's ConfigMap, Services, checkpoint claim, rendezvous
+store pod and the worker pods of generation 0, exactly as the operator's builders produce them, the progress token volume
 and DDPJOB_PROGRESS_* variables included (the chart turns the progress endpoint on by default). What only
 exists at run time is a placeholder: the job's uid is a stable stand-in (override it with --uid), the
 progress URL's base is `<progress-url>` unless --progress-url gives the operator's, DDPJOB_PROGRESS_CA is
