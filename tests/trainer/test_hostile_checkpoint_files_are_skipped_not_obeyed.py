@@ -118,3 +118,26 @@ def test_a_directory_named_like_the_write_probe_does_not_make_the_volume_unwrita
     manager.save(10, _state(10))
     assert manager.load_latest()[0] == 10
     assert (planted / "inside").read_text() == "someone else's"
+
+
+@pytest.mark.parametrize("framework", ["lightning", "hf"])
+def test_a_frameworks_checkpoint_of_compressed_records_is_skipped(tmp_path, monkeypatch, caplog, framework):
+    """Lightning's `.ckpt` and HF's `optimizer.pt` are torch.save archives that the framework hands to torch.load."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "uid-g1")
+    directory = tmp_path / framework
+    frameworks.start_generation(directory)
+    for step in (10, 20):
+        buffer = io.BytesIO()
+        torch.save(_state(step, size=1 << 20), buffer)
+        data = buffer.getvalue() if step == 10 else _deflated(buffer.getvalue())
+        if framework == "lightning":
+            checkpoint = directory / f"step-{step:08d}.ckpt"
+            checkpoint.write_bytes(data)
+        else:
+            checkpoint = directory / f"checkpoint-{step}"
+            checkpoint.mkdir()
+            (checkpoint / "optimizer.pt").write_bytes(data)
+        assert frameworks.commit(checkpoint, step=step, world_size=1) is not None
+    pattern = re.compile(r"^step-(\d+)\.ckpt$" if framework == "lightning" else r"^checkpoint-(\d+)$")
+    step, _, _ = frameworks.newest_complete(directory, pattern)
+    assert step == 10 and "compressed record" in caplog.text

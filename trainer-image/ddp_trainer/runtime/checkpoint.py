@@ -265,12 +265,14 @@ def refuse_link(path: str | os.PathLike, what: str) -> None:
                                  f"restart the job")
 
 
-def check_archive(data: bytes | memoryview, path: Path) -> None:
-    """CorruptCheckpoint unless `data` is a zip archive as torch.save writes it: stored records only (it compresses
-    none) whose sizes add up to no more than the archive's own. torch.load inflates whatever a record says: a
-    compressed one of half a megabyte can ask for gigabytes before it fails. Reads the central directory only."""
+def check_archive(data: bytes | memoryview | None, path: Path) -> None:
+    """CorruptCheckpoint unless `data` (None: the file at `path`) is a zip archive as torch.save writes it: stored
+    records only (it compresses none) whose sizes add up to no more than the archive's own. torch.load inflates
+    whatever a record says: a compressed one of 256 KB takes 257 MiB before it fails or loads. Reads the central
+    directory only."""
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        size = os.stat(path).st_size if data is None else len(data)
+        with zipfile.ZipFile(path if data is None else io.BytesIO(data)) as archive:
             records = archive.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
         raise CorruptCheckpoint(f"checkpoint {path} is not a torch.save archive ({type(e).__name__}: {e})") from None
@@ -279,8 +281,8 @@ def check_archive(data: bytes | memoryview, path: Path) -> None:
         raise CorruptCheckpoint(f"checkpoint {path} holds {len(packed)} compressed record(s) ({packed[0][:80]!r}): "
                                 f"torch.save writes none, and torch.load would inflate them unchecked; not loaded")
     unpacked = sum(r.file_size for r in records)
-    if unpacked > len(data):
-        raise CorruptCheckpoint(f"checkpoint {path}'s records claim {unpacked} bytes in a {len(data)}-byte archive; "
+    if unpacked > size:
+        raise CorruptCheckpoint(f"checkpoint {path}'s records claim {unpacked} bytes in a {size}-byte archive; "
                                 f"not loaded")
 
 

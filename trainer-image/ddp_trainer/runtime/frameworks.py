@@ -37,6 +37,7 @@ import shutil
 import stat
 import sys
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import (CheckpointVolumeError, CorruptCheckpoint, adopt_legacy_job_directory, atomic_write_json,
-                         job_key, newer_generation, prune_fences, raise_fence, read_marker_json, refuse_impossible_fence,
+                         check_archive, job_key, newer_generation, prune_fences, raise_fence, read_marker_json, refuse_impossible_fence,
                          refuse_link, rendezvous_generation, retry_reads, volume_full)
 from .contract import CHECKPOINT_DIR_ENV, JOB_NAME_ENV, JOB_NAMESPACE_ENV, job_root
 from .distributed import CollectiveTimeout, StopRequest, abort_process_groups, exit_process
@@ -181,7 +182,8 @@ def _read_marker_once(root: Path) -> dict[str, Any] | None:
     except (FileNotFoundError, CorruptCheckpoint):
         return None  # no checkpoint, its writer died before the marker, or a marker that is not a valid file
     files = marker.get("files")
-    if not isinstance(files, dict) or not all(type(size) is int and size >= 0 for size in files.values()):
+    if not isinstance(files, dict) or not all(type(size) is int and size >= 0 for size in files.values()) or \
+            not all(_inside(name) for name in files):
         return None
     for name, size in files.items():
         try:
@@ -191,6 +193,25 @@ def _read_marker_once(root: Path) -> dict[str, Any] | None:
         except FileNotFoundError:
             return None
     return marker
+
+
+def _inside(name: str) -> bool:
+    """A marker's file name that stays inside its checkpoint: relative, no '..'."""
+    parts = Path(name).parts
+    return bool(parts) and not Path(name).is_absolute() and ".." not in parts
+
+
+def _inflating(checkpoint: Path, marker: dict[str, Any]) -> str | None:
+    """Why a committed checkpoint's torch.save archives (a Lightning `.ckpt`, an HF `optimizer.pt`) must not reach
+    torch.load (`checkpoint.check_archive`: a compressed record would inflate unchecked), or None."""
+    for name in marker["files"]:
+        path = checkpoint / name if _is_dir(checkpoint) else checkpoint
+        if zipfile.is_zipfile(path):
+            try:
+                check_archive(None, path)
+            except CorruptCheckpoint as e:
+                return str(e)
+    return None
 
 
 def read_marker(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
@@ -223,7 +244,7 @@ def newest_complete(directory: str | os.PathLike | None, pattern: re.Pattern[str
         if marker is None:
             log.warning("skipping incomplete checkpoint %s (no commit marker, or its files changed)", path)
             continue
-        why = unloadable(path) if unloadable is not None else None
+        why = _inflating(path, marker) or (unloadable(path) if unloadable is not None else None)
         if why is None:
             return step, path, marker
         log.warning("skipping checkpoint %s: the framework cannot load it (%s)", path, why)
