@@ -53,7 +53,7 @@ def test_the_docs_snippet_runs_as_written_under_torchrun_and_alone(tmp_path: Pat
     result = read_json(job_dir(ck) / "result.json")
     assert result and result["status"] == "completed" and result["step"] == 40 and result["world_size"] == 2, \
         (result, tail(log))
-    found = frameworks.newest_complete(ck / "test" / framework, re.compile(f"^{pattern}$"))
+    found = frameworks.newest_complete(ck / "local.test" / framework, re.compile(f"^{pattern}$"))
     assert found is not None and found[0] == 40, tail(log)
 
     alone = subprocess.run([PY, str(script)], cwd=tmp_path, env=base_env(None, HF_HUB_OFFLINE="1"),

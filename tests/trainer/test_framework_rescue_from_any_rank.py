@@ -76,7 +76,7 @@ def test_a_rescue_by_either_survivor_resumes_bit_identically_with_dropout(tmp_pa
         assert [r for r, _ in rescued] == [str(1 - victim)], tail(killed_log)  # the survivor, whichever it is
         step = int(rescued[0][1])
         assert INTERVAL < step < 2 * INTERVAL, tail(killed_log)
-        marker = json.loads((ck / "test" / framework / (f"checkpoint-{step}/ddpjob.committed.json" if framework == "hf"
+        marker = json.loads((ck / "local.test" / framework / (f"checkpoint-{step}/ddpjob.committed.json" if framework == "hf"
                                                          else f"step-{step:08d}.ckpt.ddpjob.json")).read_text())
         assert marker["rescued_by_rank"] == 1 - victim
 

@@ -97,8 +97,8 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_complete_checkpoint_and_exi
     stops = {int(s) for s in re.findall(r"stop requested \(signal 15\) at step (\d+)", text)}
     assert len(stops) == 1, tail(log)  # both ranks, the same step
     step = stops.pop()
-    assert hf.resume_from_checkpoint(str(ck / "test" / "hf")) == str(ck / "test" / "hf" / f"checkpoint-{step}")
-    assert frameworks.read_marker(ck / "test" / "hf" / f"checkpoint-{step}")["world_size"] == 2
+    assert hf.resume_from_checkpoint(str(ck / "local.test" / "hf")) == str(ck / "local.test" / "hf" / f"checkpoint-{step}")
+    assert frameworks.read_marker(ck / "local.test" / "hf" / f"checkpoint-{step}")["world_size"] == 2
     assert not (job_dir(ck) / "result.json").exists()  # stopped, not finished
 
 

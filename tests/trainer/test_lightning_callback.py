@@ -104,8 +104,8 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_complete_checkpoint_and_exi
     stops = {int(s) for s in re.findall(r"stop requested \(signal 15\) at step (\d+)", text)}
     assert len(stops) == 1, tail(log)  # both ranks, the same step
     step = stops.pop()
-    saved = ck / "test" / "lightning" / f"step-{step:08d}.ckpt"
-    assert lightning.resume_from_checkpoint(ck / "test" / "lightning") == str(saved)
+    saved = ck / "local.test" / "lightning" / f"step-{step:08d}.ckpt"
+    assert lightning.resume_from_checkpoint(ck / "local.test" / "lightning") == str(saved)
     assert frameworks.read_marker(saved)["world_size"] == 2
     assert not (job_dir(ck) / "result.json").exists()  # stopped, not finished
 
