@@ -36,6 +36,7 @@ import re
 import secrets
 import textwrap
 import types
+import unicodedata
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -154,8 +155,20 @@ def program(fn: Callable[..., Any], kwargs: Mapping[str, Any] | None = None) -> 
 # ---------------------------------------------------------------- the job
 
 
+def _ascii(name: str) -> str:
+    """A Python name folded to ASCII (`entraînement` -> `entrainement`); what has no ASCII form is dropped
+    (`訓練` -> ""): names and label values are ASCII, while a Python identifier need not be."""
+    return unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+
+
+def _label_value(name: str) -> str:
+    """The function's name as a label value: ASCII, at most 63 characters, starting and ending alphanumeric."""
+    value = re.sub(r"[^A-Za-z0-9_.-]+", "", _ascii(name)).strip("_.-")[:63].rstrip("_.-")
+    return value or "function"
+
+
 def _job_name(fn: Callable[..., Any]) -> str:
-    base = re.sub(r"[^a-z0-9-]+", "-", fn.__name__.lower()).strip("-") or "function"
+    base = re.sub(r"[^a-z0-9-]+", "-", _ascii(fn.__name__).lower()).strip("-") or "function"
     if not base[0].isalpha():
         base = f"fn-{base}"
     return f"{base[:model.MAX_JOB_NAME_LENGTH - 6].rstrip('-')}-{secrets.token_hex(2)}"
@@ -190,8 +203,7 @@ def build(fn: Callable[..., Any], *, name: str | None = None, replicas: int = 1,
         job_spec["maxReplicas"] = max_replicas
     if resources is not None:
         job_spec["resources"] = dict(resources)
-    metadata_: dict[str, Any] = {"name": name, "labels": {f"{model.GROUP}/function": fn.__name__[:63].strip("_-.")
-                                                         or "function"}}
+    metadata_: dict[str, Any] = {"name": name, "labels": {f"{model.GROUP}/function": _label_value(fn.__name__)}}
     if namespace:
         metadata_["namespace"] = namespace
     manifest = {"apiVersion": model.API_VERSION, "kind": model.KIND, "metadata": metadata_, "spec": job_spec}
@@ -205,10 +217,14 @@ def build(fn: Callable[..., Any], *, name: str | None = None, replicas: int = 1,
 
 def local_job(fj: FunctionJob, directory: Path) -> model.DDPJob:
     """The same manifest for `ddpjob run --local`: the ConfigMap's files are written to `directory`, which
-    stands in for the mount (the one difference: the entrypoint's path)."""
+    stands in for the mount (the one difference: the entrypoint's path). InvalidJob when `directory` is a link
+    or not a directory; a link planted at a file's name is replaced, never written through."""
+    from .local.paths import refuse_unusable_directories, replace_file
+
+    refuse_unusable_directories(directory, fix="give another directory")
     directory.mkdir(parents=True, exist_ok=True)
     for key, text in fj.config_map["data"].items():
-        (directory / key).write_text(text)
+        replace_file(directory / key, text.encode())
     spec = {**fj.manifest["spec"], "entrypoint": str((directory / PROGRAM).resolve())}
     return validation.parse_job({**fj.manifest, "spec": spec})
 
@@ -219,6 +235,10 @@ def run_local(fj: FunctionJob, *, state_dir: Path | None = None, view: Any = Non
     from .local.options import STATE_DIR, RunOptions
     from .local.view import make_view
 
+    from .local.paths import refuse_unusable_directories
+
     root = state_dir or STATE_DIR
-    job = local_job(fj, (root / fj.name / "function").resolve())
+    # The run's own directories are checked again by the runner, but the program is written before it starts.
+    refuse_unusable_directories(root, root / fj.name, fix="run from another working directory")
+    job = local_job(fj, root / fj.name / "function")
     return LocalRunner(job, RunOptions(state_dir=root), view or make_view()).run()
