@@ -7,6 +7,7 @@ rule mirrors k8s.io/apimachinery's validation, so `ddpjob validate` refuses what
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -58,6 +59,21 @@ PATTERN_FIXES = {
     NORMALIZED_PATH: "write an absolute path without a trailing slash, '//', '.' or '..', such as /data",
     NO_WHITESPACE: "remove the whitespace",
 }
+
+
+_QUALIFIED_NAME = re.compile(QUALIFIED_NAME)
+_LABEL_VALUE = re.compile(LABEL_VALUE)
+
+
+def is_qualified_name(value: Any) -> bool:
+    """A label or annotation key (ValidateQualifiedName): an optional DNS subdomain prefix of at most 253 characters
+    and '/', then a name of at most 63."""
+    return (isinstance(value, str) and _QUALIFIED_NAME.fullmatch(value) is not None
+            and len(value.rpartition("/")[0]) <= 253)
+
+
+def is_label_value(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= 63 and _LABEL_VALUE.fullmatch(value) is not None
 
 
 def quantity(value: Any) -> Decimal | None:

@@ -199,9 +199,16 @@ def _pod_spec_rules(meta: dict[str, Any], spec: dict[str, Any]) -> list[str]:
                .get("nameservers") or [] if not _ip(n)]
     errors += [f"spec.hostAliases: {a.get('ip')!r} is not an IP" for a in spec.get("hostAliases") or []
                if not _ip(a.get("ip"))]
+    errors += _scheduling_rules(spec)
+    for volume in spec.get("volumes") or []:
+        sources = [k for k, v in volume.items() if k != "name" and v is not None]  # a volume is a name and a source
+        if len(sources) != 1:
+            errors.append(f"spec.volumes[{volume.get('name')}]: must specify exactly one volume type, not {sources}")
     containers = [*spec.get("containers", []), *(spec.get("initContainers") or [])]
     for c in containers:
         where = f"spec.containers[{c.get('name')}]"
+        errors += [f"{where}.env[{e['name']}].valueFrom: {problem}" for e in c.get("env") or []
+                   for problem in _value_from(e)]
         if not c.get("image"):
             errors.append(f"{where}.image: Required value")
         for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
@@ -228,6 +235,95 @@ def _pod_spec_rules(meta: dict[str, Any], spec: dict[str, Any]) -> list[str]:
                    *(f"{e['name']}={e.get('value', '')}" for e in c.get("env") or [])]
         errors += [f"{where}: an argument or variable over MAX_ARG_STRLEN or with NUL" for text in strings
                    if "\x00" in text or len(text.encode()) + 1 > 128 * 1024]
+    return errors
+
+
+ENV_POD_FIELDS = {"metadata.name", "metadata.namespace", "metadata.uid", "spec.nodeName", "spec.serviceAccountName",
+                  "status.hostIP", "status.hostIPs", "status.podIP", "status.podIPs"}
+ENV_CONTAINER_RESOURCES = {f"{part}.{name}" for part in ("limits", "requests")
+                           for name in ("cpu", "memory", "ephemeral-storage")}
+
+
+def _value_from(var: dict[str, Any]) -> list[str]:
+    """validateEnvVarValueFrom."""
+    source = var.get("valueFrom")
+    if source is None:
+        return []
+    refs = {k: v for k, v in source.items() if v is not None}
+    if len(refs) != 1:
+        return [f"must have exactly one source, has {sorted(refs)}"]
+    if var.get("value"):
+        return ["may not be specified when value is not empty"]
+    (kind, ref), = refs.items()
+    if kind == "fieldRef":
+        path = ref.get("fieldPath", "")
+        subscripted = re.fullmatch(r"metadata\.(labels|annotations)\['(.*)'\]", path)
+        if subscripted and not qualified_name(subscripted.group(2).lower()):
+            return [f"fieldRef.fieldPath {path}: invalid key"]
+        if not subscripted and path not in ENV_POD_FIELDS:
+            return [f"fieldRef.fieldPath: Unsupported value: {path!r}"]
+    if kind == "resourceFieldRef":
+        resource = ref.get("resource", "")
+        if resource not in ENV_CONTAINER_RESOURCES and not re.match(r"(limits|requests)\.hugepages-", resource):
+            return [f"resourceFieldRef.resource: Unsupported value: {resource!r}"]
+    return []
+
+
+def _selector_requirements(where: str, requirements: list[dict[str, Any]], operators: set[str]) -> list[str]:
+    errors = []
+    for r in requirements:
+        op, values = r.get("operator"), r.get("values") or []
+        if op not in operators:
+            errors.append(f"{where}.operator: Unsupported value: {op!r}")
+        elif (op in ("In", "NotIn") and not values) or (op in ("Exists", "DoesNotExist") and values) or (
+                op in ("Gt", "Lt") and len(values) != 1):
+            errors.append(f"{where}.values: wrong number of values for {op}")
+        if not qualified_name(r.get("key")):
+            errors.append(f"{where}.key: invalid")
+        errors += [f"{where}.values: {v!r} invalid" for v in values if not label_value(v)]
+    return errors
+
+
+def _scheduling_rules(spec: dict[str, Any]) -> list[str]:
+    """hostUsers, topology spread, node affinity and the pod's gates (ValidatePodSpec)."""
+    errors = []
+    if spec.get("hostUsers") is False and any(spec.get(f) for f in ("hostNetwork", "hostPID", "hostIPC")):
+        errors.append("spec.hostUsers: Forbidden: with host namespaces")
+    constraints = spec.get("topologySpreadConstraints") or []
+    pairs = [(c.get("topologyKey"), c.get("whenUnsatisfiable")) for c in constraints]
+    for i, c in enumerate(constraints):
+        where = f"spec.topologySpreadConstraints[{i}]"
+        if not (c.get("maxSkew") or 0) > 0:
+            errors.append(f"{where}.maxSkew: must be greater than zero")
+        if not c.get("topologyKey"):
+            errors.append(f"{where}.topologyKey: Required value")
+        if c.get("whenUnsatisfiable") not in ("DoNotSchedule", "ScheduleAnyway"):
+            errors.append(f"{where}.whenUnsatisfiable: Unsupported value")
+        if pairs.count(pairs[i]) > 1:
+            errors.append(f"{where}: Duplicate value {pairs[i]}")
+        if "minDomains" in c and (c["minDomains"] <= 0 or c.get("whenUnsatisfiable") != "DoNotSchedule"):
+            errors.append(f"{where}.minDomains: Invalid value")
+        selector = c.get("labelSelector")
+        if c.get("matchLabelKeys") and selector is None:
+            errors.append(f"{where}.matchLabelKeys: Forbidden without labelSelector")
+        if selector is not None:
+            errors += _labels(f"{where}.labelSelector.matchLabels", selector.get("matchLabels"))
+            errors += _selector_requirements(f"{where}.labelSelector", selector.get("matchExpressions") or [],
+                                             {"In", "NotIn", "Exists", "DoesNotExist"})
+    node = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is not None:
+        terms = required.get("nodeSelectorTerms") or []
+        if not terms:
+            errors.append("spec.affinity.nodeAffinity.required.nodeSelectorTerms: Required value")
+        for term in terms:
+            errors += _selector_requirements("spec.affinity.nodeAffinity.required", term.get("matchExpressions") or [],
+                                             {"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+    gates = [g.get("name") for g in spec.get("schedulingGates") or []]
+    errors += [f"spec.schedulingGates: {g!r} invalid or duplicate" for g in gates
+               if not qualified_name(g) or gates.count(g) > 1]
+    errors += [f"spec.readinessGates: {g.get('conditionType')!r} invalid" for g in spec.get("readinessGates") or []
+               if not qualified_name(g.get("conditionType"))]
     return errors
 
 

@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from .. import k8s_fields as k8s
+from .. import pod_rules
 from .base import DNS_1035_PATTERN, APIModel, CelRuleError, cel
 from .spec import DDPJobSpec
 
@@ -27,6 +28,16 @@ class JobMetadata(APIModel):
     # Read by `ddpjob validate` and `render` (the worker FQDN's length depends on it); the API server sets it.
     namespace: str | None = Field(default=None, min_length=1, max_length=63, pattern=k8s.DNS_1123_LABEL,
                                   description="Namespace of the job (a DNS-1123 label).")
+    labels: dict[str, str] | None = Field(default=None, description="The job's own labels.")
+    annotations: dict[str, str] | None = Field(default=None, description="The job's own annotations.")
+
+    @model_validator(mode="after")
+    def _check_labels_and_annotations(self) -> "JobMetadata":
+        """The API server's rules for any object's labels and annotations (not in the CRD: it validates them itself)."""
+        found = pod_rules.object_meta_problems(self.labels, self.annotations)
+        if found:
+            raise CelRuleError({"rule": "", "fieldPath": f".{found[0][0]}", "message": found[0][1]})
+        return self
 
 
 # A worker's FQDN with setHostnameAsFQDN: `<job>-worker-<i>.<job>-workers.<ns>.svc.<cluster domain>`; the kubelet

@@ -41,7 +41,8 @@ class EnvVar(APIModel):
             "WORLD_SIZE, LOCAL_RANK, GROUP_RANK, PET_*, TORCHELASTIC_*, DDPJOB_*, "
             + ", ".join(OPERATOR_ENV_NAMES) + "): rename the variable; rendezvous, ranks and these "
             "settings are wired automatically", ".name"),
-        cel("!(has(self.value) && has(self.valueFrom))",
+        # An empty value with valueFrom is accepted by the API server (validateEnvVarValueFrom).
+        cel("!(has(self.value) && self.value != '' && has(self.valueFrom))",
             "set either value or valueFrom, not both", ".valueFrom"),
     )
 
@@ -99,6 +100,16 @@ def _not_here(field: str, why: str) -> dict[str, str]:
 
 
 
+def qualified_names_rule(field: str, key: str, what: str) -> dict[str, str]:
+    """A rule: every entry of the list `field` has `key`, a qualified name (readiness and scheduling gates)."""
+    return cel(f"!has(self.{field}) || self.{field}.all(g, has(g.{key}) && "
+               f"g.{key}.matches({cel_string(k8s.QUALIFIED_NAME)}) && "
+               f"g.{key}.matches({cel_string(k8s.QUALIFIED_NAME_PREFIX_LENGTH)}))",
+               f"{what} is an optional DNS subdomain prefix and '/' and a name of at most 63 letters, digits, '-', "
+               f"'_' and '.' that starts and ends with a letter or digit (such as example.com/ready): fix it",
+               f".{field}")
+
+
 class PodSpecOverrides(APIModel):
     """Pod-level fields of the worker pods beyond the typed ones, as in a Pod's spec."""
 
@@ -151,9 +162,12 @@ class PodSpecOverrides(APIModel):
     share_process_namespace: bool | None = _scalar("Share one process namespace between the containers.")
     set_hostname_as_fqdn: bool | None = _scalar("Use the pod's FQDN as its hostname.", alias="setHostnameAsFQDN")
     preemption_policy: Literal["PreemptLowerPriority", "Never"] | None = _scalar("PreemptLowerPriority or Never.")
-    readiness_gates: list[dict[str, Any]] | None = _k8s_list("Extra readiness conditions, as in a Pod.")
+    readiness_gates: list[dict[str, Any]] | None = _k8s_list(
+        "Extra readiness conditions, as in a Pod.",
+        conditionType={"type": "string", "maxLength": 316, "description": "A qualified name."})
     resource_claims: list[dict[str, Any]] | None = _k8s_list("Dynamic resource claims, as in a Pod.")
-    scheduling_gates: list[dict[str, Any]] | None = _k8s_list("Scheduling gates, as in a Pod.")
+    scheduling_gates: list[dict[str, Any]] | None = _k8s_list(
+        "Scheduling gates, as in a Pod.", name={"type": "string", "maxLength": 316, "description": "A qualified name."})
     os: dict[str, Any] | None = _k8s_object("The pods' operating system, as in a Pod.")
     overhead: dict[str, Any] | None = _k8s_object("Pod overhead (normally set by the RuntimeClass).")
     resources: dict[str, Any] | None = _k8s_object("Pod-level resources (Kubernetes 1.32+), as in a Pod.")
@@ -213,6 +227,15 @@ class PodSpecOverrides(APIModel):
         cel("!has(self.dnsPolicy) || self.dnsPolicy in ['ClusterFirst', 'ClusterFirstWithHostNet', 'None', "
             "'Default']", "dnsPolicy must be ClusterFirst, ClusterFirstWithHostNet or None (with dnsConfig)",
             ".dnsPolicy"),
+        cel("!has(self.hostUsers) || self.hostUsers || !((has(self.hostNetwork) && self.hostNetwork) || "
+            "(has(self.hostPID) && self.hostPID) || (has(self.hostIPC) && self.hostIPC))",
+            "hostUsers false (a user namespace of its own) cannot go with hostNetwork, hostPID or hostIPC (the API "
+            "server refuses the pod): remove hostUsers or the host namespaces", ".hostUsers"),
+        qualified_names_rule("readinessGates", "conditionType", "readinessGates: every conditionType"),
+        qualified_names_rule("schedulingGates", "name", "schedulingGates: every name"),
+        cel("!has(self.schedulingGates) || self.schedulingGates.all(g, "
+            "!has(g.name) || self.schedulingGates.exists_one(h, has(h.name) && h.name == g.name))",
+            "schedulingGates: names must be unique: remove the duplicate gate", ".schedulingGates"),
         cel("!has(self.dnsPolicy) || self.dnsPolicy != 'None' || (has(self.dnsConfig) && "
             "has(self.dnsConfig.nameservers) && size(self.dnsConfig.nameservers) > 0)",
             "dnsPolicy None takes the pod's DNS servers from dnsConfig only: add dnsConfig.nameservers (the "
