@@ -58,7 +58,7 @@ def test_a_fence_of_another_spelling_fences_nothing_and_is_not_removed(tmp_path,
     root.mkdir()
     planted = root / checkpoint.fence_path(root, "uid", 9).name.replace("-00000009-", "-000000009-")
     planted.write_text('{"generation": 9, "run": "uid"}')
-    manager = CheckpointManager(tmp_path, keep=2, job_name="train", run_id="uid-g1")  # the old code: CheckpointFenceError
+    manager = CheckpointManager(tmp_path, keep=2, job_name="train", run_id="uid-g1")  # old: CheckpointFenceError
     manager.save(10, _state(10))
     assert manager.committed_steps() == [10] and manager.fenced_by is None
     assert planted.is_file() and manager.fence(1).is_file()

@@ -51,7 +51,8 @@ def test_jobs_of_one_name_in_two_namespaces_neither_read_nor_prune_each_other(tm
     _as(monkeypatch, "team-a", "uid-a-g1")
     step, state = CheckpointManager(tmp_path, keep=2).load_latest()
     assert step == 300 and torch.equal(state["w"], _state(300)["w"])
-    assert CheckpointManager(tmp_path, is_writer=False, job_name="train", namespace="team-b").committed_steps() == [3, 2]
+    team_b = CheckpointManager(tmp_path, is_writer=False, job_name="train", namespace="team-b")
+    assert team_b.committed_steps() == [3, 2]
 
 
 def test_a_namespace_that_is_not_one_path_component_is_refused(tmp_path):

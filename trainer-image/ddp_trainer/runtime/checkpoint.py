@@ -269,12 +269,12 @@ def check_archive(data: bytes | memoryview | None, path: Path) -> None:
     """CorruptCheckpoint unless `data` (None: the file at `path`) is a zip archive as torch.save writes it: stored
     records only (it compresses none) whose sizes add up to no more than the archive's own. torch.load inflates
     whatever a record says: a compressed one of 256 KB takes 257 MiB before it fails or loads. Reads the central
-    directory only."""
+    directory only; an I/O error reading the file passes through (it is not corruption)."""
+    size = os.stat(path).st_size if data is None else len(data)
     try:
-        size = os.stat(path).st_size if data is None else len(data)
         with zipfile.ZipFile(path if data is None else io.BytesIO(data)) as archive:
             records = archive.infolist()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as e:
         raise CorruptCheckpoint(f"checkpoint {path} is not a torch.save archive ({type(e).__name__}: {e})") from None
     packed = [r.filename for r in records if r.compress_type != zipfile.ZIP_STORED]
     if packed:
@@ -604,7 +604,7 @@ def _whose(directory: Path, run: str, namespace: str) -> str | None:
                     except (OSError, CorruptCheckpoint):
                         continue  # counts for nothing, either way
                     if marker.get("run", "") != run:
-                        return f"{entry.path} was committed by run {marker.get('run', '')[:64]!r}, not this job's {run!r}"
+                        return f"{entry.path} was committed by run {marker.get('run', '')[:64]!r}, not {run!r}"
                     if marker.get("namespace") not in (None, namespace):  # markers of before name none
                         return f"{entry.path} was committed in namespace {marker['namespace'][:64]!r}"
                     ours += 1
