@@ -41,7 +41,7 @@ SETTINGS = dataclasses.replace(FAST, incident_settle_seconds=2.0)
 NO_BACKOFF = {"backoff": {"initialSeconds": 0, "maxSeconds": 1}}
 STORE_NODE, SPARE_NODE = "node-store", "node-spare"
 CLOSED = contract.RENDEZVOUS_CLOSED_MARK
-# What the launcher writes (WORKER_PROGRAM) in the situations the scenarios play.
+# What the launcher writes (agent/worker.py) in the situations the scenarios play.
 PEER_LOST = "rank {rank} (local rank 0) exited with code 1: DistBackendError: [../third_party/gloo/gloo/" \
             "transport/tcp/pair.cc:534] Connection closed by peer [10.244.0.11]:21466 [generation 0] " + CLOSED
 SIGTERMED = "torchrun stopped by SIGTERM; exit code 143"

@@ -66,6 +66,14 @@ def test_the_agent_imports_only_the_standard_library_torch_and_itself():
         assert imported_modules(AGENT / f"{name}.py") - stdlib == {"torch"}, name
 
 
+@pytest.mark.parametrize("role", [[], ["trainer"], ["../worker"], ["bootstrap"]])
+def test_the_agents_entry_refuses_a_role_it_does_not_have_with_its_usage(tmp_path, role):
+    entry = mount_agent(tmp_path / "node")[:2]
+    done = subprocess.run([*entry, *role], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr == f"usage: python {entry[1]} {{worker,zygote}} ARGS... (the ddpjob agent's entry)\n"
+
+
 torch = pytest.importorskip("torch", reason="the agent's worker module imports torch")
 worker = pytest.importorskip("ddpjob_operator.agent.worker")
 
