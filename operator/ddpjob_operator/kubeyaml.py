@@ -1,15 +1,23 @@
-"""YAML as kubectl reads and writes it: YAML 1.1 scalars resolved the way sigs.k8s.io/yaml (go-yaml v2) resolves
-them, then carried as JSON.
+"""YAML as kubectl reads and writes it: the file split into documents as kubectl's YAMLReader splits it, each
+document read as sigs.k8s.io/yaml reads it (go-yaml v2, then JSON).
+
+kubectl (k8s.io/apimachinery/pkg/util/yaml) cuts a file at every line that starts with `---` before any YAML is
+parsed, refuses such a line followed by anything but a comment, and hands each piece to yaml.Unmarshal, which reads
+its first YAML document only. So a piece is parsed here on its own too: a `%YAML` directive is left without its
+document, a `---` inside a quoted scalar ends the piece, and a second document that only libyaml sees (after a bare
+carriage return) is refused rather than validated while kubectl drops it.
 
 PyYAML resolves plain scalars by its own YAML 1.1 table, which differs from go-yaml v2 where it matters to a
 manifest: `1:00` is 60 to PyYAML (base 60) and the string "1:00" to kubectl; `y`/`n` are strings to PyYAML and
 booleans to kubectl; `1e1` and `0o17` are strings to PyYAML and 10 and 15 to kubectl; an unquoted date is a
 date to PyYAML and a string to kubectl (go-yaml keeps a timestamp's text when decoding into interface{}).
-So every plain scalar here is resolved by `resolve_plain`, written from go-yaml v2's rules, and a value JSON
-cannot carry (`.inf`, `.nan`: kubectl fails with "json: unsupported value") is refused.
+So every plain scalar here is resolved by `resolve_plain`, written from go-yaml v2's resolve.go, and a value
+JSON cannot carry (`.inf`, `.nan`: kubectl fails with "json: unsupported value") is refused. Merge keys (`<<`)
+apply where they stand, as go-yaml v2's decoder applies them; keys become JSON keys as sigs.k8s.io/yaml writes them.
 
-The parser is libyaml's when PyYAML has it (a 3 MiB file in about a second, not half a minute), and a first
-pass over the event stream bounds the number of values and the nesting before any object is built.
+The parser is libyaml's, the C library go-yaml v2 is a port of (and fast: a 3 MiB file in well under a second).
+A first pass over each document's events counts values and nesting against budgets for the whole file before any
+object is built; aliases are then expanded in count only, against the same budget.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ import base64
 import binascii
 import math
 import re
+import struct
+from fractions import Fraction
 from typing import Any, Iterator
 
 import yaml
@@ -26,19 +36,37 @@ _Emitter = yaml.emitter.Emitter
 
 PLAIN_TAG = "tag:ddpjob,plain"  # a plain (unquoted, untagged) scalar, resolved by resolve_plain
 _TAG = "tag:yaml.org,2002:"
+_MERGE_TAG = _TAG + "merge"
+# No file a DDPJob fits in has more documents; each costs a parser, so a file of empty `---` pieces is cut short.
+MAX_DOCUMENTS = 10_000
 
 
 class UnsupportedValue(ValueError):
-    """A scalar kubectl cannot send (JSON has no infinity or NaN)."""
+    """A plain scalar kubectl cannot send, or sends differently by version; `reason` and `fix` say why and how."""
+
+    def __init__(self, text: str, reason: str, fix: str):
+        super().__init__(text)
+        self.reason, self.fix = reason, fix
+
+
+_NOT_JSON = ("JSON has no infinity or NaN; kubectl fails with `json: unsupported value`",
+             "quote it if you mean the text, or write a finite number")
+# 0x/0o/0b beyond uint64: go-yaml v2.4 keeps the text, sigs.k8s.io/yaml's fork of it reads a big integer.
+_PREFIXED_INTEGER = re.compile(r"0[xX][0-9a-fA-F]+|0[oO][0-7]+|0[bB][01]+")
+_BEYOND_64_BITS = ("an integer beyond 64 bits, which kubectl reads as text or as a number depending on its version",
+                   "quote it if you mean the text")
 
 
 _BOOLS = {**dict.fromkeys(("y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON"), True),
           **dict.fromkeys(("n", "N", "no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF"), False)}
 _NULLS = ("", "~", "null", "Null", "NULL")
-_NOT_JSON = {f"{sign}.{word}" for word in ("inf", "Inf", "INF") for sign in ("", "+", "-")} | {".nan", ".NaN", ".NAN"}
-_GO_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
-_LEADING_DOT_FLOAT = re.compile(r"\.[0-9]+([eE][-+]?[0-9]+)?")
-_DIGITS = {2: "01", 8: "01234567", 10: "0123456789", 16: "0123456789abcdefABCDEF"}
+_INFINITIES = {**{f"{sign}.{word}": math.inf for word in ("inf", "Inf", "INF") for sign in ("", "+")},
+               **{f"-.{word}": -math.inf for word in ("inf", "Inf", "INF")},
+               **dict.fromkeys((".nan", ".NaN", ".NAN"), math.nan)}
+_GO_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")  # go-yaml's yamlStyleFloat
+# strconv.ParseFloat on a scalar that starts with a dot: underscores only between digits (strconv's underscoreOK).
+_LEADING_DOT_FLOAT = re.compile(r"\.[0-9]+(_[0-9]+)*([eE][-+]?[0-9]+(_[0-9]+)*)?")
+_DIGITS = {base: re.compile(f"[{digits}]+") for base, digits in ((2, "01"), (8, "0-7"), (10, "0-9"), (16, "0-9a-fA-F"))}
 _MAX_UINT64 = 2**64 - 1
 
 
@@ -62,7 +90,7 @@ def _go_parse_int(text: str, *, signed: bool) -> int | None:
             base, body = 8, body[1:]
             if not body:
                 return 0
-    if not body or any(c not in _DIGITS[base] for c in body):
+    if not _DIGITS[base].fullmatch(body):
         return None
     value = sign * int(body, base)
     if signed and not -(2**63) <= value < 2**63:
@@ -78,17 +106,18 @@ def resolve_plain(text: str) -> Any:
         return _BOOLS[text]
     if text in _NULLS:
         return None
-    if text in _NOT_JSON:
-        raise UnsupportedValue(text)
+    if text in _INFINITIES:
+        raise UnsupportedValue(text, *_NOT_JSON)
     first = text[0]
-    if first == ".":
+    if first == ".":  # go-yaml: strconv.ParseFloat(text) as it stands, underscores and all
         if _LEADING_DOT_FLOAT.fullmatch(text):
-            return float(text)
+            value = float(text.replace("_", ""))
+            return text if math.isinf(value) else value
         return text
     if first not in "+-0123456789":
         return text
     # An unquoted timestamp (2024-01-02) stays its text in kubectl; none of them parses as a number below.
-    digits = text.replace("_", "")
+    digits = text.replace("_", "")  # go-yaml drops every underscore before trying a number
     for signed in (True, False):
         value = _go_parse_int(digits, signed=signed)
         if value is not None:
@@ -97,12 +126,8 @@ def resolve_plain(text: str) -> Any:
         value = float(digits)
         if not math.isinf(value):  # Go's ParseFloat: out of range is an error, and go-yaml keeps the string
             return value
-    if digits.startswith("0b"):
-        value = _go_parse_int(digits, signed=False)
-        return value if value is not None else text
-    if digits.startswith("-0b") and len(digits) > 3 and set(digits[3:]) <= set("01"):
-        value = -int(digits[3:], 2)
-        return value if value >= -(2**63) else text
+    if _PREFIXED_INTEGER.fullmatch(digits):
+        raise UnsupportedValue(text, *_BEYOND_64_BITS)
     return text
 
 
@@ -113,7 +138,7 @@ class _Resolver(yaml.resolver.BaseResolver):
 
     def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
         if kind is yaml.ScalarNode and implicit[0]:
-            return _TAG + "merge" if value == "<<" else PLAIN_TAG
+            return _MERGE_TAG if value == "<<" else PLAIN_TAG
         return super().resolve(kind, value, implicit)
 
 
@@ -126,17 +151,16 @@ class KubectlError(yaml.YAMLError):
 
 
 class _Constructor(yaml.constructor.SafeConstructor):
-    """Scalars as kubectl sends them; duplicate keys refused (the API server's strict decoding refuses them)."""
+    """Scalars as kubectl sends them; merges applied where they stand (go-yaml v2); duplicate keys refused."""
 
     yaml_constructors = dict(yaml.constructor.SafeConstructor.yaml_constructors)
 
     def construct_plain(self, node: yaml.ScalarNode) -> Any:
         try:
             return resolve_plain(node.value)
-        except UnsupportedValue:
-            raise KubectlError(f"{node.value} is not a number kubectl can send (JSON has no infinity or NaN; "
-                               "kubectl fails with `json: unsupported value`)", node.start_mark,
-                               "quote it if you mean the text, or write a finite number") from None
+        except UnsupportedValue as exc:
+            raise KubectlError(f"{node.value} is not a number kubectl can send ({exc.reason})", node.start_mark,
+                               exc.fix) from None
 
     def construct_tagged_number(self, node: yaml.ScalarNode) -> Any:
         kind = node.tag[len(_TAG):]
@@ -158,34 +182,51 @@ class _Constructor(yaml.constructor.SafeConstructor):
         raise KubectlError(f"the tag {node.tag} is not one a Kubernetes manifest uses", node.start_mark,
                            "remove the tag")
 
+    def construct_key(self, node: yaml.Node) -> str:
+        """A mapping key as the JSON key sigs.k8s.io/yaml writes (an infinite key is text there: `.inf`)."""
+        if isinstance(node, yaml.ScalarNode) and node.tag in (PLAIN_TAG, _TAG + "float") \
+                and node.value in _INFINITIES:
+            return json_key(_INFINITIES[node.value], node)
+        return json_key(self.construct_object(node, deep=True), node)
+
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == _TAG + "merge":
-                continue  # `<<: *base` entries are meant to be overridden
-            key = json_key(self.construct_object(key_node, deep=True), key_node)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise KubectlError(f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark,
+        # go-yaml v2 (decode.go, d.mapping) sets each entry in document order, a `<<` merge included, the later
+        # winning. An explicit key that a later `<<` overrides is refused: a reader sees one value, kubectl sends
+        # another. Explicit keys after a merge override it, as everywhere.
+        mapping: dict[str, Any] = {}
+        explicit: dict[str, int] = {}  # key -> its line
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG and key_node.value == "<<":
+                for key, value in self.construct_merge(value_node, key_node.start_mark).items():
+                    if key in explicit:
+                        raise KubectlError(
+                            f"the merge `<<` overrides {key!r} set at line {explicit[key]}: kubectl applies a "
+                            "merge where it stands, so it sends the merged value, not the one written above",
+                            key_node.start_mark, f"move `<<` above {key!r}, or remove one of the two")
+                    mapping[key] = value
+                continue
+            key = self.construct_key(key_node)
+            if key in explicit:
+                raise KubectlError(f"duplicate key {key!r} (first at line {explicit[key]})", key_node.start_mark,
                                    "remove one of the two")
-            seen[key] = line
-        self.flatten_mapping(node)  # merges `<<` entries in front, so later keys override them
-        # Keys as JSON strings before they meet in a dict (Python's True == 1 would merge `y:` and `1:`).
-        return {json_key(self.construct_object(k, deep=True), k): self.construct_object(v, deep=True)
-                for k, v in node.value}
+            explicit[key] = key_node.start_mark.line + 1
+            mapping[key] = self.construct_object(value_node, deep=True)
+        return mapping
 
+    def construct_merge(self, node: yaml.Node, mark: Any) -> dict[str, Any]:
+        """What a `<<` sets: a mapping, or a sequence of mappings of which the earlier wins (go-yaml's d.merge)."""
+        parts = node.value if isinstance(node, yaml.SequenceNode) else [node]
+        merged: dict[str, Any] = {}
+        for part in reversed(parts):
+            if not isinstance(part, yaml.MappingNode):
+                raise KubectlError("a merge `<<` takes a mapping or a list of mappings (kubectl: map merge requires "
+                                   "map or sequence of maps as the value)", mark,
+                                   "merge an anchored mapping (`<<: *name`), or write the keys out")
+            merged.update(self.construct_object(part, deep=True))
+        return merged
 
-def json_key(key: Any, node: yaml.Node) -> str:
-    """A mapping key as sigs.k8s.io/yaml writes it into JSON (numbers and booleans as their text)."""
-    if isinstance(key, str):
-        return key
-    if isinstance(key, bool):
-        return "true" if key else "false"
-    if isinstance(key, int):
-        return str(key)
-    if isinstance(key, float):
-        return str(int(key)) if key.is_integer() and abs(key) < 1e21 else repr(key)
-    raise KubectlError(f"a mapping key must be a string, not {key!r}", node.start_mark, "quote the key")
+    def construct_merge_key_as_text(self, node: yaml.ScalarNode) -> str:
+        return node.value  # `<<` anywhere but as a key is the text "<<" to go-yaml, as is `!!merge x` "x"
 
 
 _Constructor.add_constructor(PLAIN_TAG, _Constructor.construct_plain)
@@ -193,18 +234,118 @@ for _kind in ("int", "float", "bool", "null"):
     _Constructor.add_constructor(_TAG + _kind, _Constructor.construct_tagged_number)
 _Constructor.add_constructor(_TAG + "binary", _Constructor.construct_binary)
 _Constructor.add_constructor(_TAG + "timestamp", yaml.constructor.SafeConstructor.construct_yaml_str)
+_Constructor.add_constructor(_MERGE_TAG, _Constructor.construct_merge_key_as_text)
 for _kind in ("set", "omap", "pairs"):
     _Constructor.add_constructor(_TAG + _kind, _Constructor.construct_undefined)
 _Constructor.add_constructor(None, _Constructor.construct_undefined)
 
 
-if getattr(yaml, "CParser", None) is not None:
-    class Loader(yaml.CParser, _Constructor, _Resolver):  # libyaml parses and composes
+def json_key(key: Any, node: yaml.Node) -> str:
+    """A mapping key as sigs.k8s.io/yaml writes it into JSON (yaml.go, convertToJSONableObject): a string as it
+    is, a bool as true/false, an int as its decimal, a float as strconv.FormatFloat(key, 'g', -1, 32) with
+    infinities as .inf/-.inf; an integer beyond int64 (go-yaml's uint64) and anything else is refused."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if isinstance(key, int) and -(2**63) <= key < 2**63:
+        return str(key)
+    if isinstance(key, float):
+        return go_float32_text(key)
+    what = "an integer beyond int64" if isinstance(key, int) else type(key).__name__ if key is not None else "null"
+    raise KubectlError(f"a mapping key kubectl cannot send: {what} (sigs.k8s.io/yaml: unsupported map key)",
+                       node.start_mark, "quote the key")
+
+
+_FLOAT32 = struct.Struct("<f")
+_UINT32 = struct.Struct("<I")
+
+
+def _float32_from_bits(bits: int) -> float:
+    return _FLOAT32.unpack(_UINT32.pack(bits))[0]
+
+
+def go_float32_text(value: float) -> str:
+    """strconv.FormatFloat(value, 'g', -1, 32): the value rounded to float32, then the shortest decimal that reads
+    back as that float32 (the nearest of those), in %e form below 1e-4 or from 1e6 on."""
+    if math.isnan(value):
+        return ".nan"
+    try:
+        single = _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+    except OverflowError:  # beyond float32: Go's conversion gives an infinity
+        single = math.copysign(math.inf, value)
+    if math.isinf(single):
+        return ".inf" if single > 0 else "-.inf"
+    sign, single = ("-" if math.copysign(1.0, single) < 0 else ""), abs(single)
+    if single == 0:
+        return sign + "0"
+    digits, point = _shortest_float32_digits(single, value)
+    exponent = point - 1
+    if exponent < -4 or exponent >= 6:
+        mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{sign}{mantissa}e{'-' if exponent < 0 else '+'}{abs(exponent):02d}"
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return sign + digits + "0" * (point - len(digits))
+    return f"{sign}{digits[:point]}.{digits[point:]}"
+
+
+def _shortest_float32_digits(single: float, written: float) -> tuple[str, int]:
+    """(digits, point) with single == 0.digits x 10**point, digits the shortest that read back as this positive
+    float32: a decimal inside the half-way points to its neighbours (on them when the mantissa is even), the
+    nearest when several are as short. `written` (the float64 it was rounded from) hints at the length."""
+    bits = _UINT32.unpack(_FLOAT32.pack(single))[0]
+    below = _float32_from_bits(bits - 1)
+    above = _float32_from_bits(bits + 1) if bits + 1 < 0x7F800000 else single + (single - below)
+    bounds = ((single + below) / 2, (single + above) / 2, bits % 2 == 0)  # exact in float64
+    # Start from the digits the value was written with (repr of the float64); the precisions that read back are
+    # upward-closed, so searching down from one that does finds the shortest.
+    precision = min(9, max(1, len(repr(abs(written)).split("e")[0].replace(".", "").strip("0"))))
+    found = _nearest_that_reads_back(single, precision, bounds)
+    while found is None:  # 9 digits always identify a float32
+        precision += 1
+        found = _nearest_that_reads_back(single, precision, bounds)
+    while precision > 1 and (shorter := _nearest_that_reads_back(single, precision - 1, bounds)) is not None:
+        precision, found = precision - 1, shorter
+    mantissa, exponent = found.split("e")  # d.ddde+XX, or dddeXX: 0.ddd x 10**point either way
+    point = int(exponent) + (1 if "." in mantissa else len(mantissa))
+    return mantissa.replace(".", "").rstrip("0"), point
+
+
+def _nearest_that_reads_back(single: float, precision: int, bounds: tuple[float, float, bool]) -> str | None:
+    """The nearest decimal of `precision` digits that reads back as `single`, if one does."""
+    nearest = f"{single:.{precision - 1}e}"
+    if _reads_back(nearest, bounds):
+        return nearest
+    mantissa, exponent = nearest.split("e")
+    other = f"{int(mantissa.replace('.', '')) + (1 if float(nearest) < single else -1)}e{int(exponent) - precision + 1}"
+    return other if _reads_back(other, bounds) else None  # the nearest on the other, wider side
+
+
+def _reads_back(text: str, bounds: tuple[float, float, bool]) -> bool:
+    low, high, even = bounds
+    number = float(text)  # rounding to float64 cannot cross a half-way point, only land on one
+    if low < number < high:
+        return True
+    if number in (low, high):
+        exact = Fraction(text)
+        return exact == Fraction(number) and even or (low < exact < high)
+    return False
+
+
+try:
+    from yaml.cyaml import CParser as _Parser  # libyaml: what go-yaml v2 is a port of
+except ImportError:  # pragma: no cover - PyYAML built without libyaml
+    _Parser = None
+
+if _Parser is not None:
+    class Loader(_Parser, _Constructor, _Resolver):  # libyaml parses and composes
         def __init__(self, stream: Any):
-            yaml.CParser.__init__(self, stream)
+            _Parser.__init__(self, stream)
             _Constructor.__init__(self)
             _Resolver.__init__(self)
-else:  # pragma: no cover - PyYAML built without libyaml
+else:  # pragma: no cover
     class Loader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser,  # type: ignore[no-redef]
                  yaml.composer.Composer, _Constructor, _Resolver):
         def __init__(self, stream: Any):
@@ -216,70 +357,177 @@ else:  # pragma: no cover - PyYAML built without libyaml
             _Resolver.__init__(self)
 
 
-def check_limits(text: str, *, max_values: int, max_depth: int) -> bool:
-    """Walk the event stream once, without building anything: refuse more than `max_values` scalars and
-    collections, or nesting deeper than `max_depth`. True when the text has aliases (their expansion is
-    bounded separately, on the composed graph)."""
+# ---------------------------------------------------------------- the file as kubectl splits and reads it
+
+_SEPARATOR_LINE = re.compile(r"^---([^\n]*)", re.MULTILINE)
+_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a" \
+            "\u2028\u2029\u202f\u205f\u3000"  # unicode.IsSpace, which strings.TrimSpace strips
+_DIRECTIVE_FIRST = re.compile(r"(?:[ \t]*(?:#[^\n]*)?\r?\n)*%")
+
+
+def _mark(line: int, column: int = 0) -> yaml.error.Mark:
+    return yaml.error.Mark("<file>", 0, line, column, None, None)
+
+
+def kubectl_documents(text: str) -> Iterator[tuple[int, str, bool]]:
+    """(first line, text, whether a separator ends it) of each piece kubectl's YAMLReader cuts `text` into: at
+    every line that starts with `---`, which may be followed by spaces and a comment only (apimachinery
+    util/yaml, YAMLReader.Read)."""
+    start = line = 0
+    for separator in _SEPARATOR_LINE.finditer(text):
+        rest = separator.group(1).strip(_GO_SPACE)
+        separator_line = line + text.count("\n", start, separator.start())
+        if rest and not rest.startswith("#"):
+            raise KubectlError(f"a line that starts with `---` is a document separator to kubectl, and may only "
+                               f"be followed by a comment, not {rest[:40]!r} (kubectl: invalid Yaml document "
+                               "separator)", _mark(separator_line), "move what follows `---` to the next line")
+        yield line, text[start:separator.start()], True
+        start, line = separator.end() + 1, separator_line + 1
+    yield line, text[start:], False
+
+
+class _Budget:
+    """The values (and the documents) one file may hold, aliases expanded, over all its documents together."""
+
+    def __init__(self, max_values: int, max_documents: int):
+        self.values, self.documents = max_values, max_documents
+        self.max_values, self.max_documents = max_values, max_documents
+
+    def document(self, line: int) -> None:
+        self.documents -= 1
+        if self.documents < 0:
+            raise KubectlError(f"more than {self.max_documents} documents in the file", _mark(line),
+                               "split the file")
+
+    def spend(self, values: int, mark: Any, *, expanded: bool = False) -> None:
+        self.values -= values
+        if self.values < 0:
+            if expanded:
+                raise KubectlError(f"aliases expand to more than {self.max_values} values in the file", mark,
+                                   "write the values out, or split the file")
+            raise KubectlError(f"more than {self.max_values} values in the file (a DDPJob has a few hundred)",
+                               mark, "split the file, or remove what is not part of a DDPJob")
+
+
+def check_limits(text: str, budget: _Budget, *, max_depth: int) -> tuple[int, bool]:
+    """Walk one piece's events once, without building anything: spend its scalars and collections from the
+    file's budget, refuse nesting deeper than `max_depth`, and refuse what kubectl reads otherwise than libyaml
+    does here (a second document, a scalar tagged `!`). Returns (values, whether it has aliases)."""
     loader = Loader(text)
-    values = depth = 0
+    values = depth = documents = 0
     aliases = False
     try:
         while loader.check_event():
             event = loader.get_event()
-            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            kind = type(event)
+            if kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
                 depth += 1
                 if depth > max_depth:
                     raise KubectlError(f"nested deeper than {max_depth} levels", event.start_mark,
                                        "flatten the document")
-            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
                 depth -= 1
                 continue
-            elif isinstance(event, yaml.AliasEvent):
+            elif kind is yaml.AliasEvent:
                 aliases = True
-            elif not isinstance(event, yaml.ScalarEvent):
+            elif kind is yaml.ScalarEvent:
+                if event.tag == "!":  # go-yaml keeps such a scalar as text; libyaml resolves it like a plain one
+                    raise KubectlError("the non-specific tag `!`: kubectl reads the value as text, other YAML "
+                                       "readers as a number or boolean", event.start_mark, "quote the value instead")
+            elif kind is yaml.DocumentStartEvent:
+                documents += 1
+                if documents > 1:
+                    raise KubectlError("a second YAML document that kubectl does not read: it splits documents "
+                                       "only at lines starting with `---` (not after a bare carriage return or a "
+                                       "Unicode line break), and reads the first document of each piece",
+                                       event.start_mark, "end each line with a newline (\\n)")
+                continue
+            else:
                 continue
             values += 1
-            if values > max_values:
-                raise KubectlError(f"more than {max_values} values in the file (a DDPJob has a few hundred)",
-                                   event.start_mark, "split the file, or remove what is not part of a DDPJob")
+            budget.spend(1, event.start_mark)
     finally:
         loader.dispose()
-    return aliases
+    return values, aliases
 
 
-def check_expansion(root: yaml.Node, max_values: int) -> None:
-    """Refuse aliases that expand beyond `max_values` values ("billion laughs"), counting each shared node once."""
-    sizes: dict[int, int] = {}
+def check_expansion(root: yaml.Node, *, max_depth: int) -> int:
+    """The values `root` holds with its aliases expanded ("billion laughs"), computed visiting each node once;
+    refused when nested beyond `max_depth` or when an anchor holds itself (go-yaml refuses that too)."""
+    sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (values, height)
+    open_nodes: set[int] = set()
 
-    def size(node: yaml.Node) -> int:
-        if id(node) in sizes:
-            return sizes[id(node)]
-        total = 1
-        if isinstance(node, yaml.SequenceNode):
-            total += sum(size(item) for item in node.value)
-        elif isinstance(node, yaml.MappingNode):
-            total += sum(size(k) + size(v) for k, v in node.value)
-        if total > max_values:
-            raise KubectlError(f"aliases expand to more than {max_values} values", node.start_mark,
+    def walk(node: yaml.Node, depth: int) -> tuple[int, int]:
+        known = sizes.get(id(node))
+        if known is None:
+            if id(node) in open_nodes:
+                raise KubectlError("an anchor whose value contains itself (kubectl: anchor value contains itself)",
+                                   node.start_mark, "remove the alias to the anchor from inside its own value")
+            open_nodes.add(id(node))
+            values, height = 1, 0
+            if isinstance(node, yaml.CollectionNode):
+                children = node.value if isinstance(node, yaml.SequenceNode) else [n for kv in node.value for n in kv]
+                height = 1
+                for child in children:  # each node is walked once: the anchor's own place comes before its aliases
+                    child_values, child_height = walk(child, depth + 1)
+                    values, height = values + child_values, max(height, child_height + 1)
+            open_nodes.discard(id(node))
+            known = sizes[id(node)] = (values, height)
+        if depth + known[1] > max_depth:
+            raise KubectlError(f"aliases nest deeper than {max_depth} levels", node.start_mark,
                                "write the values out")
-        sizes[id(node)] = total
-        return total
+        return known
 
-    size(root)
+    return walk(root, 0)[0]
 
 
-def load_all(text: str, *, max_values: int, max_depth: int) -> Iterator[Any]:
-    """Every document of `text` as kubectl sends it (KubectlError or yaml.YAMLError for what it refuses)."""
-    aliases = check_limits(text, max_values=max_values, max_depth=max_depth)
-    loader = Loader(text)
-    try:
-        while loader.check_node():
-            node = loader.get_node()
-            if aliases:
-                check_expansion(node, max_values)
-            yield loader.construct_document(node)
-    finally:
-        loader.dispose()
+def load_all(text: str, *, max_values: int, max_depth: int, max_documents: int = MAX_DOCUMENTS) -> Iterator[Any]:
+    """Every document of `text` as kubectl sends it (KubectlError or yaml.YAMLError for what it refuses), within
+    budgets for the whole file: `max_values` values with aliases expanded, `max_documents` documents."""
+    budget = _Budget(max_values, max_documents)
+    for first_line, piece, separated in kubectl_documents(text):
+        try:
+            budget.document(first_line)  # empty ones too: a file of nothing but `---` lines is cut short
+            if not piece.strip(" \t\r\n"):
+                continue  # kubectl skips an empty document
+            if _DIRECTIVE_FIRST.match(piece):
+                raise KubectlError("a %YAML or %TAG directive: kubectl cuts the file at the `---` below it and "
+                                   "reads the directive alone, which fails (did not find expected <document "
+                                   "start>)", _mark(0), "remove the directive line")
+            values, aliases = check_limits(piece, budget, max_depth=max_depth)
+            loader = Loader(piece)
+            try:
+                node = loader.get_single_node()
+                if node is None:
+                    continue
+                if aliases:
+                    budget.spend(check_expansion(node, max_depth=max_depth) - values, node.start_mark,
+                                 expanded=True)
+                document = loader.construct_document(node)
+            finally:
+                loader.dispose()
+        except yaml.YAMLError as exc:
+            raise _in_file(exc, first_line, piece, separated) from None
+        yield document
+
+
+def _in_file(exc: yaml.YAMLError, first_line: int, piece: str, separated: bool) -> yaml.YAMLError:
+    """`exc` with its marks moved from the piece's lines to the file's. libyaml puts the end of a text without a
+    final newline on the line after it: that is the end of the last line. An error at the end of a piece cut by a
+    separator (an unclosed quote, bracket or block) is the separator's doing."""
+    last_line = piece.count("\n")
+    for name in ("context_mark", "problem_mark"):
+        mark = getattr(exc, name, None)
+        if mark is None:
+            continue
+        line, column = mark.line, mark.column
+        if line > last_line:
+            line, column = last_line, len(piece) - piece.rfind("\n") - 1
+        setattr(exc, name, _mark(first_line + line, column))
+        if name == "problem_mark" and separated and line >= last_line and not isinstance(exc, KubectlError):
+            exc.fix = (f"kubectl ends the document at the `---` of line {first_line + last_line + 1}, even inside "
+                       "quotes or brackets: indent that line, or start it otherwise")
+    return exc
 
 
 # ---------------------------------------------------------------- writing what kubectl reads back the same

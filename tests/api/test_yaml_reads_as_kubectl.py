@@ -34,7 +34,13 @@ SCALARS = [
     ("0", 0), ("00", 0), ("+1", 1), ("-5", -5), ("1_000", 1000), ("0o", "0o"), ("0x", "0x"),
     ("9223372036854775807", 2**63 - 1), ("9223372036854775808", 2**63),  # uint64
     ("2024-01-02", "2024-01-02"), ("2024-01-02T03:04:05Z", "2024-01-02T03:04:05Z"),  # timestamps keep their text
-    ("+.nan", "+.nan"), (".5_0", ".5_0"), ("0x1p-2", "0x1p-2"), ("abc", "abc"), ("1.2.3", "1.2.3"),
+    ("+.nan", "+.nan"), ("0x1p-2", "0x1p-2"), ("abc", "abc"), ("1.2.3", "1.2.3"),
+    # A leading dot: resolve.go hands the text as it is to strconv.ParseFloat, which takes an underscore only
+    # between two digits (atof.go, underscoreOK), exponent included; out of range is an error, so the text stays.
+    (".5_0", 0.5), (".5e1_0", 5e9), (".1_2_3", 0.123), ("._5", "._5"), (".5_", ".5_"), (".5__0", ".5__0"),
+    (".5_e1", ".5_e1"), (".5e_1", ".5e_1"), (".1e400", ".1e400"), (".1e-400", 0.0), (".", "."), (".e1", ".e1"),
+    # A sign or a digit first: every underscore is dropped, then ParseInt, ParseUint, yamlStyleFloat+ParseFloat.
+    ("+.5_0", 0.5), ("1_0.5", 10.5), ("1__0", 10), ("_1", "_1"), ("1_e1_", 10.0), ("-.5_", -0.5), ("0_x1_0", 16),
 ]
 
 
@@ -52,6 +58,16 @@ def test_infinity_and_nan_are_refused_as_kubectl_cannot_send_them(tmp_path, caps
                           capsys)
     assert code == validation.EXIT_INVALID
     assert "line 4" in err and "JSON has no infinity or NaN" in err and "Fix: quote it" in err
+
+
+@pytest.mark.parametrize("text", ["0x1FFFFFFFFFFFFFFFF", "0o7777777777777777777777", "0b1" + "0" * 64, "0x_1" + "0" * 16])
+def test_a_prefixed_integer_beyond_64_bits_is_refused_as_kubectl_versions_disagree(tmp_path, capsys, text):
+    # resolve.go: ParseInt and ParseUint fail with ErrRange; go-yaml v2.4 keeps the text, sigs.k8s.io/yaml's fork
+    # of it (goyaml.v2) sends a big integer. (Decimal digits are a float to both: yamlStyleFloat matches first.)
+    code, err = _validate(tmp_path, HEADER + f"spec: {{replicas: 1, image: t, entrypoint: m, args: [{text}]}}\n",
+                          capsys)
+    assert code == validation.EXIT_INVALID
+    assert "line 4" in err and "an integer beyond 64 bits" in err and "Fix: quote it" in err
 
 
 @pytest.mark.parametrize("text", ["'y'", '"1:00"', "'1e1'", "'.inf'", "!!str on", "'2024-01-02'"])
