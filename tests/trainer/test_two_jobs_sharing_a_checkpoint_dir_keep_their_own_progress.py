@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddp_trainer.runtime import ProgressReporter
+import pytest
+
+from ddp_trainer.runtime import CheckpointDirError, ProgressReporter
 from ddp_trainer.runtime.contract import PROGRESS_FILE, RESULT_FILE
+from ddp_trainer.runtime.progress import job_directory
 from trainer_harness import PY, base_env, read_json, start, tail
 
 SCRIPT = Path(__file__).parent / "scripts" / "job_reports_steps.py"
@@ -41,3 +44,20 @@ def test_one_name_in_two_namespaces_and_a_plain_script_each_have_their_own_file(
         reporter.report(step=step)
         reporter.close()
         assert read_json(tmp_path / directory / PROGRESS_FILE)["step"] == step
+
+
+def test_a_job_name_that_is_no_path_component_writes_no_file_and_says_why(tmp_path: Path, caplog) -> None:
+    """Progress is advisory: a name such as "../x" (it would put the file beside another job's) is one warning
+    naming the variable, and no progress.json anywhere; result.json is refused with the same error."""
+    shared = tmp_path / "ckpt"
+    for name in ("../x", "a/b", ".."):
+        caplog.clear()
+        env = {"DDPJOB_CHECKPOINT_DIR": str(shared), "DDPJOB_NAME": name, "DDPJOB_NAMESPACE": "local"}
+        reporter = ProgressReporter.from_env(env)
+        reporter.report(step=1)
+        reporter.close()
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and "DDPJOB_NAME" in warnings[0] and "progress.json is not written" in warnings[0]
+        with pytest.raises(CheckpointDirError, match="DDPJOB_NAME"):
+            job_directory(shared, env)
+    assert list(tmp_path.rglob(PROGRESS_FILE)) == []

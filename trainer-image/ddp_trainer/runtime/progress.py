@@ -55,8 +55,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .contract import (CHECKPOINT_DIR_ENV, GENERATION_ENV, PROGRESS_CA_ENV, PROGRESS_FILE, PROGRESS_TOKEN_ENV,
-                       PROGRESS_URL_ENV, RESULT_FILE, env_int, job_root)
+from .contract import (CHECKPOINT_DIR_ENV, GENERATION_ENV, JOB_NAME_ENV, JOB_NAMESPACE_ENV, PROGRESS_CA_ENV,
+                       PROGRESS_FILE, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, RESULT_FILE, env_int, job_root)
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4096
@@ -137,13 +137,23 @@ class ProgressReporter:
         "": no file), the endpoint, its token and its CA from DDPJOB_PROGRESS_*. `rank`, `local_rank`: this
         process's (default torchrun's RANK, LOCAL_RANK; 0 outside torchrun): the file is global rank 0's, the
         POST local rank 0's. With `env` None the generation is read at each report (in-process recovery moves it)."""
+        from .checkpoint import CheckpointDirError  # torch: imported by the trainer that reports anyway
         e = os.environ if env is None else env
         mount = e.get(CHECKPOINT_DIR_ENV) if checkpoint_dir is None else checkpoint_dir
         rank = env_int(e, "RANK", 0) if rank is None else rank  # a plain script is its own rank 0
         local_rank = env_int(e, "LOCAL_RANK", 0) if local_rank is None else local_rank
-        return cls(job_root(mount, e) if mount else None, e.get(PROGRESS_URL_ENV) or None, enabled=rank == 0,
-                   http_enabled=local_rank == 0, token_file=e.get(PROGRESS_TOKEN_ENV) or None, rank=rank,
-                   ca_pem=e.get(PROGRESS_CA_ENV) or None, generation=None if env is None else _generation(e))
+        directory, refused = None, None
+        if mount:
+            try:
+                directory = job_directory(mount, e)
+            except CheckpointDirError as error:
+                refused = error
+        reporter = cls(directory, e.get(PROGRESS_URL_ENV) or None, enabled=rank == 0,
+                       http_enabled=local_rank == 0, token_file=e.get(PROGRESS_TOKEN_ENV) or None, rank=rank,
+                       ca_pem=e.get(PROGRESS_CA_ENV) or None, generation=None if env is None else _generation(e))
+        if refused is not None and rank == 0:  # progress is advisory: no file, said once
+            reporter._warn_once("file", f"{refused}; {PROGRESS_FILE} is not written")
+        return reporter
 
     def report(self, *, step: int, total_steps: int | None = None, loss: float | None = None,
                **fields: Any) -> None:
@@ -286,11 +296,20 @@ def _replace_json(path: Path, values: dict[str, Any]) -> None:
         raise
 
 
+def job_directory(mount: str | os.PathLike, env: Mapping[str, str] | None = None) -> Path:
+    """contract.job_root, after refusing a job name or namespace that is not one safe path component ("../x" would
+    put progress.json and result.json outside it): CheckpointDirError naming the variable and the fix."""
+    from .checkpoint import job_key  # torch: imported by the trainer that reports anyway
+    e = os.environ if env is None else env
+    job_key(e.get(JOB_NAME_ENV, ""), e.get(JOB_NAMESPACE_ENV, ""))
+    return job_root(mount, e)
+
+
 def write_result(checkpoint_dir: str | os.PathLike, result: Mapping[str, Any]) -> Path:
     """Rank 0's summary at a successful end, `result.json` in the job's own directory (beside progress.json, so two
     jobs sharing `checkpoint_dir` never share it), atomically and durably; returns its path."""
     from .checkpoint import atomic_write_json  # torch: imported by the trainer that finishes anyway
-    directory = job_root(checkpoint_dir)
+    directory = job_directory(checkpoint_dir)
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write_json(directory / RESULT_FILE, dict(result))
     return directory / RESULT_FILE
