@@ -18,6 +18,12 @@ The rules are controller-runtime's (client-go `leaderelection`), in three parts:
   deadline, checked at the moment of each call: a paused or partitioned leader that wakes up
   finds itself fenced before it sends anything.
 
+The loop runs in a thread of its own, on its own event loop with its own API client (client-go renews from a
+goroutine of its own): the controller's work (listings, `decide()` over a thousand jobs, bursts of writes) shares
+the operator's loop, and a renewal queued behind it missed its deadline under load (issue 38). The callbacks
+(`on_start`, `on_stop`, `on_change`) are handed to the loop that called `start()`; `leading()` is a read of one
+float, safe from any thread.
+
 On SIGTERM the holder releases the Lease (empty holderIdentity, as client-go's ReleaseOnCancel),
 so a standby takes over at its next poll instead of waiting for the Lease to expire.
 
@@ -33,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -160,9 +167,14 @@ class Elector:
         self._renewed_at: float | None = None  # start of our last successful write of the Lease
         self._seen_holder: str | None = None  # the last non-empty holder this replica saw
         self._is_leader = False  # what the callbacks were last told
-        self._task: asyncio.Task[None] | None = None
         self._expiry: asyncio.TimerHandle | None = None
         self._wake = asyncio.Event()
+        self._thread: threading.Thread | None = None
+        self._own_loop: asyncio.AbstractEventLoop | None = None  # the thread's: every Lease call runs there
+        self._caller: asyncio.AbstractEventLoop | None = None  # start()'s: the callbacks run there
+        self._stopping = asyncio.Event()
+        self._release_on_stop = False
+        self._halted = False  # stop() began: a renewal that lands after it does not make us act again
         self.on_start: Callable[[], None] = lambda: None
         self.on_stop: Callable[[], None] = lambda: None
         self.on_change: Callable[[str], None] = lambda holder: None  # the holder changed (we may be it)
@@ -172,7 +184,7 @@ class Elector:
     # ------------------------------------------------------------ what the operator asks
 
     def leading(self) -> bool:
-        return not fenced(self._renewed_at, self.clock(), self.timing)
+        return not self._halted and not fenced(self._renewed_at, self.clock(), self.timing)
 
     @property
     def holder(self) -> str:
@@ -181,18 +193,42 @@ class Elector:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="leader election")
+        """Run the election in its own thread; the callbacks come to the calling loop."""
+        self._caller = asyncio.get_running_loop()
+        self._own_loop = asyncio.new_event_loop()
+        # Made before the thread runs (an Event binds to the loop that first waits on it): stop() may come first.
+        self._wake, self._stopping = asyncio.Event(), asyncio.Event()
+        self._thread = threading.Thread(target=self._own_loop.run_until_complete, args=(self._run(),),
+                                        name=f"leader election {self.identity}", daemon=True)
+        self._thread.start()
 
     async def stop(self, release: bool = True) -> None:
         """Stop acting at once, stop the loop, and hand the Lease over if we hold it."""
-        was_leading = self.leading()
-        self._renewed_at = None
+        self._release_on_stop = release and self.leading()
+        self._halted, self._renewed_at = True, None
+        thread, loop = self._thread, self._own_loop
+        if thread is not None and loop is not None:
+            loop.call_soon_threadsafe(self._stopping.set)
+            await asyncio.to_thread(thread.join)
+            loop.close()
+            self._thread = self._own_loop = None
+        else:  # never started (tests drive rounds themselves): the Lease calls are this loop's
+            await self._finish()
         self._set_leader(False)
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-        if release and was_leading and self._lease is not None and self._lease.holder == self.identity:
+
+    async def _run(self) -> None:
+        """The thread's whole life: rounds until stop() asks, then the release and the client's close."""
+        rounds = asyncio.get_running_loop().create_task(self._loop(), name="leader election")
+        await self._stopping.wait()
+        rounds.cancel()
+        await asyncio.gather(rounds, return_exceptions=True)
+        await self._finish()
+
+    async def _finish(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if self._release_on_stop and self._lease is not None and self._lease.holder == self.identity:
             body = lease_body(self.namespace, self.name, "", self.timing, self._lease, Verb.WAIT,
                               datetime.now(timezone.utc))
             try:
@@ -289,7 +325,7 @@ class Elector:
         first = self._seen_holder is None
         self._seen_holder = holder
         if not first or holder == self.identity:
-            self.on_change(holder)
+            self._tell(self.on_change, holder)
 
     async def _write(self, body: dict[str, Any], *, create: bool) -> dict[str, Any]:
         return await self.api.write(LEASES, body, create=create)
@@ -316,13 +352,21 @@ class Elector:
         self._is_leader = leading
         if leading:
             logger.info("%s holds Lease %s/%s: acting", self.identity, self.namespace, self.name)
-            self.on_start()
+            self._tell(self.on_start)
         else:
             if self._expiry is not None:
                 self._expiry.cancel()
                 self._expiry = None
             logger.info("%s does not hold Lease %s/%s: standing by", self.identity, self.namespace, self.name)
-            self.on_stop()
+            self._tell(self.on_stop)
+
+    def _tell(self, callback: Callable[..., None], *args: Any) -> None:
+        """Run a callback in the loop that started the elector (the controller's), in order."""
+        caller = self._caller
+        if caller is None or threading.current_thread() is not self._thread:
+            callback(*args)
+        elif not caller.is_closed():
+            caller.call_soon_threadsafe(callback, *args)
 
 
 class NamedKube(kube.Kube):
