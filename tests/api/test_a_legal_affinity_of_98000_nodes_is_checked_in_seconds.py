@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddpjob_operator import builders, validation
+from ddpjob_operator.model import base
 
 NODES = 98_000
 
@@ -63,3 +64,23 @@ def test_ddpjob_validate_of_a_98000_node_affinity_takes_seconds_of_cpu(tmp_path)
     assert code == 0 and "valid DDPJob wide" in said, said
     # All of the command: interpreter and imports (about 1 s), reading the YAML, the model. It took 26 s before.
     assert cpu < 4, f"ddpjob validate took {cpu:.1f} s of CPU"
+
+
+# Rule shapes and objects on which a rule reads what pruning keeps: the verdict on the pruned object is the verdict on
+# the whole one, and a large field no rule names is dropped.
+RULES = ["self.a.b.all(x, x > 0)", "!has(self.a) || !has(self.a.c)", "has(self.c) && self.c.d == 1 && 'k' in self.e",
+         "!has(self.l) || size(self.l) < 3", "size(self) < 5", "size(self['a']) > 0", "self.e.exists(k, k == 'k')"]
+OBJECTS = [{"a": {"b": [1, 2], "c": {"deep": 1}}, "c": {"d": 1, "x": 2}, "e": {"k": 1}, "l": [1, 2, 3], "big": [0] * 9},
+           {"a": {"b": [0]}, "c": {"d": 2}, "e": {"j": 1}, "l": [], "big": list(range(9))},
+           {"a": {"b": [], "c": None}, "c": {"d": 1}, "e": {"k": 0, "j": 0}}]
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_a_rule_judges_the_pruned_object_as_the_whole_one(rule):
+    probe = type("Probe", (), {"cel_rules": ({"rule": rule, "message": ""},)})
+    read = base._fields_read(probe)
+    for whole in OBJECTS:
+        pruned = base._prune(whole, read)
+        assert base.evaluate_cel(rule, pruned) == base.evaluate_cel(rule, whole), (rule, whole, pruned)
+        if "self." in rule and "size(self)" not in rule and "self[" not in rule:
+            assert "big" not in pruned
