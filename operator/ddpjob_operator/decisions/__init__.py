@@ -20,7 +20,8 @@ from __future__ import annotations
 from .. import builders, model
 from .accounting import (account_incident, backoff_seconds, classify_exit, rendezvous_closed,
                          rendezvous_failed)
-from .common import (MESSAGE_LIMIT, Plan, new_incidents, parse_time, rfc3339, set_condition, short_message)
+from .common import (FIX_LIMIT, MESSAGE_LIMIT, Plan, new_incidents, parse_time, rfc3339, set_condition,
+                     short_message)
 from .completion import cannot_start, deadline_passed, finished, invalid_spec, rejected, succeeded
 from . import spares
 from .generations import replace_and_create, resized, store_lost, suspend
@@ -35,7 +36,8 @@ from .types import (CONDITION_SPEC_REJECTED, PHASE_CONDITIONS, REASON_RESUMED, T
                     Decision, DeleteStore, DeleteWorker, JobView, Observed, Options)
 
 __all__ = ["decide", "accounting", "classify_exit", "backoff_seconds", "rendezvous_failed", "rendezvous_closed",
-           "parse_time", "rfc3339", "set_condition", "short_message", "MESSAGE_LIMIT", "format_eta", "progress_status",
+           "parse_time", "rfc3339", "set_condition", "short_message", "MESSAGE_LIMIT", "FIX_LIMIT", "format_eta",
+           "progress_status",
            "TimingHistory", "new_incidents", "recovered", "unix_time"]
 
 

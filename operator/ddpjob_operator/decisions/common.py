@@ -47,18 +47,39 @@ def condition(status: model.DDPJobStatus, type_: str) -> model.Condition | None:
     return next((c for c in status.conditions if c.type == type_), None)
 
 
-# Termination messages go into conditions, events and the rank status: one short line.
+# Termination messages (and the server's refusals) go into conditions, Events, the rank status and the local
+# summary as one line: its cause and any log tail within MESSAGE_LIMIT characters, its fix on top, whole.
 MESSAGE_LIMIT = 300
+FIX_LIMIT = 300  # a "fix" longer than this is no sentence (a log tail runs on after it): its middle goes too
+_CUT = " ... "
+_FIX = re.compile(r"\b[Ff]ix: ")
+_MARKS = re.compile(r"(?: \[generation \d{1,12}\])?(?: " + re.escape(RENDEZVOUS_CLOSED_MARK) + ")?$")
 
 
 def short_message(text: str | None) -> str | None:
-    """One line of at most MESSAGE_LIMIT characters, keeping its start (the launcher's summary) and
-    its end (the last words of a log tail)."""
+    """One line that keeps what a reader acts on. A message is its cause, maybe a fix (from the last "Fix: " to
+    the end) and the launcher's marks (" [generation N] [rendezvous closed]"); or a log tail (the kubelet's
+    FallbackToLogsOnError), whose last words say the most. What gives way is the middle of what comes before
+    the fix, cut to MESSAGE_LIMIT with the marks (its start names the failure, its end holds the words just
+    before the fix, or the tail's last ones); the fix and the marks stay whole."""
     line = " ".join((text or "").split())
     if len(line) <= MESSAGE_LIMIT:
         return line or None
-    half = (MESSAGE_LIMIT - 5) // 2
-    return f"{line[:half]} ... {line[-half:]}"
+    marks = _MARKS.search(line)
+    assert marks is not None  # every part of the pattern is optional: it matches at the end of any line
+    body, end = line[:marks.start()], line[marks.start():]
+    fixes = list(_FIX.finditer(body))
+    head, fix = (body[:fixes[-1].start()].rstrip(), body[fixes[-1].start():]) if fixes else (body, "")
+    head = _cut_middle(head, MESSAGE_LIMIT - len(end))
+    return " ".join(part for part in (head, _cut_middle(fix, FIX_LIMIT)) if part) + end
+
+
+def _cut_middle(text: str, limit: int) -> str:
+    """At most `limit` characters of `text`: its start and its end, with " ... " for what was between."""
+    if len(text) <= limit:
+        return text
+    half = max(limit - len(_CUT), 2) // 2
+    return f"{text[:half]}{_CUT}{text[-half:]}"
 
 
 _LAUNCHER_MARK = re.compile(GENERATION_MARK_PATTERN + "|" + re.escape(RENDEZVOUS_CLOSED_MARK))
