@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from . import k8s_fields as k8s
 
@@ -306,11 +306,16 @@ def _node_term_problems(here: str, term: Any) -> Iterator[str]:
             yield f"{at}.values: {values[0]!r} is not a node name (a DNS-1123 subdomain)"
 
 
-def _weight_problem(here: str, entry: dict[str, Any]) -> str | None:
-    weight = entry.get("weight")
-    if not (isinstance(weight, int) and not isinstance(weight, bool) and 1 <= weight <= 100):
-        return f"{here}.weight {weight!r} must be 1-100"
-    return None
+def _preferred_problems(here: str, entries: Any, term: str,
+                        term_problems: Callable[[str, Any], Iterator[str]]) -> Iterator[str]:
+    """Weighted terms (preferredDuringSchedulingIgnoredDuringExecution): each a weight 1-100 and a valid `term`."""
+    for i, entry in enumerate(_items(entries)):
+        if not isinstance(entry, dict):
+            continue
+        weight = entry.get("weight")
+        if not (isinstance(weight, int) and not isinstance(weight, bool) and 1 <= weight <= 100):
+            yield f"{here}[{i}].weight {weight!r} must be 1-100"
+        yield from term_problems(f"{here}[{i}].{term}", entry.get(term))
 
 
 def _pod_term_problems(here: str, term: Any) -> Iterator[str]:
@@ -339,25 +344,17 @@ def _affinity_problems(affinity: Any) -> Iterator[str]:
             yield f"{here} must have at least one term (an empty list matches no node): add one, or remove required"
         for i, term in enumerate(_items(terms)):
             yield from _node_term_problems(f"{here}[{i}]", term)
-    for i, entry in enumerate(_items(node.get("preferredDuringSchedulingIgnoredDuringExecution"))):
-        if isinstance(entry, dict):
-            here = f"{base}.preferredDuringSchedulingIgnoredDuringExecution[{i}]"
-            problem = _weight_problem(here, entry)
-            if problem:
-                yield problem
-            yield from _node_term_problems(f"{here}.preference", entry.get("preference"))
+    yield from _preferred_problems(f"{base}.preferredDuringSchedulingIgnoredDuringExecution",
+                                   node.get("preferredDuringSchedulingIgnoredDuringExecution"), "preference",
+                                   _node_term_problems)
     for kind in ("podAffinity", "podAntiAffinity"):
         pods = affinity.get(kind) if isinstance(affinity.get(kind), dict) else {}
+        here = f"template.affinity.{kind}"
         for i, term in enumerate(_items(pods.get("requiredDuringSchedulingIgnoredDuringExecution"))):
-            yield from _pod_term_problems(f"template.affinity.{kind}.requiredDuringSchedulingIgnoredDuringExecution"
-                                          f"[{i}]", term)
-        for i, entry in enumerate(_items(pods.get("preferredDuringSchedulingIgnoredDuringExecution"))):
-            if isinstance(entry, dict):
-                here = f"template.affinity.{kind}.preferredDuringSchedulingIgnoredDuringExecution[{i}]"
-                problem = _weight_problem(here, entry)
-                if problem:
-                    yield problem
-                yield from _pod_term_problems(f"{here}.podAffinityTerm", entry.get("podAffinityTerm"))
+            yield from _pod_term_problems(f"{here}.requiredDuringSchedulingIgnoredDuringExecution[{i}]", term)
+        yield from _preferred_problems(f"{here}.preferredDuringSchedulingIgnoredDuringExecution",
+                                       pods.get("preferredDuringSchedulingIgnoredDuringExecution"), "podAffinityTerm",
+                                       _pod_term_problems)
 
 
 def _spread_problems(constraints: Any) -> Iterator[str]:

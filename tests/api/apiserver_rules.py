@@ -319,6 +319,17 @@ def _scheduling_rules(spec: dict[str, Any]) -> list[str]:
         for term in terms:
             errors += _selector_requirements("spec.affinity.nodeAffinity.required", term.get("matchExpressions") or [],
                                              {"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+    affinity = spec.get("affinity") or {}
+    weighted = [*node.get("preferredDuringSchedulingIgnoredDuringExecution", []),
+                *(affinity.get("podAffinity") or {}).get("preferredDuringSchedulingIgnoredDuringExecution", []),
+                *(affinity.get("podAntiAffinity") or {}).get("preferredDuringSchedulingIgnoredDuringExecution", [])]
+    errors += [f"spec.affinity: weight {w.get('weight')!r} not in 1-100" for w in weighted
+               if not 1 <= w.get("weight", 0) <= 100]
+    pod_terms = [*(affinity.get("podAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution", []),
+                 *(affinity.get("podAntiAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution", []),
+                 *(w["podAffinityTerm"] for w in weighted if "podAffinityTerm" in w)]
+    errors += [f"spec.affinity: topologyKey {t.get('topologyKey')!r} invalid" for t in pod_terms
+               if not qualified_name(t.get("topologyKey"))]
     gates = [g.get("name") for g in spec.get("schedulingGates") or []]
     errors += [f"spec.schedulingGates: {g!r} invalid or duplicate" for g in gates
                if not qualified_name(g) or gates.count(g) > 1]

@@ -12,6 +12,7 @@ import yaml
 from ddpjob_operator import builders, cli, pod_rules, validation
 
 from .apiserver_rules import object_errors
+from .refusals import assert_validate_and_the_operator_refuse
 
 BASE = {"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": "victim"},
         "spec": {"replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer",
@@ -94,16 +95,7 @@ def test_a_pod_the_api_server_or_kubelet_refuses_is_refused_by_validate(tmp_path
     spec, field, text = CASES[case]
     doc = copy.deepcopy(BASE)
     doc["spec"].update(copy.deepcopy(spec))
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    assert cli.main(["validate", str(path)]) == validation.EXIT_INVALID, case
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if f": {field}: " in line]
-    assert lines and any(text in line for line in lines), err
-    # The operator reads the spec alone, and refuses it in the same words (its Failed condition).
-    with pytest.raises(validation.InvalidJob, match=field.replace("[", r"\[").replace("]", r"\]")):
-        validation.parse_spec(doc["spec"])
+    assert_validate_and_the_operator_refuse(tmp_path, capsys, doc, field, text)
 
 
 def test_the_same_features_written_correctly_are_accepted(tmp_path, capsys):
