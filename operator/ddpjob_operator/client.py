@@ -308,8 +308,11 @@ class Client:
         return json.loads(text) if text else None
 
     def _namespace(self, namespace: str | None) -> str:
-        """The namespace a call means (None: the client's), checked before anything is sent."""
-        return _valid(self.namespace if namespace is None else namespace, object_names.NAMESPACE, "namespace")
+        """The namespace a call means (None: the client's), checked before anything is sent. The client's own was
+        checked when given, so a bad one here came from the kubeconfig context."""
+        if namespace is None:
+            return _valid(self.namespace, object_names.NAMESPACE, "the kubeconfig context's namespace")
+        return _valid(namespace, object_names.NAMESPACE, "namespace")
 
     def _job_call(self, method: str, name: str, namespace: str | None, sub: str | None = None, **kwargs: Any) -> Any:
         ns = self._namespace(namespace)

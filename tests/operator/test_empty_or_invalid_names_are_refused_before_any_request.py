@@ -9,11 +9,16 @@ one line naming the argument and the fix; the jobs stay."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import urllib.error
+import urllib.request
 from typing import Any, AsyncIterator, Callable
 
 import kmock
 import pytest
 import pytest_asyncio
+import yaml
 
 from ddpjob_operator import client, kube, object_names
 from ddpjob_operator.kube import Connection
@@ -21,7 +26,7 @@ from ddpjob_operator.kube import Connection
 from .conftest import NAMESPACE
 from .emulator import DDPJOBS
 from .log_emulator import LogCluster
-from .test_cli_cluster import ddpjob, kubeconfig, write  # noqa: F401 - the CLI as a user runs it
+from .test_cli_cluster import DDPJOB, ddpjob, kubeconfig, write  # noqa: F401 - the CLI as a user runs it
 from .test_client import CONFIG_MAPS, manifest
 
 # Each is refused as a DDPJob name: empty, a path segment that moves the URL, or no DNS-1035 label of <= 50.
@@ -63,6 +68,26 @@ def both_jobs_stay(emulator: RecordingCluster) -> None:
     assert sorted(job["metadata"]["name"] for job in emulator.live(DDPJOBS, NAMESPACE)) == ["one", "two"]
 
 
+def delete_url(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="DELETE")) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+async def test_the_collection_url_an_empty_name_made_is_a_deletecollection(cluster):
+    """What `delete ""` sent before: the emulator, as the API server, deletes every DDPJob of the namespace there
+    (and answers 405 on the all-namespaces URL, where the API server has no deletecollection)."""
+    emulator, url = cluster
+    code, deleted = await asyncio.to_thread(delete_url, url + kube.DDPJOBS.path(NAMESPACE))
+    assert (code, deleted["kind"]) == (200, "DDPJobList")
+    assert [job["metadata"]["name"] for job in deleted["items"]] == ["one", "two"]
+    assert emulator.live(DDPJOBS, NAMESPACE) == []
+    code, _ = await asyncio.to_thread(delete_url, url + kube.DDPJOBS.path(None))
+    assert code == 405
+
+
 # ---------------------------------------------------------------- the CLI
 
 
@@ -84,6 +109,28 @@ async def test_the_cli_refuses_a_bad_name_or_namespace_and_sends_nothing(kubecon
         assert "Fix: " in err and "Traceback" not in err, (argv, err)
     code, _, err = await ddpjob(capsys, "delete", "", "-n", NAMESPACE)
     assert "NAME is empty" in err and "every DDPJob of the namespace" in err
+    both_jobs_stay(emulator)
+
+
+async def test_the_installed_command_refuses_an_unset_job_variable(kubeconfig, cluster):  # noqa: F811
+    """`ddpjob delete "$JOB"` with JOB unset, as a shell runs it: a separate process, exit 2, one line."""
+    emulator, _ = cluster
+    process = await asyncio.create_subprocess_exec(
+        str(DDPJOB), "delete", "", env={**os.environ}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await process.communicate()
+    assert (process.returncode, out) == (2, b"")
+    assert err.decode().startswith("ddpjob delete: NAME is empty: ") and err.count(b"\n") == 1
+    both_jobs_stay(emulator)
+
+
+async def test_a_bad_namespace_in_the_kubeconfig_is_named(kubeconfig, cluster, capsys):  # noqa: F811
+    emulator, _ = cluster
+    config = yaml.safe_load(kubeconfig.read_text())
+    config["contexts"][0]["context"]["namespace"] = "Team/A"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    code, out, err = await ddpjob(capsys, "delete", "one")
+    assert (code, out) == (2, "")
+    assert err.startswith("ddpjob delete: the kubeconfig context's namespace 'Team/A' may not ") and "Fix: " in err
     both_jobs_stay(emulator)
 
 
