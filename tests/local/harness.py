@@ -145,6 +145,12 @@ def job_dir(cwd: Path, name: str) -> Path:
     return cwd / ".ddpjob" / name
 
 
+def job_files(cwd: Path, name: str) -> Path:
+    """Where the trainer writes a local job's progress.json, result.json and checkpoints/: the job's own
+    directory on its default checkpoint volume (`<mount>/local.<name>`)."""
+    return job_dir(cwd, name) / "checkpoints" / f"local.{name}"
+
+
 # ---- in-process runs (tests/local/test_semantics.py): the runner's own status, not its printout ----
 
 class RunTimeout(AssertionError):

@@ -22,12 +22,12 @@ def runner_for(tmp_path: Path, **options) -> LocalRunner:
     job = validation.parse_job(manifest("sched", replicas=1, minReplicas=1, maxReplicas=2, args=[]))
     runner = LocalRunner(job, RunOptions(state_dir=tmp_path / ".ddpjob", **options), TimelineView(timeout=600),
                          clock=lambda: T0)
-    runner.checkpoint_dir.mkdir(parents=True)
+    runner.files.directory.mkdir(parents=True)  # the job's own directory on the volume, where the trainer reports
     return runner
 
 
 def report(runner: LocalRunner, step: int) -> None:
-    (runner.checkpoint_dir / "progress.json").write_text(json.dumps({"step": step, "world_size": 1, "time": 1.0}))
+    (runner.files.directory / "progress.json").write_text(json.dumps({"step": step, "world_size": 1, "time": 1.0}))
 
 
 def events(runner: LocalRunner) -> list[str]:
@@ -62,6 +62,6 @@ def test_a_kill_at_a_step_never_reported_is_warned_of_once_and_named_in_the_summ
     report(runner, 5)
     runner.schedule.inject(runner, T0 + timedelta(seconds=70))
     assert runner.pending_faults == [FaultInjection(index=0, at_step=5, kind=KILL)]
-    (runner.checkpoint_dir / "progress.json").unlink()
+    (runner.files.directory / "progress.json").unlink()
     notes = display.summary(runner).notes
     assert notes and notes[0].startswith("--kill-at-step 5 never fired: the trainer reported no step that far"), notes

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from .harness import Run, job_dir, kill_tagged, manifest, read_json, script, tagged_processes, write_manifest
+from .harness import (Run, job_dir, job_files, kill_tagged, manifest, read_json, script, tagged_processes,
+                      write_manifest)
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,7 @@ def test_success_with_fewer_replicas_ends_with_metrics_and_checkpoint_path(tmp_p
     path = write_manifest(tmp_path, manifest("ok"))
     code, out = start(runs, tmp_path, str(path), "--replicas", "1").wait(timeout=240)
     assert code == 0, out
-    result = read_json(job_dir(tmp_path, "ok") / "checkpoints" / "result.json")
+    result = read_json(job_files(tmp_path, "ok") / "result.json")
     assert result and result["status"] == "completed" and result["world_size"] == 1, out
     assert result["epoch"] == 3 and result["eval_accuracy"] > 0.85, result
     assert "job ok: Succeeded" in out
@@ -69,7 +70,7 @@ def test_killed_worker_is_replaced_and_training_resumes_from_its_checkpoint(tmp_
     # checkpoint): at most one interval behind the last logged step, at most one log interval past it.
     assert min(resumed) >= 10, "a replacement must not start from scratch"
     assert max(before) - 10 <= min(resumed) <= max(before) + 5, (max(before), resumed)
-    result = read_json(job_dir(tmp_path, "kill") / "checkpoints" / "result.json")
+    result = read_json(job_files(tmp_path, "kill") / "result.json")
     assert result and result["status"] == "completed" and result["epoch"] == 12, out
 
 
@@ -108,7 +109,7 @@ def test_ctrl_c_stops_workers_gracefully_leaves_no_process_and_resume_continues(
     doc["spec"]["args"] = ["--workload", "digits", "--epochs", "25", "--batch-size", "32", "--log-every", "5"]
     path = write_manifest(tmp_path, doc)
     run = start(runs, tmp_path, str(path))
-    progress = job_dir(tmp_path, "stop") / "checkpoints" / "progress.json"
+    progress = job_files(tmp_path, "stop") / "progress.json"
     run.wait_for_step(progress, 20)
     assert len(run.leftovers()) >= 5, run.leftovers()  # store + 2 agents + 2 trainers
     run.interrupt()
@@ -119,14 +120,14 @@ def test_ctrl_c_stops_workers_gracefully_leaves_no_process_and_resume_continues(
     log0 = (job_dir(tmp_path, "stop") / "logs" / "stop-worker-0.log").read_text()
     stopped = re.search(r"stop requested at step (\d+): writing a final checkpoint", log0)
     assert stopped, log0[-3000:]
-    steps = job_dir(tmp_path, "stop") / "checkpoints" / "local.stop" / "checkpoints"  # the job's own directory
+    steps = job_files(tmp_path, "stop") / "checkpoints"
     final = steps / f"step-{int(stopped.group(1)):08d}.committed"
     assert final.exists(), sorted(p.name for p in final.parent.iterdir())
 
     code, out = start(runs, tmp_path, str(path), "--resume").wait(timeout=240)
     assert code == 0, out
     assert f"training resumed from the checkpoint of step {stopped.group(1)}" in out
-    result = read_json(job_dir(tmp_path, "stop") / "checkpoints" / "result.json")
+    result = read_json(job_files(tmp_path, "stop") / "result.json")
     assert result and result["status"] == "completed" and result["epoch"] == 25, out
 
 
@@ -134,7 +135,7 @@ def test_lost_store_moves_the_job_to_a_new_generation_without_charging_the_budge
     doc = manifest("store")
     doc["spec"]["args"] = ["--workload", "digits", "--epochs", "40", "--batch-size", "32", "--log-every", "5"]
     run = start(runs, tmp_path, str(write_manifest(tmp_path, doc)))
-    progress = job_dir(tmp_path, "store") / "checkpoints" / "progress.json"
+    progress = job_files(tmp_path, "store") / "progress.json"
     run.wait_for_step(progress, 30)
     store = [pid for pid, cmdline in tagged_processes(run.tag) if "dist.TCPStore(" in cmdline]
     assert len(store) == 1, run.leftovers()

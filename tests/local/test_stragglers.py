@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import Run, job_dir, manifest, read_json, write_manifest
+from .harness import Run, job_dir, job_files, manifest, read_json, write_manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -36,7 +36,7 @@ def test_a_rank_slowed_2x_is_named_within_the_window(tmp_path):
     assert f"worker {slow} (pod slow-worker-{slow}, node 127.0.0.1) is a straggler" in named[0], named
     ratio = float(named[0].split("x the median of its peers")[0].rsplit(" ", 1)[1])
     assert ratio > 1.5, named
-    progress = read_json(job_dir(tmp_path, "slow") / "checkpoints" / "progress.json")
+    progress = read_json(job_files(tmp_path, "slow") / "progress.json")
     times = progress["step_seconds_by_worker"]
     assert times[str(slow)] > 1.5 * times[str(1 - slow)], progress
 
@@ -44,5 +44,5 @@ def test_a_rank_slowed_2x_is_named_within_the_window(tmp_path):
 def test_a_run_without_a_slow_rank_raises_nothing(tmp_path):
     out = run_job(tmp_path, "even", [])
     assert "Straggler" not in out, out
-    progress = read_json(job_dir(tmp_path, "even") / "checkpoints" / "progress.json")
+    progress = read_json(job_files(tmp_path, "even") / "progress.json")
     assert set(progress["step_seconds_by_worker"]) == {"0", "1"}, progress  # timings were there to judge
