@@ -2,7 +2,8 @@
 the Python API (client.py) with the current kubeconfig context (or in-cluster credentials).
 
 Errors are messages with their fix and a non-zero exit (2: the manifest, or a NAME or --namespace no object
-can have, refused before anything is sent; 1: anything else), never a traceback. `status --watch` (and `submit --watch`) shows the live view `ddpjob run --local` shows.
+can have, refused before anything is sent; 1: anything else), never a traceback. `status --watch` (and
+`submit --watch`) shows the live view `ddpjob run --local` shows.
 """
 
 from __future__ import annotations
