@@ -55,11 +55,13 @@ def script(directory: Path, name: str, body: str) -> Path:
 class Run:
     """`ddpjob run FILE --local ...` as a real subprocess in `cwd`, tagged for the process-table check."""
 
-    def __init__(self, cwd: Path, *args: str):
+    def __init__(self, cwd: Path, *args: str, ignore_sighup: bool = False):
         self.cwd, self.tag = cwd, uuid.uuid4().hex
         env = {**os.environ, TAG_ENV: self.tag, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen([*DDPJOB, "run", *args, "--local"], cwd=cwd, env=env, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     # as `nohup` starts it: SIGHUP ignored, which exec keeps
+                                     preexec_fn=_ignore_sighup if ignore_sighup else None)
 
     def wait(self, timeout: float) -> tuple[int, str]:
         try:
@@ -83,6 +85,10 @@ class Run:
     def leftovers(self) -> list[str]:
         """Live processes (any session, any parent) that inherited this run's environment."""
         return [f"{pid}: {cmdline[:160]}" for pid, cmdline in tagged_processes(self.tag)]
+
+
+def _ignore_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def tagged_processes(tag: str) -> list[tuple[int, str]]:

@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ARGS = ["--workload", "digits", "--epochs", "60", "--batch-size", "32", "--lr", "0.05", "--log-every", "5"]
 
 
-def _start_training(tmp_path: Path, name: str) -> Run:
-    run = Run(tmp_path, str(write_manifest(tmp_path, manifest(name, args=ARGS))))
+def _start_training(tmp_path: Path, name: str, ignore_sighup: bool = False) -> Run:
+    run = Run(tmp_path, str(write_manifest(tmp_path, manifest(name, args=ARGS))), ignore_sighup=ignore_sighup)
     checkpoints = job_dir(tmp_path, name) / "checkpoints"
     wait_for(lambda: run.proc.poll() is None and any(checkpoints.rglob("step-*.committed")),
              "the first checkpoint", 180, interval=0.2)
@@ -45,6 +45,23 @@ def test_sighup_stops_every_process_the_run_started(tmp_path, output):
         # The graceful part happened: torchrun forwarded SIGTERM and rank 0 wrote a final checkpoint.
         rank0 = (job_dir(tmp_path, "hangup") / "logs" / "hangup-worker-0.log").read_text(errors="replace")
         assert "writing a final checkpoint" in rank0, rank0[-3000:]
+    finally:
+        run.proc.kill()
+        kill_tagged(run.tag)
+
+
+def test_a_run_started_with_sighup_ignored_outlives_its_terminal(tmp_path):
+    run = _start_training(tmp_path, "nohup", ignore_sighup=True)  # `nohup ddpjob run ...`
+    try:
+        run.proc.send_signal(signal.SIGHUP)
+        log = job_dir(tmp_path, "nohup") / "logs" / "nohup-worker-0.log"
+        trained = log.stat().st_size
+        wait_for(lambda: log.stat().st_size > trained + 200, "training to go on after SIGHUP", 60, interval=0.2)
+        assert run.proc.poll() is None
+        run.proc.terminate()
+        code, out = run.wait(timeout=90)
+        assert code == 130 and "stopped by SIGTERM" in out, out
+        assert run.leftovers() == []
     finally:
         run.proc.kill()
         kill_tagged(run.tag)

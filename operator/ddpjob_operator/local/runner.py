@@ -222,7 +222,8 @@ class LocalRunner:
         """Run to Succeeded or Failed (or until SIGINT, SIGTERM or SIGHUP); returns the final phase.
         InvalidJob, before anything starts, when another run holds its directories or something is planted there."""
         self._prepare_dirs()
-        previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        # A signal ignored by whoever started the run stays ignored (`nohup ddpjob run ...` outlives its terminal).
+        previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS if signal.getsignal(s) != signal.SIG_IGN}
         try:
             if self.zygote is not None:
                 self.zygote.start()  # its imports overlap the store's start
