@@ -572,6 +572,7 @@ def check_writable(directory: str | os.PathLike) -> Path:
     return path
 
 
+_not_adopted: set[Path] = set()  # said so once
 _MARKER_NAMES = re.compile(r"\.committed$|^ddpjob\.committed\.json$|\.ddpjob\.json$")  # ours and the frameworks'
 _ADOPTION_SCAN_LIMIT = 100_000  # entries looked at before giving up on proving a directory is this job's
 
@@ -637,7 +638,10 @@ def adopt_legacy_job_directory(mount: str | os.PathLike, name: str, namespace: s
     elif not run:
         why = "this trainer has no job uid (rendezvous id) to compare its files with"
     else:
-        why = _whose(legacy, run, namespace)
+        try:
+            why = _whose(legacy, run, namespace)
+        except OSError as e:  # unreadable: not shown to be this job's
+            why = f"it could not be read ({e.strerror or e})"
     if why is None:
         try:
             os.rename(legacy, target)  # atomic; fails rather than merge into a directory created meanwhile
@@ -649,8 +653,10 @@ def adopt_legacy_job_directory(mount: str | os.PathLike, name: str, namespace: s
             _fsync_dir(mount)
             log.info("adopted %s, this job's directory in the layout before namespaces, as %s", legacy, target)
             return True
-    log.warning("%s (the layout before namespaces) was not adopted as this job's %s: %s. If it is this job's, "
-                "move it while the job is suspended: mv %s %s", legacy, target, why, legacy, target)
+    if legacy not in _not_adopted:  # once per process: the frameworks look at every lookup, on every rank
+        _not_adopted.add(legacy)
+        log.warning("%s (the layout before namespaces) was not adopted as this job's %s: %s. If it is this job's, "
+                    "move it while the job is suspended: mv %s %s", legacy, target, why, legacy, target)
     return False
 
 
