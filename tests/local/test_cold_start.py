@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddpjob_operator import validation
-from ddpjob_operator.agent import WORKER_PROGRAM, contract
+from ddpjob_operator.agent import command, contract
 from ddpjob_operator.local.processes import MARKER_ENV, marked_pids
 from ddpjob_operator.local.runner import LocalRunner
 from ddpjob_operator.local.options import COLD_GPU_NODE, KILL, FaultInjection, RunOptions
@@ -83,11 +83,11 @@ def test_cold_start_starts_every_worker_as_its_pod_does_and_recovers_a_killed_wo
     assert sorted(r[0] for r in runner.roots.values()) == ["cold-worker-0", "cold-worker-1", "cold-worker-1"], described
     for pid, (name, parent, argv, env) in runner.roots.items():
         assert parent == os.getpid(), f"{name} ({pid}) is a child of {parent}, not of the runner\n{described}"
-        assert argv[:3] == [sys.executable, "-c", WORKER_PROGRAM], described
+        assert argv[:3] == command("worker", python=sys.executable), described
         assert env[MARKER_ENV].split("/")[1] == name and contract.PRELOAD_ENV not in env, described
         assert env[contract.FORK_TRAINER_ENV] == "0", described
     # gpu-node: every trainer is a new interpreter running the entrypoint, not a fork of its agent (whose
-    # argv, `python -c <agent>`, a fork keeps). One per pod per generation it trained in: at least three.
+    # argv, `python <agent>/bootstrap.py worker`, a fork keeps). One per pod per generation it trained in: at least three.
     assert len(runner.trainers) >= 3, described
     for pid, (name, argv) in runner.trainers.items():
-        assert "-c" not in argv[:2] and "ddp_trainer" in argv, f"{name}'s process {pid}: {argv[:4]}\n{described}"
+        assert argv[:3] != command("worker", python=sys.executable) and "ddp_trainer" in argv, f"{name}'s process {pid}: {argv[:4]}\n{described}"
