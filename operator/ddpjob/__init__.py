@@ -13,15 +13,15 @@ them. The `ddpjob` command is another thing (`ddpjob_operator.cli`). Never impor
 """
 
 from ddpjob_operator import function_job, model
-from ddpjob_operator.client import (ApiError, Client, DDPJobError, InvalidManifest, InvalidName, Job, JobEnded,
-                                    JobExists, JobNotFound, LogsUnavailable, WaitTimeout, as_manifest,
+from ddpjob_operator.client import (ApiError, Client, DDPJobError, InvalidArgument, InvalidManifest, InvalidName, Job,
+                                    JobEnded, JobExists, JobNotFound, LogsUnavailable, WaitTimeout, as_manifest,
                                     default_namespace, load_manifests, submit)
 from ddpjob_operator.model import DDPJob, DDPJobSpec, DDPJobStatus
 from ddpjob_operator.validation import FieldError
 
 __all__ = [
     "Client", "Job", "submit", "load_manifests", "as_manifest", "default_namespace",
-    "DDPJobError", "InvalidManifest", "InvalidName", "JobNotFound", "JobExists", "WaitTimeout", "JobEnded",
+    "DDPJobError", "InvalidManifest", "InvalidArgument", "InvalidName", "JobNotFound", "JobExists", "WaitTimeout", "JobEnded",
     "LogsUnavailable", "ApiError", "FieldError",
     "DDPJob", "DDPJobSpec", "DDPJobStatus", "model", "function_job",
 ]

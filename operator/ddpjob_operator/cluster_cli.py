@@ -1,5 +1,5 @@
 """`ddpjob submit | status | logs | list | delete | suspend | resume | scale`: DDPJobs on a cluster, through
-the Python API (client.py) with the current kubeconfig context (or in-cluster credentials).
+the Python API (the client package) with the current kubeconfig context (or in-cluster credentials).
 
 Errors are messages with their fix and a non-zero exit (2: the manifest, or a NAME or --namespace no object
 can have, refused before anything is sent; 1: anything else), never a traceback. `status --watch` (and

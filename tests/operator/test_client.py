@@ -308,9 +308,13 @@ async def test_submit_ships_the_function_in_a_config_map_the_job_owns(api, clust
 # ---------------------------------------------------------------- `import ddpjob`
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "python-api.md"
-# Every name the client module defines for its users (classes, functions): `ddpjob` must carry each one.
+# Every name the client package gives its users (classes, functions of its modules): `ddpjob` must carry each one.
 CLIENT_API = sorted(n for n, v in vars(client).items()
-                    if not n.startswith("_") and getattr(v, "__module__", None) == client.__name__)
+                    if not n.startswith("_") and (getattr(v, "__module__", None) or "").startswith(f"{client.__name__}."))
+
+
+def test_the_client_package_gives_what_it_lists():
+    assert CLIENT_API == sorted(client.__all__)
 
 
 @pytest.mark.parametrize("name", CLIENT_API)
