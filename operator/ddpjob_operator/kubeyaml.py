@@ -182,12 +182,20 @@ class _Constructor(yaml.constructor.SafeConstructor):
         raise KubectlError(f"the tag {node.tag} is not one a Kubernetes manifest uses", node.start_mark,
                            "remove the tag")
 
+    def construct_value(self, node: yaml.Node) -> Any:
+        if node.tag == PLAIN_TAG:  # most values: a plain scalar needs none of construct_object's bookkeeping
+            return self.construct_plain(node)
+        return self.construct_object(node, deep=True)
+
+    def construct_sequence(self, node: yaml.SequenceNode, deep: bool = False) -> list:
+        return [self.construct_value(item) for item in node.value]
+
     def construct_key(self, node: yaml.Node) -> str:
         """A mapping key as the JSON key sigs.k8s.io/yaml writes (an infinite key is text there: `.inf`)."""
         if isinstance(node, yaml.ScalarNode) and node.tag in (PLAIN_TAG, _TAG + "float") \
                 and node.value in _INFINITIES:
             return json_key(_INFINITIES[node.value], node)
-        return json_key(self.construct_object(node, deep=True), node)
+        return json_key(self.construct_value(node), node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
         # go-yaml v2 (decode.go, d.mapping) sets each entry in document order, a `<<` merge included, the later
@@ -210,7 +218,7 @@ class _Constructor(yaml.constructor.SafeConstructor):
                 raise KubectlError(f"duplicate key {key!r} (first at line {explicit[key]})", key_node.start_mark,
                                    "remove one of the two")
             explicit[key] = key_node.start_mark.line + 1
-            mapping[key] = self.construct_object(value_node, deep=True)
+            mapping[key] = self.construct_value(value_node)
         return mapping
 
     def construct_merge(self, node: yaml.Node, mark: Any) -> dict[str, Any]:
@@ -318,6 +326,9 @@ def _nearest_that_reads_back(single: float, precision: int, bounds: tuple[float,
     nearest = f"{single:.{precision - 1}e}"
     if _reads_back(nearest, bounds):
         return nearest
+    low, high, _ = bounds
+    if high - single == single - low:
+        return None  # the decimal on the other side is no nearer, and the interval no wider there
     mantissa, exponent = nearest.split("e")
     other = f"{int(mantissa.replace('.', '')) + (1 if float(nearest) < single else -1)}e{int(exponent) - precision + 1}"
     return other if _reads_back(other, bounds) else None  # the nearest on the other, wider side
@@ -485,10 +496,12 @@ def load_all(text: str, *, max_values: int, max_depth: int, max_documents: int =
     """Every document of `text` as kubectl sends it (KubectlError or yaml.YAMLError for what it refuses), within
     budgets for the whole file: `max_values` values with aliases expanded, `max_documents` documents."""
     budget = _Budget(max_values, max_documents)
-    for first_line, piece, separated in kubectl_documents(text):
+    for index, (first_line, piece, separated) in enumerate(kubectl_documents(text)):
+        blank = not piece.strip(" \t\r\n")
         try:
-            budget.document(first_line)  # empty ones too: a file of nothing but `---` lines is cut short
-            if not piece.strip(" \t\r\n"):
+            if index or not blank:  # empty ones after a `---` too: a file of nothing but `---` lines is cut short
+                budget.document(first_line)
+            if blank:
                 continue  # kubectl skips an empty document
             if _DIRECTIVE_FIRST.match(piece):
                 raise KubectlError("a %YAML or %TAG directive: kubectl cuts the file at the `---` below it and "

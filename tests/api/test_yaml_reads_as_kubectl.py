@@ -141,33 +141,60 @@ def test_known_metadata_and_status_are_accepted(tmp_path, capsys):
     assert _validate(tmp_path, yaml.safe_dump(doc), capsys)[0] == 0
 
 
-# Files just under the API server's 3 MiB limit: refused in seconds, in bounded memory, saying what is wrong.
-BIG = {
-    "many-values": ("a: [" + "1," * (validation.MAX_YAML_BYTES // 2 - 8) + "1]\n", "more than 100000 values"),
-    "many-keys": ("".join(f"k{i}: 1\n" for i in range(290_000)), "more than 100000 values"),
-    "deep": ("a: " + "[" * 1_000_000 + "]" * 1_000_000 + "\n", "nested deeper than 100"),
+# Hostile files under the API server's 3 MiB limit (issue 38, items 11 and 15): each is answered (refused saying
+# what is wrong, or accepted) within 2 s of CPU and in bounded memory. The budgets are the file's, not each
+# document's: 1,650 documents of 13-level alias doubling cost 5 CPU-minutes when they were not.
+DOUBLING = "".join(f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}]\n" for i in range(1, 13))
+HOSTILE = {
+    "many-values": (lambda: "a: [" + "1," * (validation.MAX_YAML_BYTES // 2 - 8) + "1]\n",
+                    "more than 100000 values in the file"),
+    "many-keys": (lambda: "".join(f"k{i}: 1\n" for i in range(290_000)), "more than 100000 values in the file"),
+    "deep-flow": (lambda: "a: " + "[" * 1_000_000 + "]" * 1_000_000 + "\n", "nested deeper than 100"),
+    "deep-block": (lambda: "".join(" " * i + "a:\n" for i in range(2_500)), "nested deeper than 100"),
+    "1650-documents-of-alias-doubling": (  # 59 values each as written: 97,350 in the file, under the budget
+        lambda: ("---\nkind: DDPJob\nmetadata: {name: lol}\na0: &a0 [x, x]\n" + DOUBLING) * 1650,
+        "aliases expand to more than 100000 values in the file"),
+    "many-small-documents": (lambda: "---\na: 1\n" * 349_000, "more than 10000 documents in the file"),
+    "only-separators": (lambda: "---\n" * 786_000, "more than 10000 documents in the file"),
+    "alias-chain": (lambda: "a0: &a0 [x]\n" + "".join(f"a{i}: &a{i} [*a{i - 1}]\n" for i in range(1, 30_000)),
+                    "aliases nest deeper than 100 levels"),
+    "merge-chain": (lambda: "a0: &a0 {k0: x}\n" + "".join(f"a{i}: &a{i} {{<<: *a{i - 1}, k{i}: x}}\n"
+                                                             for i in range(1, 30_000)),
+                    "more than 100000 values in the file"),
+    "merges-of-a-wide-anchor": (lambda: "b: &b {" + ", ".join(f"k{i}: x" for i in range(2_000)) + "}\n"
+                                + "".join(f"m{i}: {{<<: *b}}\n" for i in range(30)),
+                                "aliases expand to more than 100000 values in the file"),
+    # Every key formatted as sigs.k8s.io/yaml writes a float key: the most costly values per byte.
+    "49000-float-keys": (lambda: HEADER + "spec:\n  replicas: 1\n  image: t\n  entrypoint: m\n  template:\n"
+                         "    affinity:\n      x:\n" + "".join(f"        {i}.{i % 7}5: 1\n" for i in range(49_000)),
+                         "valid DDPJob victim"),
+    "one-big-scalar": (lambda: "a: " + "x" * (validation.MAX_YAML_BYTES - 5) + "\n", 'unknown field "a"'),
 }
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", sorted(BIG))
-def test_a_big_file_is_refused_in_seconds_and_bounded_memory(tmp_path, case):
-    text, message = BIG[case]
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_file_is_answered_within_2_seconds_of_cpu_and_bounded_memory(tmp_path, case):
+    make, message = HOSTILE[case]
+    text = make()
+    accepted = message.startswith("valid DDPJob")
     assert len(text) <= validation.MAX_YAML_BYTES
     path = tmp_path / "big.yaml"
     path.write_text(text)
     # VmHWM, not ru_maxrss: Linux carries the parent's peak RSS into a child's ru_maxrss across
     # fork and exec, so under a full suite (torch loaded in pytest) ru_maxrss measured pytest.
-    probe = ("import os, re, sys; from ddpjob_operator import cli; code = cli.main(['validate', sys.argv[1]]); "
+    # CPU time, not wall time: the bound holds however loaded the machine is. It is the command's work on the file;
+    # its start (the interpreter and `cli`'s imports, about 0.9 s) does not depend on the file.
+    probe = ("import os, re, sys; from ddpjob_operator import cli; s = os.times(); "
+             "code = cli.main(['validate', sys.argv[1]]); t = os.times(); "
              "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1); "
-             "t = os.times(); print(hwm, t.user + t.system); sys.exit(code)")
+             "print(hwm, t.user + t.system - s.user - s.system, t.user + t.system); sys.exit(code)")
     done = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=110)
-    assert done.returncode == validation.EXIT_INVALID, done.stderr
-    assert message in done.stderr and "alias" not in done.stderr and "Traceback" not in done.stderr
-    max_rss_kib, cpu_seconds = done.stdout.split()[-2:]
+    assert done.returncode == (0 if accepted else validation.EXIT_INVALID), done.stderr[:500]
+    assert message in done.stdout + done.stderr and "Traceback" not in done.stderr, done.stderr[:500]
+    max_rss_kib, cpu_seconds, with_start = done.stdout.split()[-3:]
     assert int(max_rss_kib) < 400 * 1024, "KiB"  # the interpreter and pydantic alone are ~100 MiB
-    # CPU time, not wall time: the bound holds however loaded the machine is (~1-3 s, imports included).
-    assert float(cpu_seconds) < 15, f"{cpu_seconds} s of CPU"
+    assert float(cpu_seconds) < 2, f"{cpu_seconds} s of CPU ({with_start} s with the start)"
 
 
 def test_render_writes_what_kubectl_reads_back_the_same(tmp_path, capsys):
