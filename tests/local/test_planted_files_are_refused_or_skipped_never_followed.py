@@ -76,6 +76,16 @@ def test_a_planted_path_is_refused_with_the_path_and_the_fix(capsys, tmp_path, m
     assert (tmp_path / where).is_symlink() or (tmp_path / where).exists()  # refused, not "fixed": it is the user's
 
 
+def test_a_planted_name_is_shown_escaped_and_a_directory_is_moved_away(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    logs = job_dir(tmp_path, JOB) / "logs"
+    (logs / "fake\n00:00:00 job planted: Succeeded").mkdir(parents=True)  # a name that forges a line of output
+    code = cli.main(["run", str(write_manifest(tmp_path, manifest(JOB))), "--local", "--resume"])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_INVALID and len(err.strip().splitlines()) == 1, err
+    assert "fake\\n00:00:00 job planted: Succeeded: is a directory" in err and "move it away (`mv " in err, err
+
+
 def test_a_checkpoint_dir_that_is_a_file_is_refused(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     claim = tmp_path / "claim"

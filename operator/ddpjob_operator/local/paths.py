@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shlex
 import stat
 import uuid
 from pathlib import Path
@@ -17,14 +18,29 @@ from ..validation import FieldError, InvalidJob
 # What the runner reads of a file the trainer or a launcher wrote: a report, a marker, a termination message.
 READ_LIMIT_BYTES = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-REMOVE_FIX = "remove it (`rm {path}`; for a link, `rm` removes the link, not what it points to) and run again"
 
 
 class NotARegularFile(ValueError):
     """A path the runner reads is a link, a FIFO, a device, a directory, or larger than it may be."""
 
 
+def _shown(path: Path) -> str:
+    """A path as a message shows it: a planted name may hold newlines or terminal escapes, shown escaped."""
+    text = str(path)
+    return text if text.isprintable() else text.encode("unicode_escape").decode()
+
+
+def _removal(path: Path, mode: int) -> str:
+    """The fix for something planted where the run writes a file."""
+    if stat.S_ISDIR(mode):
+        return f"move it away (`mv {shlex.quote(_shown(path))} {shlex.quote(_shown(path) + '.old')}`) and run again"
+    return (f"remove it (`rm {shlex.quote(_shown(path))}`; for a link, `rm` removes the link, not what it points to) "
+            f"and run again")
+
+
 def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "a regular file"
     if stat.S_ISLNK(mode):
         return "a symbolic link"
     if stat.S_ISDIR(mode):
@@ -47,15 +63,16 @@ def refuse_unusable_directories(*paths: Path, fix: str) -> None:
             continue
         except NotADirectoryError:  # a parent is a file: that parent is named by its own check
             continue
+        shown = _shown(path)
         if stat.S_ISLNK(mode):
-            errors.append(FieldError(str(path), f"is a symbolic link (to {os.readlink(path)}): the local run "
-                                     f"empties and writes its own directories and never does so through a link",
-                                     f"remove the link (`rm {path}`: what it points to is left alone) and run "
-                                     f"again, or {fix}"))
+            errors.append(FieldError(shown, f"is a symbolic link (to {_shown(Path(os.readlink(path)))}): the local "
+                                     f"run empties and writes its own directories and never does so through a link",
+                                     f"remove the link (`rm {shlex.quote(shown)}`: what it points to is left alone) "
+                                     f"and run again, or {fix}"))
         elif not stat.S_ISDIR(mode):
-            errors.append(FieldError(str(path), f"is {_kind(mode) if not stat.S_ISREG(mode) else 'a regular file'}, "
-                                     f"not a directory: the local run keeps its files in it",
-                                     f"move it away (`mv {path} {path}.old`) and run again, or {fix}"))
+            errors.append(FieldError(shown, f"is {_kind(mode)}, not a directory: the local run keeps its files in it",
+                                     f"move it away (`mv {shlex.quote(shown)} {shlex.quote(shown + '.old')}`) and "
+                                     f"run again, or {fix}"))
     if errors:
         raise InvalidJob(errors)
 
@@ -71,8 +88,8 @@ def refuse_planted_entries(directory: Path) -> None:
     for entry in entries:
         mode = os.lstat(entry).st_mode
         if not stat.S_ISREG(mode):
-            errors.append(FieldError(str(entry), f"is {_kind(mode)}: the local run writes only regular files "
-                                     f"here and never through a link", REMOVE_FIX.format(path=entry)))
+            errors.append(FieldError(_shown(entry), f"is {_kind(mode)}: the local run writes only regular files "
+                                     f"here and never through a link", _removal(entry, mode)))
     if errors:
         raise InvalidJob(errors)
 
@@ -116,7 +133,7 @@ def _open_regular(path: Path, flags: int, role: str) -> int:
             os.set_blocking(fd, True)
             return fd
         os.close(fd)
-    raise InvalidJob([FieldError(str(path), f"is {_kind(mode)}: {role}", REMOVE_FIX.format(path=path))])
+    raise InvalidJob([FieldError(_shown(path), f"is {_kind(mode)}: {role}", _removal(path, mode))])
 
 
 def open_for_append(path: Path) -> int:
@@ -155,7 +172,7 @@ class DirectoryLock:
             holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip()
             self.release()
             by = f" (PID {holder})" if holder.isascii() and holder.isdigit() else ""
-            raise InvalidJob([FieldError(str(directory), f"is in use by another local run{by}: {what}",
+            raise InvalidJob([FieldError(_shown(directory), f"is in use by another local run{by}: {what}",
                                          f"wait for that run to end, stop it (Ctrl-C in its terminal"
                                          f"{f', or kill {holder}' if by else ''}), or {fix}")]) from None
         os.ftruncate(self._fd, 0)
