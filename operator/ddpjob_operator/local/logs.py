@@ -142,13 +142,13 @@ class JobFiles:
 _COMMITTED = re.compile(r"^step-([0-9]+)\.committed$")
 _LIGHTNING = re.compile(r"^(step-([0-9]+)\.ckpt)\.ddpjob\.json$")
 _HF_DIR = re.compile(r"^checkpoint-([0-9]+)$")
+_HF_MARKER = "ddpjob.committed.json"
 
 
 def _canonical_step(digits: str) -> int | None:
     """The step of a runtime marker's `step-%08d`, exactly as the trainer writes it (`step-000000040` is not
     step 40: the trainer never wrote it, nor does it load or prune it)."""
     return int(digits) if f"{int(digits):08d}" == digits else None
-_HF_MARKER = "ddpjob.committed.json"
 
 
 def _committed_data(directory: Path, step: str) -> Path:
@@ -166,7 +166,10 @@ def _committed_data(directory: Path, step: str) -> Path:
 def newest_checkpoint(checkpoint_dir: Path | None, max_depth: int = 4) -> tuple[int, Path] | None:
     """(step, path) of the newest committed checkpoint anywhere under the checkpoint directory (the job's
     own subdirectory, a framework's), by its commit marker; None when there is none."""
-    if checkpoint_dir is None or not checkpoint_dir.is_dir():
+    try:  # the directory itself, never a link's target (walked below without following links either)
+        if checkpoint_dir is None or not stat.S_ISDIR(os.lstat(checkpoint_dir).st_mode):
+            return None
+    except OSError:
         return None
     best: tuple[int, Path] | None = None
     root_depth = len(checkpoint_dir.parts)
