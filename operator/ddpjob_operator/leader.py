@@ -208,7 +208,7 @@ class Elector:
         self._halted, self._renewed_at = True, None
         thread, loop = self._thread, self._own_loop
         if thread is not None and loop is not None:
-            loop.call_soon_threadsafe(self._stopping.set)
+            loop.call_soon_threadsafe(self._stop_rounds)
             await asyncio.to_thread(thread.join)
             loop.close()
             self._thread = self._own_loop = None
@@ -216,12 +216,15 @@ class Elector:
             await self._finish()
         self._set_leader(False)
 
+    def _stop_rounds(self) -> None:
+        self._stopping.set()
+        self._wake.set()  # out of the wait between rounds
+
     async def _run(self) -> None:
-        """The thread's whole life: rounds until stop() asks, then the release and the client's close."""
-        rounds = asyncio.get_running_loop().create_task(self._loop(), name="leader election")
-        await self._stopping.wait()
-        rounds.cancel()
-        await asyncio.gather(rounds, return_exceptions=True)
+        """The thread's whole life: rounds until stop() asks, then the release and the client's close. A round
+        in flight is let finish (its deadlines bound it): a renewal cut off after the server took it would leave
+        the release a version behind (409), and the standby waiting out the Lease."""
+        await self._loop()
         await self._finish()
 
     async def _finish(self) -> None:
@@ -242,7 +245,7 @@ class Elector:
     # ------------------------------------------------------------ the loop
 
     async def _loop(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 await self._round()
                 self.withdrawn_since, self._warned_withdrawn = None, False
@@ -250,6 +253,8 @@ class Elector:
                 raise
             except Exception as exc:  # an API error: try again next period; fencing holds meanwhile
                 self._round_failed(exc)
+            if self._stopping.is_set():
+                return
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.timing.retry_period)
@@ -334,9 +339,10 @@ class Elector:
         """Tell the operator the moment the renew deadline passes without a renewal."""
         if self._expiry is not None:
             self._expiry.cancel()
-        loop = asyncio.get_running_loop()
-        assert self._renewed_at is not None
-        delay = self._renewed_at + self.timing.renew_deadline - self.clock()
+        loop, renewed_at = asyncio.get_running_loop(), self._renewed_at
+        if renewed_at is None:  # stop() began meanwhile (from the controller's thread)
+            return
+        delay = renewed_at + self.timing.renew_deadline - self.clock()
         self._expiry = loop.call_later(max(delay, 0), self._check_expiry)
 
     def _check_expiry(self) -> None:
@@ -347,7 +353,7 @@ class Elector:
             self._set_leader(False)
 
     def _set_leader(self, leading: bool) -> None:
-        if leading == self._is_leader:
+        if leading == self._is_leader or (leading and self._halted):
             return
         self._is_leader = leading
         if leading:
