@@ -96,6 +96,15 @@ def test_a_checkpoint_dir_that_is_a_file_is_refused(capsys, tmp_path, monkeypatc
     assert "give another --checkpoint-dir" in err and claim.read_text() == "a file"
 
 
+def test_a_checkpoint_dir_that_is_a_link_loop_is_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    code = cli.main(["run", str(write_manifest(tmp_path, manifest(JOB))), "--local", "--checkpoint-dir", "loop"])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_INVALID and err.startswith("--checkpoint-dir: loop cannot be resolved"), err
+    assert "Traceback" not in err
+
+
 def _nested(depth: int) -> str:
     return '{"step": ' + "[" * depth + "]" * depth + "}"
 

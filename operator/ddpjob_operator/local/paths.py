@@ -77,6 +77,18 @@ def refuse_unusable_directories(*paths: Path, fix: str) -> None:
         raise InvalidJob(errors)
 
 
+def user_directory(path: Path, flag: str) -> Path:
+    """A directory the user named (`flag`), resolved: it may be a link (their choice), but must lead to a
+    directory or to nothing yet; InvalidJob naming the flag and the fix otherwise (a link loop included)."""
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError) as e:  # RuntimeError: a link loop, before Python 3.13
+        raise InvalidJob([FieldError(flag, f"{_shown(path)} cannot be resolved ({e})",
+                                     f"give {flag} a directory")]) from None
+    refuse_unusable_directories(resolved, fix=f"give another {flag}")
+    return resolved
+
+
 def refuse_planted_entries(directory: Path) -> None:
     """Every entry of a directory only the runner writes (its logs) must be a regular file: a link there would
     have worker output appended to, or a file removed, wherever it points; a FIFO would block the run."""

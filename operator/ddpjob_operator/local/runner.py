@@ -30,7 +30,7 @@ from .faults import Schedule
 from .logs import RESUME_LINE, JobFiles, LogTail, job_directory_name
 from .options import (COLD_GPU_NODE, FaultInjection, RunOptions)
 from .paths import (DirectoryLock, NotARegularFile, read_regular, refuse_planted_entries, refuse_unusable_directories,
-                    replace_file)
+                    replace_file, user_directory)
 from .processes import LocalProcess, Zygote, kill_marked, marker_for
 from .progress_file import ProgressFile
 from .view import Summary, View
@@ -165,21 +165,17 @@ class LocalRunner:
         self.run_id = f"{self.name}-{self.uid[:8]}"
         self.run_marker = marker_for(self.run_id)
         self._root = options.state_dir / self.name
-        mount = options.checkpoint_dir or self._root / "checkpoints"
+        # The claim: the user's own directory (a link there is their choice) or the run's default one.
+        mount = (user_directory(options.checkpoint_dir, "--checkpoint-dir") if options.checkpoint_dir
+                 else self._root / "checkpoints")
         # The trainer's own directory on the volume (progress.json, result.json, checkpoints/): the key is
         # the trainer's, so two jobs that share --checkpoint-dir never read each other's files.
         self._job_key = job_directory_name(self.name, NAMESPACE)
-        refuse_unusable_directories(
-            options.state_dir, self._root, self._root / "logs", *([mount] if options.checkpoint_dir is None else []),
-            mount / self._job_key,
-            mount / self._job_key / "checkpoints",
-            fix="give --checkpoint-dir DIR for checkpoints kept elsewhere")
-        if options.checkpoint_dir is not None:  # the user's own directory: may be a link, must be a directory
-            refuse_unusable_directories(options.checkpoint_dir.resolve(), fix="give another --checkpoint-dir")
+        refuse_unusable_directories(options.state_dir, self._root, self._root / "logs", mount, mount / self._job_key,
+                                    mount / self._job_key / "checkpoints",
+                                    fix="give --checkpoint-dir DIR for checkpoints kept elsewhere")
         self.log_dir = (self._root / "logs").resolve()
-        self.checkpoint_dir: Path | None = None
-        if job.spec.checkpoint is not None:
-            self.checkpoint_dir = mount.resolve()
+        self.checkpoint_dir: Path | None = mount.resolve() if job.spec.checkpoint is not None else None
         self.files = JobFiles(self.checkpoint_dir / self._job_key if self.checkpoint_dir else None, self.view.event)
         self._locks: list[DirectoryLock] = []
         self.status = model.DDPJobStatus()
