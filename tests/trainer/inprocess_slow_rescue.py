@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 
 from ddp_trainer.__main__ import main
-from ddp_trainer.runtime import checkpoint, exit_process
+from ddp_trainer.runtime import exit_process
+from ddp_trainer.runtime.checkpoint import store
 
 HOLD_AT_MOST_S = 60.0
-_write = checkpoint.atomic_write_bytes
+_write = store.atomic_write_bytes
 _started_in = os.environ.get("DDPJOB_GENERATION", "")
 
 
@@ -38,6 +39,6 @@ def held_write(path, data) -> None:
     _write(path, data)
 
 
-checkpoint.atomic_write_bytes = held_write
+store.atomic_write_bytes = held_write  # where a step's data file is written
 sys.argv[0] = "ddp_trainer"
 exit_process(main(sys.argv[1:]))

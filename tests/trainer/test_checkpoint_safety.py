@@ -32,11 +32,13 @@ import torch
 from ddp_trainer import runtime
 from ddp_trainer.runtime import CheckpointManager, Job, JobEnv, ProgressReporter, StopRequest
 from ddp_trainer.runtime import checkpoint as checkpoint_module
+from ddp_trainer.runtime.checkpoint import files as checkpoint_files
+from ddp_trainer.runtime.checkpoint import store as checkpoint_store
 from ddp_trainer.runtime import frameworks
 from trainer_harness import PY, base_env, recorded, run, steps_dir, tail, trap_exit, wait_for
 
 _real_read_bytes = Path.read_bytes
-_real_read_regular_file = getattr(checkpoint_module, "read_regular_file", None)
+_real_read_regular_file = checkpoint_files.read_regular_file
 _real_fsync = os.fsync
 
 
@@ -78,7 +80,8 @@ def _fail_reads(monkeypatch, suffix: str, times: int | None = None) -> list[Path
     monkeypatch.setattr(Path, "read_bytes", read_bytes)
     monkeypatch.setattr(Path, "read_text", lambda self, encoding=None, errors=None:
                         read_bytes(self).decode(encoding or "utf-8", errors or "strict"))
-    monkeypatch.setattr(checkpoint_module, "read_regular_file", read_regular_file)
+    for module in (checkpoint_files, checkpoint_store):  # markers, and a step's data
+        monkeypatch.setattr(module, "read_regular_file", read_regular_file)
     monkeypatch.setattr(frameworks, "read_regular_file", read_regular_file, raising=False)
     return calls
 
@@ -486,7 +489,7 @@ FRAMEWORKS = ["hf", "lightning"]
 def _framework(name: str, monkeypatch):
     """The integration's module (skipped without its framework); read retries without pauses."""
     module = pytest.importorskip(f"ddp_trainer.runtime.{name}")
-    monkeypatch.setattr(checkpoint_module, "READ_RETRY_BACKOFF_SECONDS", 0.0)
+    monkeypatch.setattr(checkpoint_files, "READ_RETRY_BACKOFF_SECONDS", 0.0)
     return module
 
 
