@@ -1,5 +1,5 @@
 """The local summary's newest checkpoint is the data file its commit marker names: a survivor's rescue commits
-`step-N.rescue.pt` (runtime/checkpoint.py), not `step-N.pt`. A marker someone made a FIFO never blocks it."""
+`step-N.rescue.pt` (runtime/checkpoint/rescue.py), not `step-N.pt`. A marker someone made a FIFO never blocks it."""
 
 from __future__ import annotations
 
