@@ -144,7 +144,7 @@ def test_known_metadata_and_status_are_accepted(tmp_path, capsys):
 # Hostile files under the API server's 3 MiB limit (issue 38, items 11 and 15): each is answered (refused saying
 # what is wrong, or accepted) within 2 s of CPU and in bounded memory. The budgets are the file's, not each
 # document's: 1,650 documents of 13-level alias doubling cost 5 CPU-minutes when they were not.
-DOUBLING = "".join(f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}]\n" for i in range(1, 13))
+DOUBLING = "".join(f"      a{i}: &a{i} [*a{i - 1}, *a{i - 1}]\n" for i in range(1, 13))
 HOSTILE = {
     "many-values": (lambda: "a: [" + "1," * (validation.MAX_YAML_BYTES // 2 - 8) + "1]\n",
                     "more than 100000 values in the file"),
@@ -152,7 +152,7 @@ HOSTILE = {
     "deep-flow": (lambda: "a: " + "[" * 1_000_000 + "]" * 1_000_000 + "\n", "nested deeper than 100"),
     "deep-block": (lambda: "".join(" " * i + "a:\n" for i in range(2_500)), "nested deeper than 100"),
     "1650-documents-of-alias-doubling": (  # 59 values each as written: 97,350 in the file, under the budget
-        lambda: ("---\nkind: DDPJob\nmetadata: {name: lol}\na0: &a0 [x, x]\n" + DOUBLING) * 1650,
+        lambda: ("---\nspec:\n  template:\n    affinity:\n      a0: &a0 [x, x]\n" + DOUBLING) * 1650,
         "aliases expand to more than 100000 values in the file"),
     "many-small-documents": (lambda: "---\na: 1\n" * 349_000, "more than 10000 documents in the file"),
     "only-separators": (lambda: "---\n" * 786_000, "more than 10000 documents in the file"),
