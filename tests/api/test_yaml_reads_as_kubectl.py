@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpjob_operator import builders, cli, kubeyaml, validation
+from ddpjob_operator import cli, job_manifests, kubeyaml, naming, validation
 
 BASE = {"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": "victim"},
         "spec": {"replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer"}}
@@ -199,7 +199,7 @@ def test_a_hostile_file_is_answered_within_2_seconds_of_cpu_and_bounded_memory(t
 
 def test_render_writes_what_kubectl_reads_back_the_same(tmp_path, capsys):
     tricky = ["y", "n", "on", "OFF", "1e1", "0o17", "017", "0x1F", "1:00", "2024-01-02", "", "~", "10", "1_000",
-              ".5", "true", "null", ".inf", "+.5", "08"]
+              ".5", "true", "null", ".inf", "+.5", "08", ".5_0", "0x1FFFFFFFFFFFFFFFF", "<<"]
     doc = copy.deepcopy(BASE)
     doc["spec"]["args"] = tricky
     doc["spec"]["env"] = [{"name": f"V{i}", "value": v} for i, v in enumerate(tricky)]
@@ -208,7 +208,7 @@ def test_render_writes_what_kubectl_reads_back_the_same(tmp_path, capsys):
     assert cli.main(["render", str(path), "--no-progress"]) == 0
     out = capsys.readouterr().out
     job = validation.parse_job(doc)
-    expected = builders.all_manifests(builders.JobRef.preview("victim", "default"), job.spec, progress=None)
+    expected = job_manifests.all_manifests(naming.JobRef.preview("victim", "default"), job.spec, progress=None)
     assert list(kubeyaml.load_all(out, max_values=100_000, max_depth=100)) == expected  # as kubectl reads it
     assert list(yaml.safe_load_all(out)) == expected  # and as PyYAML does
 
