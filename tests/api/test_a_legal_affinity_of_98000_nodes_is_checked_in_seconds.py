@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpjob_operator import builders, validation
+from ddpjob_operator import job_manifests, naming, validation
 from ddpjob_operator.model import base
 
 NODES = 98_000
@@ -43,7 +43,7 @@ def test_the_models_checks_of_a_98000_node_affinity_take_a_fraction_of_a_second(
     started = time.process_time()
     job = validation.parse_job(document.body)
     checked = time.process_time() - started
-    manifests = builders.all_manifests(builders.JobRef.preview("wide", "default"), job.spec)
+    manifests = job_manifests.all_manifests(naming.JobRef.preview("wide", "default"), job.spec)
     built = time.process_time() - started - checked
     values = job.spec.template.affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
@@ -84,3 +84,21 @@ def test_a_rule_judges_the_pruned_object_as_the_whole_one(rule):
         assert base.evaluate_cel(rule, pruned) == base.evaluate_cel(rule, whole), (rule, whole, pruned)
         if "self." in rule and "size(self)" not in rule and "self[" not in rule:
             assert "big" not in pruned
+
+
+@pytest.mark.timeout(120)
+def test_long_lists_whose_entries_leave_out_an_optional_field_are_checked_in_seconds():
+    """A rule that reads an absent field inside a macro (`self.checkpoint.mountPath` in volumeMounts.all() with no
+    checkpoint, `e.prefix` for an envFrom without prefix) made celpy nest one error in the next per entry: 24 mounts
+    cost 3 s and 460 MB, 28 cost 20 s and 6 GB, the legal 64 never ended. cel-go short-circuits; the rules now say
+    it with a conditional, which both evaluate lazily."""
+    doc = {"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": "long"},
+           "spec": {"replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer", "template": {
+               "volumes": [{"name": f"v{i}", "emptyDir": {}} for i in range(64)],
+               "volumeMounts": [{"name": f"v{i}", "mountPath": f"/data/{i}"} for i in range(64)],
+               "trainer": {"envFrom": [{"configMapRef": {"name": f"c{i}"}} for i in range(64)]}}}}
+    started = time.process_time()
+    job = validation.parse_job(doc)
+    checked = time.process_time() - started
+    assert len(job.spec.template.volume_mounts) == 64 and len(job.spec.template.trainer.env_from) == 64
+    assert checked < 6, f"parse_job took {checked:.2f} s of CPU"

@@ -26,7 +26,7 @@ RESERVED_ENV_NAMES = (
     "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
 )
 RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "DDPJOB_")
-# Set by the builders for every worker (builders.worker_env): a user value would replace the operator's.
+# Set by the builders for every worker (launch.worker_env): a user value would replace the operator's.
 OPERATOR_ENV_NAMES = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHONUNBUFFERED", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 # ...except these, which the launcher reads for the user to set (docs/launch-contract.md).
 USER_SETTABLE_ENV_NAMES = (FORK_TRAINER_ENV,)
@@ -332,7 +332,8 @@ class TrainerContainer(APIModel):
                   "/dev/termination-log; remove it"),
         _not_here("terminationMessagePolicy", "is the operator's (FallbackToLogsOnError); remove it"),
         _not_here("restartPolicy", "is not allowed on the trainer: it is never restarted in place; remove it"),
-        cel("!has(self.envFrom) || self.envFrom.all(e, !has(e.prefix) || e.prefix == '' || "
+        # A conditional: an absent prefix must not reach the inner exists() (see spec.py's checkpoint mountPath rule).
+        cel("!has(self.envFrom) || self.envFrom.all(e, !has(e.prefix) || e.prefix == '' ? true : "
             f"(e.prefix.matches({cel_string(k8s.ENV_NAME)}) && "
             f"!{list(RESERVED_ENV_NAMES + OPERATOR_ENV_NAMES + RESERVED_ENV_PREFIXES)}"
             ".exists(r, r.startsWith(e.prefix)) && "

@@ -345,8 +345,10 @@ class DDPJobSpec(APIModel):
             "an init container's volumeMount names a volume of template.volumes (or dshm, or checkpoints with "
             "spec.checkpoint): add the volume to template.volumes or fix the name",
             ".template.podSpec.initContainers"),
-        cel("!has(self.checkpoint) || !has(self.template) || !has(self.template.volumeMounts) || "
-            "self.template.volumeMounts.all(m, !has(m.mountPath) || m.mountPath != self.checkpoint.mountPath)",
+        # A conditional, not `||`: celpy evaluates both sides of `||`, and an absent checkpoint's error in every
+        # entry of all() nests exponentially (cel-go short-circuits; both evaluate a conditional lazily).
+        cel("has(self.checkpoint) && has(self.template) && has(self.template.volumeMounts) ? "
+            "self.template.volumeMounts.all(m, !has(m.mountPath) || m.mountPath != self.checkpoint.mountPath) : true",
             "the checkpoint volume is mounted at checkpoint.mountPath: mount this volume elsewhere, or change "
             "checkpoint.mountPath", ".template.volumeMounts"),
         cel("!has(self.runPolicy) || !has(self.runPolicy.schedulingPolicy) || !has(self.template) || "
