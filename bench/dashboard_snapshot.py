@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 import kmock  # noqa: E402
 
-from ddpjob_operator import builders  # noqa: E402
+from ddpjob_operator import naming  # noqa: E402
 from tests.operator.conftest import FAST, NAMESPACE, Harness, OperatorProcess  # noqa: E402
 from tests.operator.emulator import Cluster  # noqa: E402
 
@@ -93,20 +93,20 @@ async def scenario(seconds: float, scrapes: list[tuple[float, dict]]) -> None:
                 # The kubelet: every pod created runs; graceful deletions complete.
                 for job in [t.job for t in trainers] + ["bad-lr"]:
                     await harness.finish_terminating(job)
-                    for role in (builders.ROLE_WORKER, builders.ROLE_STORE):
+                    for role in (naming.ROLE_WORKER, naming.ROLE_STORE):
                         for name, pod in harness.pods(job, role).items():
                             if not (pod.get("status") or {}).get("containerStatuses") and \
                                     not pod["metadata"].get("deletionTimestamp"):
                                 await harness.run(name)
                 if now > events["fail"] and "fail" not in done_events:
                     done_events.add("fail")
-                    await harness.exit(builders.worker_name("bad-lr", 0), 1, message="ValueError: lr must be > 0")
+                    await harness.exit(naming.worker_name("bad-lr", 0), 1, message="ValueError: lr must be > 0")
                 if now > events["kill"] and "kill" not in done_events:
                     done_events.add("kill")
-                    await harness.exit(builders.worker_name("resnet50", 1), 137)
+                    await harness.exit(naming.worker_name("resnet50", 1), 137)
                 if now > events["evict"] and "evict" not in done_events:
                     done_events.add("evict")
-                    await harness.evict(builders.worker_name("bert-base", 3))
+                    await harness.evict(naming.worker_name("bert-base", 3))
                 if now > events["hang"] and "hang" not in done_events:
                     done_events.add("hang")
                     trainers[2].hung = True
@@ -124,7 +124,7 @@ async def scenario(seconds: float, scrapes: list[tuple[float, dict]]) -> None:
                     t.step = min(t.total, t.step + t.speed * 0.5 * random.uniform(0.8, 1.2))
                     world = len(harness.pods(t.job))
                     for rank in range(world):
-                        pod = builders.worker_name(t.job, rank)
+                        pod = naming.worker_name(t.job, rank)
                         if pod not in harness.pods(t.job):
                             continue
                         uid = harness.pods(t.job)[pod]["metadata"]["uid"]

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from ddpjob_operator import builders, model  # noqa: E402
+from ddpjob_operator import model, naming  # noqa: E402
 from operator_latency import OPERATOR_NAMESPACE, cpu_model, start_operator_process, wait_until  # noqa: E402
 from tests.operator.emulator import DDPJOBS, PODS, Cluster  # noqa: E402
 
@@ -45,12 +45,12 @@ def spec(workers: int, scope: str) -> dict[str, Any]:
 
 def pods_of(cluster: Cluster, job: str) -> list[dict[str, Any]]:
     return [p for p in cluster.live(PODS, OPERATOR_NAMESPACE)
-            if p["metadata"]["labels"].get(builders.LABEL_JOB_NAME) == job]
+            if p["metadata"]["labels"].get(naming.LABEL_JOB_NAME) == job]
 
 
 def history(cluster: Cluster, job: str, kind: str) -> int:
     return sum(1 for c in cluster._history[PODS] if c.type == kind
-               and c.obj["metadata"].get("labels", {}).get(builders.LABEL_JOB_NAME) == job)
+               and c.obj["metadata"].get("labels", {}).get(naming.LABEL_JOB_NAME) == job)
 
 
 async def run_pending(cluster: Cluster, job: str) -> None:
@@ -94,7 +94,7 @@ async def one_incident(cluster: Cluster, session: aiohttp.ClientSession, url: st
     before = collections.Counter(cluster.call_counts)
     created, deleted = history(cluster, job, "ADDED"), history(cluster, job, "DELETED")
     started = time.perf_counter()
-    await cluster.kubelet_exit(OPERATOR_NAMESPACE, builders.worker_name(job, 1), 137, "Error")
+    await cluster.kubelet_exit(OPERATOR_NAMESPACE, naming.worker_name(job, 1), 137, "Error")
     await until_running(1)
     seconds = time.perf_counter() - started
     requests = {k: v for k, v in (collections.Counter(cluster.call_counts) - before).items() if k[2] != "watch"}

@@ -39,7 +39,7 @@ import kmock
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ddpjob_operator import builders, model  # noqa: E402
+from ddpjob_operator import model, naming  # noqa: E402
 from tests.operator.emulator import LEASES, PODS, Cluster  # noqa: E402
 
 from operator_replicas import LEASE_NAME, OPERATOR_NAMESPACE, cpu_model, replica_env, write_kubeconfig  # noqa: E402
@@ -101,7 +101,7 @@ class Bench:
         async with self.session.post(f"{self.url}/apis/{model.API_VERSION}/namespaces/{NAMESPACE}/{model.PLURAL}",
                                      json=body) as response:
             assert response.status < 300, await response.text()
-        pods = [builders.store_pod_name(name)] + [builders.worker_name(name, i) for i in range(2)]
+        pods = [naming.store_pod_name(name)] + [naming.worker_name(name, i) for i in range(2)]
         await wait_until(lambda: all(self.cluster.get(PODS, NAMESPACE, p) for p in pods), "the job's pods")
         for pod in pods:
             await self.cluster.write((PODS, NAMESPACE, pod), {"spec": {"nodeName": "node-1"}, "status": {
@@ -120,13 +120,13 @@ class Bench:
         leader, standby = await self.two_replicas()
         job = f"{mode}-{run}"
         await self.running_job(job)
-        replacement = self.cluster.when_created(NAMESPACE, builders.worker_name(job, 1))
+        replacement = self.cluster.when_created(NAMESPACE, naming.worker_name(job, 1))
         process = self.replicas.pop(leader)
         signalled = time.perf_counter()
         process.send_signal(signal.SIGTERM if mode == "graceful" else signal.SIGKILL)
-        await self.cluster.write((PODS, NAMESPACE, builders.worker_name(job, 1)), {"status": {
+        await self.cluster.write((PODS, NAMESPACE, naming.worker_name(job, 1)), {"status": {
             "phase": "Failed", "conditions": [{"type": "Ready", "status": "False"}],
-            "containerStatuses": [{"name": builders.TRAINER_CONTAINER, "state": {"terminated": {
+            "containerStatuses": [{"name": naming.TRAINER_CONTAINER, "state": {"terminated": {
                 "exitCode": 137, "reason": "Error", "finishedAt": "2026-11-23T00:00:00Z"}}}]}})
         await wait_until(lambda: self.holder() == standby, "the standby to hold the Lease",
                          timeout=self.args.lease_duration * 3)

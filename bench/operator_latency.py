@@ -37,7 +37,7 @@ import kmock
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ddpjob_operator import builders, model  # noqa: E402
+from ddpjob_operator import job_manifests, model, naming  # noqa: E402
 from ddpjob_operator.kube import PODS, Connection, Kube  # noqa: E402
 from tests.operator.emulator import PODS as POD_RESOURCE  # noqa: E402
 from tests.operator.emulator import Cluster  # noqa: E402
@@ -71,7 +71,7 @@ class Bench:
         return [self.cluster.when_created(self.namespace, n) for n in names]
 
     def job_pods(self, name: str) -> list[str]:
-        return [builders.store_pod_name(name)] + [builders.worker_name(name, i) for i in range(WORKERS)]
+        return [naming.store_pod_name(name)] + [naming.worker_name(name, i) for i in range(WORKERS)]
 
     async def run_all(self, names: list[str]) -> None:
         for name in names:
@@ -82,7 +82,7 @@ class Bench:
     async def fail(self, pod: str) -> float:
         started = time.perf_counter()
         await self.cluster.write((POD_RESOURCE, self.namespace, pod), {"status": {
-            "phase": "Failed", "containerStatuses": [{"name": builders.TRAINER_CONTAINER, "state": {"terminated": {
+            "phase": "Failed", "containerStatuses": [{"name": naming.TRAINER_CONTAINER, "state": {"terminated": {
                 "exitCode": 137, "reason": "Error", "finishedAt": "2026-11-22T00:00:00Z"}}}]}})
         return started
 
@@ -104,13 +104,13 @@ class Bench:
                                         for n, (_, t), waiters in zip(names, results, creations)))
         await self.run_all(names)
         await asyncio.sleep(0.2)  # let the operator see them Running
-        replacements = [self.watch_creation([builders.worker_name(n, 1)]) for n in names]
+        replacements = [self.watch_creation([naming.worker_name(n, 1)]) for n in names]
         failed_at = []
         for (created, _), name in zip(results, names):
-            pod = builders.worker_name(name, 1)
+            pod = naming.worker_name(name, 1)
             failed_at.append(await self.fail(pod))
             on_failed(created, pod)
-        replace = await asyncio.gather(*(self.created_after([builders.worker_name(n, 1)], t, waiters)
+        replace = await asyncio.gather(*(self.created_after([naming.worker_name(n, 1)], t, waiters)
                                          for n, t, waiters in zip(names, failed_at, replacements)))
         for name in names:  # clean up: the job and, through ownership, its pods
             async with self.session.delete(f"{self.url}/apis/{model.API_VERSION}/namespaces/{self.namespace}/"
@@ -128,20 +128,20 @@ async def bare_client(url: str) -> None:
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     pending: set[asyncio.Task[None]] = set()
 
-    async def create(job: builders.JobRef, spec: model.DDPJobSpec) -> None:
-        await asyncio.gather(*(api.create(m) for m in builders.shared_manifests(job, spec)))
-        await api.create(builders.store_pod(job, spec))
-        await asyncio.gather(*(api.create(builders.worker_pod(job, spec, index=i, generation=0))
+    async def create(job: naming.JobRef, spec: model.DDPJobSpec) -> None:
+        await asyncio.gather(*(api.create(m) for m in job_manifests.shared_manifests(job, spec)))
+        await api.create(job_manifests.store_pod(job, spec))
+        await asyncio.gather(*(api.create(job_manifests.worker_pod(job, spec, index=i, generation=0))
                                for i in range(spec.replicas)))
 
-    async def replace(job: builders.JobRef, spec: model.DDPJobSpec, pod: str) -> None:
+    async def replace(job: naming.JobRef, spec: model.DDPJobSpec, pod: str) -> None:
         await api.delete(PODS, job.namespace, pod)
-        await api.create(builders.worker_pod(job, spec, index=1, generation=0, attempt=1))
+        await api.create(job_manifests.worker_pod(job, spec, index=1, generation=0, attempt=1))
 
     while line := await reader.readline():
         command = json.loads(line)
         meta = command["job"]["metadata"]
-        job = builders.JobRef(meta["name"], meta["namespace"], meta["uid"])
+        job = naming.JobRef(meta["name"], meta["namespace"], meta["uid"])
         spec = model.DDPJobSpec.model_validate(command["job"]["spec"])
         work = create(job, spec) if command["op"] == "create" else replace(job, spec, command["pod"])
         task = loop.create_task(work)

@@ -44,7 +44,7 @@ from kmock._internal import enums
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ddpjob_operator import builders, model  # noqa: E402
+from ddpjob_operator import model, naming  # noqa: E402
 from tests.operator.emulator import DDPJOBS, OPERATOR_AGENTS, PODS, Cluster  # noqa: E402
 
 NAMESPACE = "bench"
@@ -158,7 +158,7 @@ def rss_kib(pid: int) -> dict[str, int]:
 def running_status(pod: str) -> dict[str, Any]:
     """What a kubelet writes for a started pod (the fields a real one sets, roughly in size)."""
     started = "2026-11-23T00:00:00Z"
-    container = builders.STORE_CONTAINER if pod.endswith("-rdzv") else builders.TRAINER_CONTAINER
+    container = naming.STORE_CONTAINER if pod.endswith("-rdzv") else naming.TRAINER_CONTAINER
     return {"spec": {"nodeName": "node-1"}, "status": {
         "phase": "Running", "hostIP": "10.0.0.1", "podIP": "10.244.1.7", "podIPs": [{"ip": "10.244.1.7"}],
         "startTime": started, "qosClass": "Guaranteed",
@@ -188,7 +188,7 @@ class Bench:
         gate = asyncio.Semaphore(CONCURRENCY)
 
         async def one(name: str) -> None:
-            pods = [builders.store_pod_name(name)] + [builders.worker_name(name, i) for i in range(2)]
+            pods = [naming.store_pod_name(name)] + [naming.worker_name(name, i) for i in range(2)]
             created = [self.cluster.when_created(NAMESPACE, p) for p in pods]
             async with gate:
                 await self.create(name)

@@ -39,7 +39,7 @@ import kmock
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ddpjob_operator import builders, model  # noqa: E402
+from ddpjob_operator import model, naming  # noqa: E402
 from tests.operator.emulator import LEASES, PODS, Cluster  # noqa: E402
 
 from operator_replicas import cpu_model, replica_env, write_kubeconfig  # noqa: E402
@@ -147,7 +147,7 @@ class Bench:
         old = dict(self.replicas)
         new_job = "submitted-meanwhile"
         first_pod = [self.cluster.when_created(NAMESPACE, n) for n in
-                     (builders.store_pod_name(new_job), *(builders.worker_name(new_job, i) for i in range(2)))]
+                     (naming.store_pod_name(new_job), *(naming.worker_name(new_job, i) for i in range(2)))]
         load = os.getloadavg()
         restarted = time.perf_counter()
         for process, _ in old.values():

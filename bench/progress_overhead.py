@@ -91,7 +91,7 @@ async def operator_bench(a: argparse.Namespace) -> None:
     import aiohttp
     import kmock
 
-    from ddpjob_operator import builders
+    from ddpjob_operator import naming
     from tests.operator.conftest import FAST, NAMESPACE, Harness, OperatorProcess, eventually
     from tests.operator.emulator import Cluster
 
@@ -118,7 +118,7 @@ async def operator_bench(a: argparse.Namespace) -> None:
                     await harness.run_all(name)
                 await eventually(lambda: all(harness.status(n).get("phase") == "Running" for n in names), 120,
                                  "Running")
-                tokens = {(n, i): emulator.issue_token(NAMESPACE, builders.worker_name(n, i),
+                tokens = {(n, i): emulator.issue_token(NAMESPACE, naming.worker_name(n, i),
                                                         ("progress.elastic.ddp.dev",)) for n in names for i in (0, 1)}
                 api, patches = op.controller.api, {"all": 0, "progress": 0}
                 original = api.patch_status

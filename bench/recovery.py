@@ -490,7 +490,7 @@ def follow_logs(namespace: str, job_name: str, log_dir: Path, stop: threading.Ev
     """`kubectl logs -f --timestamps` of every worker and spare pod the job ever had (a new generation reuses
     worker names; a spare serves a rank under its own), one file per pod uid, until `stop`."""
     cluster = e2e_cluster()
-    from ddpjob_operator.builders import LABEL_JOB_NAME, LABEL_ROLE, ROLE_SPARE, ROLE_WORKER, TRAINER_CONTAINER
+    from ddpjob_operator.naming import LABEL_JOB_NAME, LABEL_ROLE, ROLE_SPARE, ROLE_WORKER, TRAINER_CONTAINER
     selector = f"{LABEL_JOB_NAME}={job_name},{LABEL_ROLE} in ({ROLE_WORKER},{ROLE_SPARE})"
     fields = "jsonpath={range .items[*]}{.metadata.name} {.metadata.uid} {.status.phase}{'\\n'}{end}"
 

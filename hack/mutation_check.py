@@ -57,7 +57,7 @@ PROGRESS = "operator/ddpjob_operator/progress/"  # + the module: auth.py, pods.p
 ACCOUNTING = "operator/ddpjob_operator/decisions/accounting.py"
 COMPLETION = "operator/ddpjob_operator/decisions/completion.py"
 STALLS = "operator/ddpjob_operator/decisions/progress.py"
-STORE = "operator/ddpjob_operator/store.py"
+OBSERVATIONS = "operator/ddpjob_operator/observations.py"
 RBAC = "charts/ddpjob-operator/templates/rbac.yaml"
 
 # The end of the progress ClusterRoleBinding (the template's last lines).
@@ -193,10 +193,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "",
            (T + "test_decisions.py", T + "test_incidents.py"),
            "a disrupted worker (eviction, preemption: DisruptionTarget) is charged as a retryable failure"),
-    Mutant("store-disruption-target-ignored", STORE,
+    Mutant("store-disruption-target-ignored", OBSERVATIONS,
            'disruption_condition = conditions.get("DisruptionTarget", {}).get("status") == "True"',
            "disruption_condition = False",
-           (T + "test_store.py", T + "test_scenarios.py::test_disruption_is_uncharged_and_the_job_comes_back"),
+           (T + "test_observations.py", T + "test_scenarios.py::test_disruption_is_uncharged_and_the_job_comes_back"),
            "a pod's DisruptionTarget condition is ignored (only its reason or deletion tells a disruption)"),
     Mutant("decisions-user-error-retried", ACCOUNTING,
            "    return PERMANENT  # 1-127: the user's program said no",
@@ -244,7 +244,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "        if ended and w.attempt == rank.restarts and False:\n",
            (T + "test_incidents.py", T + "test_decisions.py", T + "test_in_place.py"),
            "a survivor that died with the incident that carried it is charged as a new incident"),
-    Mutant("store-not-owned-counted", STORE,
+    Mutant("store-not-owned-counted", OBSERVATIONS,
            "        if job_uid is not None and pod.controller_uid != job_uid:\n            continue\n",
            "",
            (T + "test_ownership.py",),

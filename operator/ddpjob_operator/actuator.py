@@ -4,9 +4,9 @@ posted) and writes statuses, and it remembers what the API server made of its cr
 shared objects exist, which generations the server judged (dryRun=All) before the first creation, and
 which creations it refused (the decision layer gets those as `CreateRejected`).
 
-It decides nothing: what to create or delete comes from `decisions.decide()`, the objects from the
-builders. Imports builders, decisions, kube, model, server_fields, the job cache (the statuses it wrote)
-and side_tasks; never kopf, the reconciler or the controller.
+It decides nothing: what to create or delete comes from `decisions.decide()`, the objects from
+job_manifests. Imports decisions, job_manifests, kube, model, naming, server_fields, the job cache (the statuses it
+wrote) and side_tasks; never kopf, the reconciler or the controller.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 from datetime import datetime
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-from . import builders, decisions, kube, model, server_fields
+from . import decisions, job_manifests, kube, model, naming, server_fields
 from .job_cache import JobKey, WrittenStatuses
 from .metrics import Metrics
 from .side_tasks import SideTasks
@@ -31,7 +31,7 @@ REFUSED_STATUSES = frozenset({400, 403, 404, 409, 422, 429})
 
 class Actuator:
     def __init__(self, api: kube.Kube, written: WrittenStatuses, metrics: Metrics, side_tasks: SideTasks, *,
-                 progress_endpoint: builders.ProgressEndpoint | None, on_refused: Callable[[JobKey], None]):
+                 progress_endpoint: job_manifests.ProgressEndpoint | None, on_refused: Callable[[JobKey], None]):
         self.api, self.written, self.metrics, self.side_tasks = api, written, metrics, side_tasks
         self.progress_endpoint = progress_endpoint  # what workers report to (None: no progress endpoint)
         self.on_refused = on_refused  # a creation was refused: the job's next pass decides on it
@@ -63,7 +63,7 @@ class Actuator:
 
     # ------------------------------------------------------------ status and events
 
-    async def write_status(self, job: builders.JobRef, old: model.DDPJobStatus, new: model.DDPJobStatus,
+    async def write_status(self, job: naming.JobRef, old: model.DDPJobStatus, new: model.DDPJobStatus,
                            patch: dict[str, Any]) -> bool:
         """Merge-patch the status from `old` (what the server holds) to `new`; False when the job is gone."""
         if not await self.api.patch_status(job.namespace, job.name, patch):
@@ -72,7 +72,7 @@ class Actuator:
         self._count(old, new)
         return True
 
-    def post_event(self, job: builders.JobRef, event: decisions.Event, now: datetime) -> None:
+    def post_event(self, job: naming.JobRef, event: decisions.Event, now: datetime) -> None:
         """Logged, and posted beside the pass: Events are best effort and must not slow it down."""
         async def post() -> None:
             try:
@@ -101,7 +101,7 @@ class Actuator:
 
     async def execute(self, view: decisions.JobView, actions: tuple[decisions.Action, ...], now: datetime,
                       pod_uids: Mapping[str, str]) -> None:
-        job = builders.JobRef(view.name, view.namespace, view.uid)
+        job = naming.JobRef(view.name, view.namespace, view.uid)
         spec = view.spec
         # Deletes first: a replacement may reuse the name of a pod removed in the same pass. Each
         # names the uid this pass observed, so a stale view never deletes that replacement.
@@ -117,7 +117,7 @@ class Actuator:
             # The store before the workers (they dial it); nothing more once a creation was refused.
             if await self._judged(job, spec, workers, spares, creates_store, now) and \
                     await self._ensure_shared(job, spec, now) and \
-                    (not creates_store or await self._create(job, builders.store_pod(job, spec), now)):
+                    (not creates_store or await self._create(job, job_manifests.store_pod(job, spec), now)):
                 worker_pods, spare_pods = self._pods(job, spec, workers, spares)
                 await _all(self._create(job, m, now) for m in worker_pods)
                 await _all(self._create(job, m, now) for m in spare_pods)
@@ -127,24 +127,24 @@ class Actuator:
         for event in (a for a in actions if isinstance(a, decisions.Event)):
             self.post_event(job, event, now)
 
-    def _pods(self, job: builders.JobRef, spec: model.DDPJobSpec, workers: list[decisions.CreateWorker],
+    def _pods(self, job: naming.JobRef, spec: model.DDPJobSpec, workers: list[decisions.CreateWorker],
               spares: list[decisions.CreateSpare]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The worker pods and the spare pods these actions create."""
-        return ([builders.worker_pod(job, spec, index=a.index, generation=a.generation, attempt=a.attempt,
-                                     progress=self.progress_endpoint, avoid_nodes=a.avoid_nodes) for a in workers],
-                [builders.spare_pod(job, spec, serial=a.slot, generation=a.generation,
-                                    progress=self.progress_endpoint) for a in spares])
+        return ([job_manifests.worker_pod(job, spec, index=a.index, generation=a.generation, attempt=a.attempt,
+                                          progress=self.progress_endpoint, avoid_nodes=a.avoid_nodes) for a in workers],
+                [job_manifests.spare_pod(job, spec, serial=a.slot, generation=a.generation,
+                                         progress=self.progress_endpoint) for a in spares])
 
-    async def _judged(self, job: builders.JobRef, spec: model.DDPJobSpec, workers: list[decisions.CreateWorker],
+    async def _judged(self, job: naming.JobRef, spec: model.DDPJobSpec, workers: list[decisions.CreateWorker],
                       spares: list[decisions.CreateSpare], creates_store: bool, now: datetime) -> bool:
         """The API server judges (dryRun=All) every object of a new job, and each new generation's pods, before
         the first is created: a refusal fails the job (rejected) with nothing half-created. False when refused."""
         generation = max((a.generation for a in [*workers, *spares]), default=-1)
         if generation in self.judged.get(job.uid, ()):
             return True
-        manifests = [] if job.uid in self.shared_ready else builders.shared_manifests(job, spec)
+        manifests = [] if job.uid in self.shared_ready else job_manifests.shared_manifests(job, spec)
         if creates_store:
-            manifests.append(builders.store_pod(job, spec))
+            manifests.append(job_manifests.store_pod(job, spec))
         worker_pods, spare_pods = self._pods(job, spec, workers, spares)
         manifests += worker_pods + spare_pods
         judged = await asyncio.gather(*(self._create(job, m, now, dry_run=True) for m in manifests))
@@ -152,15 +152,15 @@ class Actuator:
             self.judged.setdefault(job.uid, set()).add(generation)
         return all(judged)
 
-    async def _ensure_shared(self, job: builders.JobRef, spec: model.DDPJobSpec, now: datetime) -> bool:
+    async def _ensure_shared(self, job: naming.JobRef, spec: model.DDPJobSpec, now: datetime) -> bool:
         if job.uid in self.shared_ready:
             return True
-        created = await asyncio.gather(*(self._create(job, m, now) for m in builders.shared_manifests(job, spec)))
+        created = await asyncio.gather(*(self._create(job, m, now) for m in job_manifests.shared_manifests(job, spec)))
         if all(created):
             self.shared_ready.add(job.uid)
         return all(created)
 
-    async def _create(self, job: builders.JobRef, manifest: dict[str, Any], now: datetime, *,
+    async def _create(self, job: naming.JobRef, manifest: dict[str, Any], now: datetime, *,
                       dry_run: bool = False) -> bool:
         """Create one object (or have the server judge it: dry_run); False when the API server refused it for a
         reason retrying now cannot fix (admission, validation, quota, a name owned by another object): the
@@ -173,7 +173,7 @@ class Actuator:
             if exc.status not in REFUSED_STATUSES or (exc.status == 409 and not isinstance(exc, kube.NotOwned)):
                 raise
             field = server_fields.ddpjob_field(manifest["kind"], exc.message, store_pod=(
-                (manifest["metadata"].get("labels") or {}).get(builders.LABEL_ROLE) == builders.ROLE_STORE))
+                (manifest["metadata"].get("labels") or {}).get(naming.LABEL_ROLE) == naming.ROLE_STORE))
             message = f"{exc.message} (from DDPJob field {field})" if field else exc.message  # kept when shortened
             refused[name] = decisions.CreateRejected(manifest["kind"], name, exc.status, exc.reason, message,
                                                      now, not_owned=isinstance(exc, kube.NotOwned))
@@ -192,5 +192,5 @@ async def _all(calls: Iterable[Awaitable[Any]]) -> None:
         raise errors[0]
 
 
-def _pod_name(job: builders.JobRef, action: decisions.DeleteWorker | decisions.DeleteStore) -> str:
-    return action.name if isinstance(action, decisions.DeleteWorker) else builders.store_pod_name(job.name)
+def _pod_name(job: naming.JobRef, action: decisions.DeleteWorker | decisions.DeleteStore) -> str:
+    return action.name if isinstance(action, decisions.DeleteWorker) else naming.store_pod_name(job.name)

@@ -7,7 +7,7 @@ checks every toggle on each change, so its start-up listing grows faster than th
 it says nothing of when a listing is complete, so a job submitted during a restart waited behind the
 resync of every job listed before it (docs/benchmarks.md). Here one paginated LIST (pods: the API
 server's label selector, only the operator's own) is handed object by object to a `View`, which keeps
-what it needs (pods: the compact `store.PodSummary`, the bodies dropped page by page), and a WATCH
+what it needs (pods: the compact `observations.PodSummary`, the bodies dropped page by page), and a WATCH
 resumes from the list's resourceVersion.
 
 The API server's watch semantics, as the informer relies on them:
@@ -25,7 +25,7 @@ what the views hold (a job whose pods are not yet listed would be taken as havin
 submitted meanwhile would wait behind the others), so the controller's work queue holds every pass until
 both informers are synced.
 
-Imports kube, store and builders; no kopf.
+Imports kube, naming and observations; no kopf.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ import asyncio
 import logging
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
-from . import builders, kube, store
+from . import kube, naming, observations
 
 logger = logging.getLogger("ddpjob_operator")
 
 PodKey = tuple[str, str]  # (namespace, pod name)
 IndexKey = tuple[str, str]  # (namespace, uid of the job that controls the pod)
 # Only the operator's own pods, selected by the API server.
-POD_SELECTOR = f"{builders.LABEL_MANAGED_BY}={builders.MANAGED_BY},{builders.LABEL_JOB_UID}"
+POD_SELECTOR = f"{naming.LABEL_MANAGED_BY}={naming.MANAGED_BY},{naming.LABEL_JOB_UID}"
 PAGE_SIZE = 500  # objects a LIST page holds: a page's bodies (a pod's with the worker's program) go in turn
 WATCH_SECONDS = 300  # the server ends a watch after this (timeoutSeconds); the informer resumes it
 BACKOFF_SECONDS = (0.5, 30.0)  # the first retry after a failure, and the longest
@@ -69,15 +69,15 @@ class Gone(Exception):
     """410: the resourceVersion (or the continue token) is too old; list again."""
 
 
-class PodIndex(Mapping[IndexKey, tuple[store.PodSummary, ...]]):
+class PodIndex(Mapping[IndexKey, tuple[observations.PodSummary, ...]]):
     """(namespace, job uid) -> the summaries of the pods that job controls, in the order first seen."""
 
     def __init__(self) -> None:
-        self._jobs: dict[IndexKey, dict[str, store.PodSummary]] = {}  # by pod name
+        self._jobs: dict[IndexKey, dict[str, observations.PodSummary]] = {}  # by pod name
         self._job_names: dict[IndexKey, str] = {}  # the job's name, from its pods' label (for triggers)
         self._where: dict[PodKey, IndexKey] = {}
 
-    def __getitem__(self, key: IndexKey) -> tuple[store.PodSummary, ...]:
+    def __getitem__(self, key: IndexKey) -> tuple[observations.PodSummary, ...]:
         return tuple(self._jobs[key].values())
 
     def __iter__(self) -> Iterator[IndexKey]:
@@ -91,7 +91,7 @@ class PodIndex(Mapping[IndexKey, tuple[store.PodSummary, ...]]):
         return len(self._where)
 
     def put(self, pod: PodKey, key: IndexKey | None, job_name: str,
-            summary: store.PodSummary | None) -> dict[IndexKey, str]:
+            summary: observations.PodSummary | None) -> dict[IndexKey, str]:
         """The pod as it is now (key None: no job's, or gone); returns the jobs whose pods changed, with
         their names."""
         changed: dict[IndexKey, str] = {}
@@ -134,15 +134,15 @@ class PodIndex(Mapping[IndexKey, tuple[store.PodSummary, ...]]):
         return changed
 
 
-def indexed(obj: Mapping[str, Any]) -> tuple[PodKey, IndexKey | None, str, store.PodSummary | None]:
+def indexed(obj: Mapping[str, Any]) -> tuple[PodKey, IndexKey | None, str, observations.PodSummary | None]:
     """(pod, its job's index key or None, the job's name, its summary or None) for one listed or watched pod."""
     meta = obj.get("metadata") or {}
     namespace, labels = meta.get("namespace") or "", meta.get("labels") or {}
     pod = (namespace, meta.get("name") or "")
-    owner = store.controller_uid(meta)
-    if not owner or owner != labels.get(builders.LABEL_JOB_UID):
+    owner = observations.controller_uid(meta)
+    if not owner or owner != labels.get(naming.LABEL_JOB_UID):
         return pod, None, "", None
-    return pod, (namespace, owner), labels.get(builders.LABEL_JOB_NAME, ""), store.summarize_pod(obj)
+    return pod, (namespace, owner), labels.get(naming.LABEL_JOB_NAME, ""), observations.summarize_pod(obj)
 
 
 class Backoff:

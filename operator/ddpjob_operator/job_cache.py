@@ -5,7 +5,7 @@ Thousands of jobs are held for the operator's lifetime, so every copy is kept sm
 (bench/operator_memory.py): snapshots drop the metadata nobody reads and intern short strings, a parsed
 spec is kept pickled (and the snapshot then drops its raw spec), a written status as its wire JSON.
 
-Imports the model and the store (pod summaries, spec parsing); no kopf, no API calls.
+Imports the model and observations (pod summaries, spec parsing); no kopf, no API calls.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from . import model, store
+from . import model, observations
 
 JobKey = tuple[str, str]  # (namespace, name)
 
@@ -107,7 +107,7 @@ class JobCache:
         body = self.jobs.get(key)
         return None if body is None else body["metadata"].get("uid", "")
 
-    def pods_of(self, namespace: str, uid: str) -> tuple[store.PodSummary, ...]:
+    def pods_of(self, namespace: str, uid: str) -> tuple[observations.PodSummary, ...]:
         return tuple(self.pods.get((namespace, uid), ()))
 
     # ------------------------------------------------------------ events
@@ -155,16 +155,16 @@ class JobCache:
 
     def stored_status(self, body: Mapping[str, Any]) -> model.DDPJobStatus:
         """The job's status as the server holds it: our last write, or what the event carried (after a restart)."""
-        return self.written.get(body["metadata"].get("uid", "")) or store.parse_status(body.get("status"))
+        return self.written.get(body["metadata"].get("uid", "")) or observations.parse_status(body.get("status"))
 
-    def parsed_spec(self, uid: str, body: dict[str, Any]) -> store.ParsedSpec:
+    def parsed_spec(self, uid: str, body: dict[str, Any]) -> observations.ParsedSpec:
         """The spec only changes with metadata.generation; parse it once per generation (the CEL
         rules cost milliseconds). Kept pickled, a sixth of the model's memory, and unpickling runs no
         validators (tens of microseconds); the job's snapshot then drops its spec (spec None)."""
         key = (uid, body["metadata"].get("generation"))
         cached = self._specs.get(uid)
         if cached is None or cached[0] != key:
-            parsed = store.parse_body_spec(body)
+            parsed = observations.parse_body_spec(body)
             self._specs[uid] = (key, pickle.dumps(parsed, pickle.HIGHEST_PROTOCOL))
             body["spec"] = None
             return parsed

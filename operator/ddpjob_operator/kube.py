@@ -115,7 +115,7 @@ class Kind:
 PODS = Kind("v1", "pods")
 SERVICES = Kind("v1", "services")
 CLAIMS = Kind("v1", "persistentvolumeclaims")
-CONFIG_MAPS = Kind("v1", "configmaps")  # the job's agent files (builders.agent_config_map)
+CONFIG_MAPS = Kind("v1", "configmaps")  # the job's agent files (job_manifests.agent_config_map)
 EVENTS = Kind("v1", "events")
 DDPJOBS = Kind(model.API_VERSION, model.PLURAL)
 # runPolicy.schedulingPolicy: the PodGroups of Volcano and of the scheduler-plugins coscheduling plugin.

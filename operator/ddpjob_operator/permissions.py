@@ -49,7 +49,8 @@ PERMISSIONS: tuple[Permission, ...] = (
     # A create that meets an existing name reads it back (get) to check that the job owns it.
     Permission("", "pods", ("list", "watch", "get", "create", "delete")),
     Permission("", "services", ("get", "create")),
-    # The job's agent ConfigMap `<job>-agent-<digest>`, which every worker and spare mounts (builders.agent_config_map).
+    # The job's agent ConfigMap `<job>-agent-<digest>`, which every worker and spare mounts
+    # (job_manifests.agent_config_map).
     Permission("", "configmaps", ("get", "create")),
     # kopf posts handler problems as Events; the operator posts lifecycle Events, and lists a pod's
     # FailedMount Events when it has waited in ContainerCreating past the cannot-start timeout.

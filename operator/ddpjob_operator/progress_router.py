@@ -9,7 +9,7 @@ PROGRESS_LEADER_LABEL, which the chart's progress Service selects, so reports re
 (A readiness only the leader passes would deadlock rolling updates and drains: the new pods stand by,
 never ready, while the old leader holds the Lease.)
 
-Imports progress (public names only), builders, kube, leader, model, the job cache and settings; never
+Imports progress (public names only), job_manifests, kube, leader, model, naming, the job cache and settings; never
 the reconciler or the actuator.
 """
 
@@ -20,7 +20,7 @@ import logging
 from datetime import datetime
 from typing import Callable
 
-from . import builders, kube, leader, model, progress
+from . import job_manifests, kube, leader, model, naming, progress
 from .job_cache import JobCache, JobKey
 from .metrics import Metrics
 from .settings import Settings
@@ -44,12 +44,12 @@ def read_ca(path: str) -> str:
         return ""
 
 
-def endpoint(settings: Settings) -> builders.ProgressEndpoint | None:
+def endpoint(settings: Settings) -> job_manifests.ProgressEndpoint | None:
     """What workers report to (their pods carry it); None without a progress URL."""
     if not settings.progress_url:
         return None
-    return builders.ProgressEndpoint(settings.progress_url, settings.progress_audience,
-                                     read_ca(settings.progress_ca_file))
+    return job_manifests.ProgressEndpoint(settings.progress_url, settings.progress_audience,
+                                          read_ca(settings.progress_ca_file))
 
 
 class ProgressRouter:
@@ -61,7 +61,7 @@ class ProgressRouter:
         self.server = progress.ProgressServer(
             tracker, reviews,
             find_worker=lambda ns, name, who: progress.find_worker_in(cache.pods, cache.jobs, ns, name, who,
-                                                                      builders.ROLE_WORKER),
+                                                                      naming.ROLE_WORKER),
             assignment=lambda ns, name, who: progress.assignment_in(
                 cache.pods, cache.jobs, ns, name, who,
                 lambda body: cache.parsed_spec(body["metadata"].get("uid", ""), body)[0]),

@@ -5,7 +5,7 @@ harmless: a status that charges restarts or moves a generation goes on record be
 accounts for change. The pass the work queue runs (`run`) also turns a pass that raised into the job's
 ReconcileError condition and Warning Event, retried with backoff, so one job's bug never stops the others.
 
-Imports decisions, kube (reads, errors), leader (NotLeader), model, store, the job cache, the actuator
+Imports decisions, kube (reads, errors), leader (NotLeader), model, naming, observations, the job cache, the actuator
 and progress (public names); never kopf or the controller.
 """
 
@@ -18,7 +18,7 @@ import time
 from datetime import datetime
 from typing import Any, Callable
 
-from . import builders, decisions, kube, leader, model, progress, store
+from . import decisions, kube, leader, model, naming, observations, progress
 from .actuator import Actuator
 from .job_cache import JobCache, JobKey
 from .metrics import Metrics
@@ -96,7 +96,7 @@ class Reconciler:
         now = self.clock()
         message = decisions.short_message(f"the operator failed to reconcile this job and retries with backoff: "
                                           f"{type(exc).__name__}: {exc}") or type(exc).__name__
-        job = builders.JobRef(key[1], key[0], body["metadata"].get("uid", ""))
+        job = naming.JobRef(key[1], key[0], body["metadata"].get("uid", ""))
         if await self._set_error_condition(job, body, "True", REASON_RECONCILE_ERROR, message, now) is not None:
             self.actuator.post_event(job, decisions.Event("Warning", REASON_RECONCILE_ERROR, message), now)
 
@@ -105,11 +105,11 @@ class Reconciler:
         body = self.cache.get(key)
         if body is None:
             return
-        job = builders.JobRef(key[1], key[0], body["metadata"].get("uid", ""))
+        job = naming.JobRef(key[1], key[0], body["metadata"].get("uid", ""))
         await self._set_error_condition(job, body, "False", REASON_RECONCILED,
                                         "the operator reconciles this job again", self.clock())
 
-    async def _set_error_condition(self, job: builders.JobRef, body: dict[str, Any], value: str, reason: str,
+    async def _set_error_condition(self, job: naming.JobRef, body: dict[str, Any], value: str, reason: str,
                                    message: str, now: datetime) -> bool | None:
         """Write the ReconcileError condition; None when it says so already (True with this message, or
         not True when it is to be cleared), else whether the write found the job."""
@@ -132,10 +132,10 @@ class Reconciler:
         if body is None or not self.leading():
             return
         uid = body["metadata"].get("uid", "")
-        view = store.job_view(body, self.cache.written.get(uid), self.cache.parsed_spec(uid, body))
+        view = observations.job_view(body, self.cache.written.get(uid), self.cache.parsed_spec(uid, body))
         now = self.clock()
         pods = await self._with_mount_failures(key[0], self.cache.pods_of(key[0], uid), now)
-        observed = store.observe(pods, now, self.actuator.refusals(uid), job_uid=uid)
+        observed = observations.observe(pods, now, self.actuator.refusals(uid), job_uid=uid)
         # A worker that finished sent its last report before it exited: published now, so the write that
         # may say Succeeded carries the final step.
         finished = any(w.phase == "Succeeded" for w in observed.workers)
@@ -145,7 +145,7 @@ class Reconciler:
         # Diff against what the server holds: our last write, or the stored status after a restart.
         stored = self.cache.written[uid].wire() if uid in self.cache.written else dict(body.get("status") or {})
         patch = kube.merge_patch(stored, decision.status.wire())
-        job = builders.JobRef(view.name, view.namespace, view.uid)
+        job = naming.JobRef(view.name, view.namespace, view.uid)
         actions = self.actuator.execute(view, decision.actions, observed.now, {p.name: p.uid for p in pods})
         if not patch:
             await actions
@@ -178,8 +178,8 @@ class Reconciler:
             return status
         return status.model_copy(update={"last_reconcile_time": decisions.rfc3339(now)})
 
-    async def _with_mount_failures(self, namespace: str, pods: tuple[store.PodSummary, ...],
-                                   now: datetime) -> tuple[store.PodSummary, ...]:
+    async def _with_mount_failures(self, namespace: str, pods: tuple[observations.PodSummary, ...],
+                                   now: datetime) -> tuple[observations.PodSummary, ...]:
         """A volume that cannot be mounted leaves its pod in ContainerCreating with no message: only the
         kubelet's FailedMount Event says why. Read it for pods waiting past the cannot-start timeout."""
         out = []

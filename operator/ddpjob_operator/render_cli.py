@@ -1,8 +1,8 @@
 """`ddpjob render FILE`: print every object the operator would create for a DDPJob (as YAML).
 
 A preview for review and debugging: PodGroup, the agent's ConfigMap, Services, checkpoint claim, rendezvous
-store pod and the worker pods of generation 0, exactly as the operator's builders produce them, the progress token volume
-and DDPJOB_PROGRESS_* variables included (the chart turns the progress endpoint on by default). What only
+store pod and the worker pods of generation 0, exactly as the operator's job_manifests.py builds them, the progress
+token volume and DDPJOB_PROGRESS_* variables included (the chart turns the progress endpoint on by default). What only
 exists at run time is a placeholder: the job's uid is a stable stand-in (override it with --uid), the
 progress URL's base is `<progress-url>` unless --progress-url gives the operator's, DDPJOB_PROGRESS_CA is
 "" (plain HTTP) unless --progress-ca gives the CA file of an HTTPS endpoint (the chart's `progress.tls`:
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import builders, kubeyaml, model, validation
+from . import job_manifests, kubeyaml, model, naming, validation
 from .settings import Settings
 
 # Where the operator's progress Service is, known to the operator (its settings), not to the manifest.
@@ -37,7 +37,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             print(f"--progress-ca {args.progress_ca}: cannot read the CA: {exc}. Fix: give the PEM file of the "
                   "endpoint's CA (the chart's progress.tls Secret, key ca.crt)", file=sys.stderr)
             return validation.EXIT_INVALID
-    progress = None if args.no_progress else builders.ProgressEndpoint(args.progress_url, args.progress_audience,
+    progress = None if args.no_progress else job_manifests.ProgressEndpoint(args.progress_url, args.progress_audience,
                                                                         ca)
     manifests, failed = [], False
     for job in jobs:
@@ -58,10 +58,10 @@ def cmd_render(args: argparse.Namespace) -> int:
                   f"Fix: shorten metadata.name or remove spec.template.podSpec.setHostnameAsFQDN", file=sys.stderr)
             failed = True
             continue
-        ref = builders.JobRef.preview(job.metadata.name, namespace)
+        ref = naming.JobRef.preview(job.metadata.name, namespace)
         if args.uid:
-            ref = builders.JobRef(ref.name, ref.namespace, args.uid)
-        manifests += builders.all_manifests(ref, job.spec, progress=progress)
+            ref = naming.JobRef(ref.name, ref.namespace, args.uid)
+        manifests += job_manifests.all_manifests(ref, job.spec, progress=progress)
     if failed:
         return validation.EXIT_INVALID
     # Quoted wherever kubectl would read a string as something else (`y`, `1e1`, `0o17`).

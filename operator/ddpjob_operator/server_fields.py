@@ -2,7 +2,7 @@
 
 The server names the field of its own object (`Pod "x" is invalid: spec.initContainers[0].image: Required
 value`); the user edits the DDPJob, so a refusal is reported with the DDPJob field that field is built from
-(builders.py: the one container `trainer`, template.* and podSpec.* pass through).
+(job_manifests.py: the one container `trainer`, template.* and podSpec.* pass through).
 """
 
 from __future__ import annotations

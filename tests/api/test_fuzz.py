@@ -16,15 +16,15 @@ import kubernetes_validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpjob_operator import builders, crd, validation
+from ddpjob_operator import crd, job_manifests, naming, validation
 
 from .apiserver_rules import object_errors
 from .schema_checks import api_server_errors, independent_cel
 
 VERSION = kubernetes_validate.latest_version()
 SCHEMA = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-PROGRESS = builders.ProgressEndpoint("https://ddpjob-operator-progress.ddpjob-system.svc:8090",
-                                     "progress.elastic.ddp.dev")
+PROGRESS = job_manifests.ProgressEndpoint("https://ddpjob-operator-progress.ddpjob-system.svc:8090",
+                                          "progress.elastic.ddp.dev")
 
 # Each pool: what is fine, then what is almost fine (the boundaries the API server draws). A draw is near-valid
 # one time in RARE, so that a manifest of some twenty draws is as often accepted as refused.
@@ -156,8 +156,8 @@ def test_validate_agrees_with_the_crd_and_accepted_jobs_render_valid_objects(doc
         assert crd_errors or _only_quantity_arithmetic(exc), f"validate refused what the CRD accepts: {exc}"
         return
     assert crd_errors == [], f"validate accepted what the CRD refuses: {crd_errors}"
-    ref = builders.JobRef.preview(job.metadata.name, "default")
-    created = builders.all_manifests(ref, job.spec, progress=PROGRESS)
+    ref = naming.JobRef.preview(job.metadata.name, "default")
+    created = job_manifests.all_manifests(ref, job.spec, progress=PROGRESS)
     assert created
     for obj in created:
         assert object_errors(obj) == [], f"{obj['kind']} {obj['metadata']['name']}: the API server would refuse it"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpjob_operator import builders, cli, crd, model, validation
+from ddpjob_operator import cli, crd, job_manifests, model, naming, validation
 from ddpjob_operator.agent import contract
 from ddpjob_operator.settings import Settings
 
@@ -64,8 +64,8 @@ def _render_errors(doc: dict) -> list[str]:
         job = validation.parse_job(doc)
     except validation.InvalidJob as exc:
         return [str(exc)]
-    ref = builders.JobRef.preview(job.metadata.name, "default")
-    return [e for m in builders.all_manifests(ref, job.spec) for e in object_errors(m)]
+    ref = naming.JobRef.preview(job.metadata.name, "default")
+    return [e for m in job_manifests.all_manifests(ref, job.spec) for e in object_errors(m)]
 
 
 # ---------------------------------------------------------------- 2: numbers the code can represent
@@ -120,8 +120,8 @@ def test_a_harmless_env_from_prefix_is_accepted(tmp_path, capsys):
 
 def _operator_env_names() -> set[str]:
     spec = validation.parse_job(manifest({"replicas": 2, "minReplicas": 2})).spec  # static: MASTER_* too
-    pod = builders.worker_pod(builders.JobRef("victim", "default", "u"), spec, index=0, generation=0,
-                              progress=builders.ProgressEndpoint("https://p", "a"))
+    pod = job_manifests.worker_pod(naming.JobRef("victim", "default", "u"), spec, index=0, generation=0,
+                                   progress=job_manifests.ProgressEndpoint("https://p", "a"))
     return {e["name"] for e in pod["spec"]["containers"][0]["env"]}
 
 
@@ -144,7 +144,7 @@ def test_the_operators_env_wins_over_a_user_entry_of_the_same_name():
     spec = validation.parse_job(manifest()).spec
     spec.env.append(model.EnvVar.model_construct(name="PYTHONUNBUFFERED", value="0", value_from=None))
     spec.env.append(model.EnvVar.model_construct(name="DDPJOB_GENERATION", value="7", value_from=None))
-    env = builders.worker_pod(builders.JobRef("victim", "default", "u"), spec, index=0, generation=3)[
+    env = job_manifests.worker_pod(naming.JobRef("victim", "default", "u"), spec, index=0, generation=3)[
         "spec"]["containers"][0]["env"]
     last = {e["name"]: e.get("value") for e in env}  # dict keeps the last value of each name
     assert last["PYTHONUNBUFFERED"] == "1" and last["DDPJOB_GENERATION"] == "3"
@@ -183,9 +183,9 @@ def test_an_env_from_without_prefix_cannot_set_the_operators_variables(tmp_path,
                     "template": {"trainer": {"envFrom": [{"configMapRef": {"name": "settings"}}]}}})
     assert validate(tmp_path, doc, capsys)[0] == 0
     spec = validation.parse_job(doc).spec
-    job = builders.JobRef("victim", "default", "u")
-    for progress in (None, builders.ProgressEndpoint("http://p:8090", "a")):
-        pod = builders.worker_pod(job, spec, index=0, generation=0, progress=progress)
+    job = naming.JobRef("victim", "default", "u")
+    for progress in (None, job_manifests.ProgressEndpoint("http://p:8090", "a")):
+        pod = job_manifests.worker_pod(job, spec, index=0, generation=0, progress=progress)
         [container] = pod["spec"]["containers"]
         explicit = {e["name"] for e in container["env"]}
         assert names <= explicit, sorted(names - explicit)
@@ -195,7 +195,7 @@ def test_an_env_from_without_prefix_cannot_set_the_operators_variables(tmp_path,
         assert seen[contract.TERMINATION_LOG_ENV] == contract.TERMINATION_LOG_PATH
     spare_spec = validation.parse_job(manifest({"failurePolicy": {"restartScope": "Pod", "spares": 1},
                                                 "template": doc["spec"]["template"]})).spec
-    spare = builders.spare_pod(job, spare_spec, serial=0, generation=0, progress=builders.ProgressEndpoint(
+    spare = job_manifests.spare_pod(job, spare_spec, serial=0, generation=0, progress=job_manifests.ProgressEndpoint(
         "http://p:8090", "a"))
     [container] = spare["spec"]["containers"]
     assert [e["name"] for e in container["env"]].count(contract.SPARE_ENV) == 1
@@ -216,8 +216,8 @@ def test_gpu_resource_name_must_be_an_extended_resource(tmp_path, capsys, name):
 def test_a_device_plugin_resource_name_is_accepted(tmp_path, capsys):
     doc = manifest({"resources": {"gpu": True, "gpuResourceName": "amd.com/gpu", "cpu": "4", "memory": "64Gi"}})
     assert validate(tmp_path, doc, capsys)[0] == 0
-    pod = builders.worker_pod(builders.JobRef("victim", "default", "u"), validation.parse_job(doc).spec,
-                              index=0, generation=0)
+    pod = job_manifests.worker_pod(naming.JobRef("victim", "default", "u"), validation.parse_job(doc).spec,
+                                   index=0, generation=0)
     assert pod["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "4", "memory": "64Gi", "amd.com/gpu": "1"}
 
 
@@ -387,13 +387,13 @@ def test_render_shows_the_progress_token_volume_and_env_as_the_operator_creates_
     rendered = list(yaml.safe_load_all(capsys.readouterr().out))
     workers = [m for m in rendered if m["kind"] == "Pod" and "worker" in m["metadata"]["name"]]
     job = validation.parse_job(manifest())
-    ref = builders.JobRef.preview("victim", "team-a")
-    expected = [builders.worker_pod(ref, job.spec, index=i, generation=0,
-                                    progress=builders.ProgressEndpoint(url, audience)) for i in range(2)]
+    ref = naming.JobRef.preview("victim", "team-a")
+    expected = [job_manifests.worker_pod(ref, job.spec, index=i, generation=0,
+                                         progress=job_manifests.ProgressEndpoint(url, audience)) for i in range(2)]
     assert workers == expected
     env = {e["name"] for e in workers[0]["spec"]["containers"][0]["env"]}
     assert {contract.PROGRESS_URL_ENV, contract.PROGRESS_TOKEN_ENV} <= env
-    assert builders.PROGRESS_TOKEN_VOLUME in {v["name"] for v in workers[0]["spec"]["volumes"]}
+    assert job_manifests.PROGRESS_TOKEN_VOLUME in {v["name"] for v in workers[0]["spec"]["volumes"]}
     # Without --progress-url the base is a visible placeholder, never a made-up address.
     assert cli.main(["render", str(path)]) == 0
     assert "<progress-url>/v1/namespaces/default/ddpjobs/victim/progress" in capsys.readouterr().out
@@ -410,9 +410,9 @@ def test_render_shows_the_progress_ca_of_an_https_endpoint(tmp_path, capsys):
     assert cli.main(["render", str(path), "-n", "team-a", "--progress-url", url, "--progress-ca", str(ca)]) == 0
     workers = [m for m in yaml.safe_load_all(capsys.readouterr().out)
                if m["kind"] == "Pod" and "worker" in m["metadata"]["name"]]
-    spec, ref = validation.parse_job(manifest()).spec, builders.JobRef.preview("victim", "team-a")
-    operator = builders.ProgressEndpoint(url, audience, progress_router.read_ca(str(ca)))
-    assert workers == [builders.worker_pod(ref, spec, index=i, generation=0, progress=operator) for i in range(2)]
+    spec, ref = validation.parse_job(manifest()).spec, naming.JobRef.preview("victim", "team-a")
+    operator = job_manifests.ProgressEndpoint(url, audience, progress_router.read_ca(str(ca)))
+    assert workers == [job_manifests.worker_pod(ref, spec, index=i, generation=0, progress=operator) for i in range(2)]
     env = {e["name"]: e.get("value") for e in workers[0]["spec"]["containers"][0]["env"]}
     assert env[contract.PROGRESS_CA_ENV] == ca.read_text().strip()
     # A CA that cannot be read is said, naming the option, never rendered as "no CA".
@@ -422,8 +422,8 @@ def test_render_shows_the_progress_ca_of_an_https_endpoint(tmp_path, capsys):
 
 
 def test_the_model_knows_the_operators_volume_and_paths():
-    assert builders.PROGRESS_TOKEN_VOLUME.startswith(model.OPERATOR_VOLUME_PREFIX)
-    assert builders.PROGRESS_TOKEN_DIR.startswith(model.OPERATOR_SECRETS_DIR + "/")
+    assert job_manifests.PROGRESS_TOKEN_VOLUME.startswith(model.OPERATOR_VOLUME_PREFIX)
+    assert job_manifests.PROGRESS_TOKEN_DIR.startswith(model.OPERATOR_SECRETS_DIR + "/")
     assert contract.TERMINATION_LOG_PATH == model.TERMINATION_LOG
 
 

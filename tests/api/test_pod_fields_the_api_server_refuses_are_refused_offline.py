@@ -9,7 +9,7 @@ import copy
 import pytest
 import yaml
 
-from ddpjob_operator import builders, cli, crd, pod_rules, validation
+from ddpjob_operator import cli, crd, job_manifests, naming, pod_rules, validation
 
 from .apiserver_rules import object_errors
 from .refusals import assert_validate_and_the_operator_refuse
@@ -135,7 +135,7 @@ def test_without_the_rule_the_rendered_pods_break_the_independent_api_server_rul
     doc = _manifest(CASES[case][0])
     monkeypatch.setattr(pod_rules, "problems", lambda spec: [])
     job = validation.parse_job(doc)
-    manifests = builders.all_manifests(builders.JobRef.preview("victim", "default"), job.spec)
+    manifests = job_manifests.all_manifests(naming.JobRef.preview("victim", "default"), job.spec)
     assert [e for m in manifests for e in object_errors(m)], case
 
 
@@ -185,5 +185,5 @@ def test_the_legal_neighbours_are_accepted_by_validate_the_crd_and_the_api_serve
     assert cli.main(["validate", str(path)]) == 0, capsys.readouterr().err
     assert api_server_errors(_crd_schema(), doc, independent_cel) == []
     job = validation.parse_job(doc)
-    manifests = builders.all_manifests(builders.JobRef.preview("victim", "default"), job.spec)
+    manifests = job_manifests.all_manifests(naming.JobRef.preview("victim", "default"), job.spec)
     assert [e for m in manifests for e in object_errors(m)] == []

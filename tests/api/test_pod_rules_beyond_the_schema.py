@@ -9,7 +9,7 @@ import copy
 import pytest
 import yaml
 
-from ddpjob_operator import builders, cli, pod_rules, validation
+from ddpjob_operator import cli, job_manifests, naming, pod_rules, validation
 
 from .apiserver_rules import object_errors
 from .refusals import assert_validate_and_the_operator_refuse
@@ -151,5 +151,5 @@ def test_without_the_rule_the_rendered_objects_break_the_independent_api_server_
     doc["spec"].update(copy.deepcopy(spec))
     monkeypatch.setattr(pod_rules, "problems", lambda spec: [])
     job = validation.parse_job(doc)
-    manifests = builders.all_manifests(builders.JobRef.preview("victim", "default"), job.spec)
+    manifests = job_manifests.all_manifests(naming.JobRef.preview("victim", "default"), job.spec)
     assert [e for m in manifests for e in object_errors(m)], case

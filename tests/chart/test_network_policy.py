@@ -7,7 +7,7 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
-from ddpjob_operator import builders, progress_router
+from ddpjob_operator import naming, progress_router
 
 from .helm_install import RELEASE_NAMESPACE, install_dry_run
 
@@ -43,9 +43,9 @@ def test_progress_only_from_ddpjob_workers_and_spares_and_metrics_only_from_moni
     [workers] = rules["progress"]
     # Warm spares poll the assignment route and report once they take a rank's place: admitted too.
     assert workers["podSelector"] == {
-        "matchLabels": {builders.LABEL_MANAGED_BY: builders.MANAGED_BY},
-        "matchExpressions": [{"key": builders.LABEL_ROLE, "operator": "In",
-                              "values": [builders.ROLE_WORKER, builders.ROLE_SPARE]}]}
+        "matchLabels": {naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
+        "matchExpressions": [{"key": naming.LABEL_ROLE, "operator": "In",
+                              "values": [naming.ROLE_WORKER, naming.ROLE_SPARE]}]}
     assert workers["namespaceSelector"] == {}  # cluster-wide: jobs in any namespace
     [monitoring] = rules["metrics"]
     assert monitoring == {"namespaceSelector": {"matchExpressions": [

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import yaml
 
 from ddpjob_operator import model
-from ddpjob_operator.builders import LABEL_JOB_NAME, LABEL_ROLE, ROLE_STORE, ROLE_WORKER, store_pod_name
+from ddpjob_operator.naming import LABEL_JOB_NAME, LABEL_ROLE, ROLE_STORE, ROLE_WORKER, store_pod_name
 
 from .. import support
 

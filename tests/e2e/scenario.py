@@ -17,8 +17,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ddpjob_operator.builders import (HOSTNAME_TOPOLOGY, LABEL_ATTEMPT, LABEL_GENERATION, LABEL_REPLICA_INDEX,
-                                      ROLE_SPARE, TRAINER_CONTAINER, worker_name, worker_selector)
+from ddpjob_operator.naming import (HOSTNAME_TOPOLOGY, LABEL_ATTEMPT, LABEL_GENERATION, LABEL_REPLICA_INDEX, ROLE_SPARE,
+                                    TRAINER_CONTAINER, worker_name, worker_selector)
 
 from . import cluster
 

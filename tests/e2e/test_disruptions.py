@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ddpjob_operator.builders import LABEL_GENERATION
+from ddpjob_operator.naming import LABEL_GENERATION
 
 from . import cluster
 from .scenario import (NODE_LOSS_COUNTED_WITHIN, NODE_LOSS_RECOVERED_WITHIN, Training, digits_job,

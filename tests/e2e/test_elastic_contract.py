@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator.builders import LABEL_GENERATION, LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LABEL_ROLE, ROLE_WORKER
+from ddpjob_operator.naming import LABEL_GENERATION, LABEL_JOB_NAME, LABEL_REPLICA_INDEX, LABEL_ROLE, ROLE_WORKER
 
 from . import cluster
 from .scenario import INTERVAL, Training, digits_job

@@ -19,7 +19,7 @@ import uuid
 import pytest
 import yaml
 
-from ddpjob_operator import builders, model
+from ddpjob_operator import model, naming
 
 from . import cluster
 from .scenario import Training, digits_job
@@ -121,7 +121,7 @@ def test_with_a_pod_group_crd_the_operator_creates_the_pod_group_and_pods_refere
         job = cluster.job(namespace, "gang")
         group = cluster.wait_for(lambda: cluster.get_json(COSCHEDULING_CRD, "-n", namespace)["items"],
                                  "the job's PodGroup", timeout=120, explain=training.describe)[0]
-        assert group["metadata"]["name"] == builders.pod_group_name("gang")
+        assert group["metadata"]["name"] == naming.pod_group_name("gang")
         assert group["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
         assert group["spec"]["minMember"] == 1  # minReplicas of digits_job
         training.wait(lambda: len(training.pods) == 2, "2 worker pods", 300)

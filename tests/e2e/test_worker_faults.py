@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator.builders import store_pod_name
+from ddpjob_operator.naming import store_pod_name
 
 from . import cluster
 from .scenario import Training, digits_job

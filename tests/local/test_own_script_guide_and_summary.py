@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from ddpjob_operator import builders, model, validation
+from ddpjob_operator import job_manifests, launch, model, naming, validation
 from ddpjob_operator.local import faults as fault_schedule
 from ddpjob_operator.local.runner import LocalRunner
 from ddpjob_operator.local.options import KILL, FaultInjection, RunOptions
@@ -137,10 +137,10 @@ def test_the_resume_line_shows_without_any_logging_setup(tmp_path: Path):
 def test_omp_num_threads_defaults_to_the_cpu_request_per_process(cpu, nproc, env, expected):
     spec = validation.parse_spec({"replicas": 1, "image": "x:1", "entrypoint": "train.py", "nprocPerNode": nproc,
                                   "env": env, "resources": {"cpu": cpu} if cpu else {}})
-    got = builders.worker_env(spec, job_name="j", namespace="n", index=0, generation=0, endpoint="e:1",
-                              rdzv_id="u-g0", local_addr="a", master_addr="m")
+    got = launch.worker_env(spec, job_name="j", namespace="n", index=0, generation=0, endpoint="e:1",
+                            rdzv_id="u-g0", local_addr="a", master_addr="m")
     assert got.get("OMP_NUM_THREADS") == expected
-    pod = builders.worker_pod(builders.JobRef("j", "n", "u"), spec, index=0, generation=0)
+    pod = job_manifests.worker_pod(naming.JobRef("j", "n", "u"), spec, index=0, generation=0)
     values = [e.get("value") for e in pod["spec"]["containers"][0]["env"] if e["name"] == "OMP_NUM_THREADS"]
     assert values == [expected or "3"] if env else values == ([expected] if expected else [])
 

@@ -14,7 +14,7 @@ import kmock
 import pytest
 import pytest_asyncio
 
-from ddpjob_operator import builders, model, permissions
+from ddpjob_operator import model, naming, permissions
 from ddpjob_operator.kube import Connection
 from ddpjob_operator.run import run_operator
 from ddpjob_operator.settings import Settings
@@ -91,10 +91,10 @@ class Harness:
     def status(self, name: str) -> dict[str, Any]:
         return (self.job(name) or {}).get("status") or {}
 
-    def pods(self, job: str, role: str = builders.ROLE_WORKER) -> dict[str, dict[str, Any]]:
+    def pods(self, job: str, role: str = naming.ROLE_WORKER) -> dict[str, dict[str, Any]]:
         return {p["metadata"]["name"]: p for p in self.cluster.live(PODS, NAMESPACE)
-                if p["metadata"]["labels"].get(builders.LABEL_JOB_NAME) == job
-                and p["metadata"]["labels"].get(builders.LABEL_ROLE) == role}
+                if p["metadata"]["labels"].get(naming.LABEL_JOB_NAME) == job
+                and p["metadata"]["labels"].get(naming.LABEL_ROLE) == role}
 
     def events(self, job: str) -> list[dict[str, Any]]:
         return [e for e in self.cluster.live(kmock.resource("", "v1", "events"), NAMESPACE)
@@ -125,10 +125,10 @@ class Harness:
             await self.cluster.write((PODS, NAMESPACE, pod), {"spec": {"nodeName": "node-1"}, "status": {
                 "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
                 "containerStatuses": [{"name": c, "state": {"running": {"startedAt": "2026-11-22T00:00:00Z"}}}
-                                      for c in (builders.TRAINER_CONTAINER, builders.STORE_CONTAINER)]}})
+                                      for c in (naming.TRAINER_CONTAINER, naming.STORE_CONTAINER)]}})
 
     async def run_all(self, job: str) -> None:
-        await self.run(*self.pods(job), *self.pods(job, builders.ROLE_STORE))
+        await self.run(*self.pods(job), *self.pods(job, naming.ROLE_STORE))
 
     async def exit(self, pod: str, code: int, reason: str = "Error", message: str | None = None) -> None:
         """`message`: the container's termination message (what the launcher writes)."""
@@ -137,13 +137,13 @@ class Harness:
             terminated["message"] = message
         await self.set_status(pod, {
             "phase": "Succeeded" if code == 0 else "Failed", "conditions": [{"type": "Ready", "status": "False"}],
-            "containerStatuses": [{"name": builders.TRAINER_CONTAINER, "state": {"terminated": terminated}}]})
+            "containerStatuses": [{"name": naming.TRAINER_CONTAINER, "state": {"terminated": terminated}}]})
 
     async def evict(self, pod: str) -> None:
         await self.set_status(pod, {
             "phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory.",
             "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}],
-            "containerStatuses": [{"name": builders.TRAINER_CONTAINER, "state": {"terminated": {
+            "containerStatuses": [{"name": naming.TRAINER_CONTAINER, "state": {"terminated": {
                 "exitCode": 137, "reason": "Error", "finishedAt": "2026-11-22T00:00:00Z"}}}]})
 
     async def settle(self, job: str, check: Callable[[], Any], timeout: float = 10.0, what: str = "",
@@ -156,7 +156,7 @@ class Harness:
     async def finish_terminating(self, job: str) -> list[str]:
         """The kubelet confirms every graceful deletion (the containers have exited)."""
         done = []
-        for role in (builders.ROLE_WORKER, builders.ROLE_STORE):
+        for role in (naming.ROLE_WORKER, naming.ROLE_STORE):
             for name, pod in self.pods(job, role).items():
                 if pod["metadata"].get("deletionTimestamp"):
                     await self.cluster.remove((PODS, NAMESPACE, name))
@@ -251,7 +251,7 @@ async def started(harness: Harness, name: str, *, kubelet: Callable[[str], Await
     pods run."""
     job = await harness.apply(name, **spec)
     await harness.wait_workers(name, spec.get("replicas", 2))
-    await eventually(lambda: harness.pods(name, builders.ROLE_STORE), what="the store pod")
+    await eventually(lambda: harness.pods(name, naming.ROLE_STORE), what="the store pod")
     await (kubelet or harness.run_all)(name)
     await harness.wait_phase(name, "Running")
     return job

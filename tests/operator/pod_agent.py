@@ -7,16 +7,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ddpjob_operator import builders, model
+from ddpjob_operator import job_manifests, model, naming
 
-JOB = builders.JobRef("digits", "team-a", "0b9f6d0e-uid")
+JOB = naming.JobRef("digits", "team-a", "0b9f6d0e-uid")
 SPEC = model.DDPJobSpec.model_validate({"replicas": 1, "image": "trainer:1", "entrypoint": "train.py"})
 
 
 def mount_agent(root: Path) -> list[str]:
     """The pod's launcher (its command up to torchrun's flags), running the ConfigMap's files under `root`."""
-    pod = builders.worker_pod(JOB, SPEC, index=0, generation=0)
-    config_map = builders.agent_config_map(JOB)
+    pod = job_manifests.worker_pod(JOB, SPEC, index=0, generation=0)
+    config_map = job_manifests.agent_config_map(JOB)
     volume = next(v for v in pod["spec"]["volumes"]
                   if v.get("configMap", {}).get("name") == config_map["metadata"]["name"])
     container = pod["spec"]["containers"][0]

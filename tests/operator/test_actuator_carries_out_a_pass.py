@@ -10,7 +10,7 @@ from typing import AsyncIterator
 
 import pytest_asyncio
 
-from ddpjob_operator import builders, decisions, kube, model, store
+from ddpjob_operator import decisions, kube, model, naming, observations
 
 from .conftest import FAST, NAMESPACE, Harness, eventually
 from .controller_rooms import Rooms
@@ -28,7 +28,7 @@ async def rig(harness: Harness) -> AsyncIterator[Rooms]:
 
 async def view_of(harness: Harness, name: str) -> decisions.JobView:
     body = await harness.apply(name)
-    return store.job_view(body)
+    return observations.job_view(body)
 
 
 async def test_the_server_judges_every_object_then_shared_store_and_workers_are_created(harness, rig):
@@ -37,7 +37,7 @@ async def test_the_server_judges_every_object_then_shared_store_and_workers_are_
     judged = [name for plural, name in harness.cluster.dry_runs]
     assert {"fresh-worker-0", "fresh-worker-1", "fresh-rdzv"} <= set(judged)
     assert set(harness.pods("fresh")) == {"fresh-worker-0", "fresh-worker-1"}
-    assert set(harness.pods("fresh", builders.ROLE_STORE)) == {"fresh-rdzv"}
+    assert set(harness.pods("fresh", naming.ROLE_STORE)) == {"fresh-rdzv"}
     created = harness.cluster.created
     assert created[(NAMESPACE, "fresh-rdzv")] < min(created[(NAMESPACE, "fresh-worker-0")],
                                                      created[(NAMESPACE, "fresh-worker-1")])
@@ -49,7 +49,7 @@ async def test_the_server_judges_every_object_then_shared_store_and_workers_are_
     await harness.finish_terminating("fresh")
     await rig.actuator.execute(view, (decisions.CreateWorker(1, 0, 1),), NOW, {})
     assert len(harness.cluster.dry_runs) == dry_runs
-    assert harness.pods("fresh")["fresh-worker-1"]["metadata"]["labels"][builders.LABEL_ATTEMPT] == "1"
+    assert harness.pods("fresh")["fresh-worker-1"]["metadata"]["labels"][naming.LABEL_ATTEMPT] == "1"
 
 
 async def test_a_refused_pod_is_the_jobs_create_rejected_and_nothing_is_created(harness, rig):
@@ -62,14 +62,14 @@ async def test_a_refused_pod_is_the_jobs_create_rejected_and_nothing_is_created(
     assert [(r.kind, r.name, r.status) for r in refusals] == [("Pod", "quota-worker-1", 403)]
     assert "exceeded quota" in refusals[0].message and refusals[0].at == NOW
     assert rig.refused == [(NAMESPACE, "quota")]  # its next pass decides on it now
-    assert not harness.pods("quota") and not harness.pods("quota", builders.ROLE_STORE)
+    assert not harness.pods("quota") and not harness.pods("quota", naming.ROLE_STORE)
     rig.actuator.retry_refused(view.uid)  # the user changed the spec
     assert rig.actuator.refusals(view.uid) == ()
 
 
 async def test_a_status_write_is_remembered_and_counted_and_a_gone_job_is_no_error(harness, rig):
     view = await view_of(harness, "counted")
-    job = builders.JobRef(view.name, view.namespace, view.uid)
+    job = naming.JobRef(view.name, view.namespace, view.uid)
     new = view.status.model_copy(update={"phase": "Running", "restarts": 2})
     patch = kube.merge_patch(view.status.wire(), new.wire())
     assert await rig.actuator.write_status(job, view.status, new, patch)
@@ -97,7 +97,7 @@ async def test_events_are_posted_beside_the_pass_and_a_deleted_job_goes(harness,
 async def test_a_stall_is_counted_once_while_its_incident_is_filled_in(harness, rig):
     """The incident's recovery timeline and ranks are written as the operator sees them: the same stall."""
     view = await view_of(harness, "stalled")
-    job = builders.JobRef(view.name, view.namespace, view.uid)
+    job = naming.JobRef(view.name, view.namespace, view.uid)
     stall = model.Incident(generation=0, time="2026-11-29T12:00:00Z", cause="Retryable",
                            reason=decisions.REASON_STALLED, charged=True, ranks=[1])
     statuses = [view.status, view.status.model_copy(update={"incidents": [stall]}),

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ddpjob_operator import builders, decisions, model
+from ddpjob_operator import decisions, job_manifests, model, naming
 from ddpjob_operator.decisions import nodes as bad_nodes
 
 from .conftest import eventually
@@ -151,17 +151,17 @@ def test_avoid_node_seconds_zero_turns_it_off():
 
 
 def test_builders_add_required_node_anti_affinity_anded_with_the_users():
-    ref = builders.JobRef(name="j", namespace="ns", uid="u")
-    pod = builders.worker_pod(ref, SPEC, index=1, generation=2, avoid_nodes=("node-b", "node-a"))
+    ref = naming.JobRef(name="j", namespace="ns", uid="u")
+    pod = job_manifests.worker_pod(ref, SPEC, index=1, generation=2, avoid_nodes=("node-b", "node-a"))
     terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
                                             "values": ["node-a", "node-b"]}]}]
-    assert "affinity" not in builders.worker_pod(ref, SPEC, index=1, generation=2)["spec"]
+    assert "affinity" not in job_manifests.worker_pod(ref, SPEC, index=1, generation=2)["spec"]
     users = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]},
         {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}}
     spec = SPEC.model_copy(update={"template": model.PodTemplate.model_validate({"affinity": users}, strict=False)})
-    pod = builders.worker_pod(ref, spec, index=1, generation=2, avoid_nodes=("node-a",))
+    pod = job_manifests.worker_pod(ref, spec, index=1, generation=2, avoid_nodes=("node-a",))
     terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert [len(t["matchExpressions"]) for t in terms] == [2, 2]  # each OR-ed term keeps the user's rule AND ours
     assert all(t["matchExpressions"][1]["values"] == ["node-a"] for t in terms)

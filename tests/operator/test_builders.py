@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpjob_operator import agent, builders, model
+from ddpjob_operator import agent, job_manifests, launch, model, naming
 from ddpjob_operator.agent import contract
 from ddpjob_operator.validation import parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB = builders.JobRef("digits", "team-a", "0b9f6d0e-uid")
+JOB = naming.JobRef("digits", "team-a", "0b9f6d0e-uid")
 # The pod's launcher: the agent's entry file in the agent ConfigMap's read-only mount, never program text.
 POD_LAUNCHER = ["python", "/var/run/secrets/ddpjob/agent/bootstrap.py", "worker"]
 
@@ -55,7 +55,7 @@ def flags(argv: list[str]) -> dict[str, str]:
     ({"template": {"terminationGracePeriodSeconds": 0}}, {"shutdown-timeout": "1"}),
 ])
 def test_torchrun_flags(overrides, expected):
-    argv = builders.worker_command(spec(**overrides), endpoint="h:1", rdzv_id="u-g0", local_addr="10.0.0.7")
+    argv = launch.worker_command(spec(**overrides), endpoint="h:1", rdzv_id="u-g0", local_addr="10.0.0.7")
     got = flags(argv)
     assert argv[:3] == POD_LAUNCHER
     assert got["rdzv-backend"] == "c10d" and got["rdzv-endpoint"] == "h:1" and got["rdzv-id"] == "u-g0"
@@ -72,15 +72,15 @@ def test_torchrun_flags(overrides, expected):
     ("ddp_trainer", ["; rm -rf / $(id)"], ["-m", "ddp_trainer", "; rm -rf / $(id)"]),
 ])
 def test_entrypoint_and_args_are_argv_not_shell(entrypoint, args, tail):
-    argv = builders.worker_command(spec(entrypoint=entrypoint, args=args), endpoint="h:1", rdzv_id="x",
-                                   local_addr="127.0.0.1")
+    argv = launch.worker_command(spec(entrypoint=entrypoint, args=args), endpoint="h:1", rdzv_id="x",
+                                 local_addr="127.0.0.1")
     assert argv[-len(tail):] == tail
     # No program text at all: the launcher is a file, and user input only ever follows it as argv.
     assert argv[:3] == POD_LAUNCHER and "sh" not in argv and "-c" not in argv
 
 
 def test_rendezvous_id_is_unique_per_job_and_generation():
-    ids = {builders.rendezvous_id(uid, g) for uid in ("a", "b") for g in (0, 1)}
+    ids = {naming.rendezvous_id(uid, g) for uid in ("a", "b") for g in (0, 1)}
     assert len(ids) == 4 and all(i != "none" for i in ids)
 
 
@@ -88,7 +88,7 @@ def env_for(s: model.DDPJobSpec, **kw) -> dict[str, str]:
     args = {"job_name": "digits", "namespace": "team-a", "index": 1, "generation": 3,
             "endpoint": "digits-rdzv.team-a.svc:29400", "rdzv_id": "u-g3", "local_addr": "10.0.0.7",
             "master_addr": "digits-worker-0.digits-workers.team-a.svc", **kw}
-    return builders.worker_env(s, **args)
+    return launch.worker_env(s, **args)
 
 
 def test_worker_env_matches_the_launch_contract():
@@ -96,7 +96,7 @@ def test_worker_env_matches_the_launch_contract():
     contract = (ROOT / "docs" / "launch-contract.md").read_text()
     documented = set(re.findall(r"`(DDPJOB_[A-Z_]+)`", contract))
     # The pod IP comes from the downward API (worker_pod); every other variable is set, "" where off.
-    assert {k for k in env if k.startswith("DDPJOB_")} | {builders.POD_IP_ENV} == documented
+    assert {k for k in env if k.startswith("DDPJOB_")} | {launch.POD_IP_ENV} == documented
     assert env["DDPJOB_REPLICA_INDEX"] == "1" and env["DDPJOB_GENERATION"] == "3"
     assert env["DDPJOB_CHECKPOINT_DIR"] == "/checkpoints"
     assert env["DDPJOB_CHECKPOINT_INTERVAL_STEPS"] == "7" and env["DDPJOB_CHECKPOINT_KEEP"] == "4"
@@ -117,7 +117,7 @@ def test_worker_env_matches_the_launch_contract():
 def test_static_jobs_get_master_addr_and_port(replicas, expected):
     env = env_for(spec(**replicas))
     assert {k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT") if k in env} == expected
-    assert builders.STATIC_MASTER_PORT != model.Rendezvous().port  # never the store's port
+    assert launch.STATIC_MASTER_PORT != model.Rendezvous().port  # never the store's port
 
 
 @pytest.mark.parametrize("policy, expected, nccl_errors", [
@@ -145,13 +145,13 @@ def test_worker_env_sets_what_a_worker_has_not_to_empty():
 def test_worker_pod_shape():
     s = spec(env=[{"name": "OMP_NUM_THREADS", "value": "1"}], checkpoint={"claimTemplate": {"size": "1Gi"}},
              template={"labels": {"team": "a"}, "terminationGracePeriodSeconds": 90})
-    pod = builders.worker_pod(JOB, s, index=1, generation=2, attempt=3)
+    pod = job_manifests.worker_pod(JOB, s, index=1, generation=2, attempt=3)
     meta, pod_spec = pod["metadata"], pod["spec"]
     assert meta["name"] == "digits-worker-1" and meta["namespace"] == "team-a"
-    assert meta["labels"] == {"team": "a", builders.LABEL_JOB_NAME: "digits", builders.LABEL_JOB_UID: JOB.uid,
-                              builders.LABEL_ROLE: "worker", builders.LABEL_REPLICA_INDEX: "1",
-                              builders.LABEL_GENERATION: "2", builders.LABEL_ATTEMPT: "3",
-                              builders.LABEL_NNODES: "2-2", builders.LABEL_MANAGED_BY: "ddpjob-operator"}
+    assert meta["labels"] == {"team": "a", naming.LABEL_JOB_NAME: "digits", naming.LABEL_JOB_UID: JOB.uid,
+                              naming.LABEL_ROLE: "worker", naming.LABEL_REPLICA_INDEX: "1",
+                              naming.LABEL_GENERATION: "2", naming.LABEL_ATTEMPT: "3",
+                              naming.LABEL_NNODES: "2-2", naming.LABEL_MANAGED_BY: "ddpjob-operator"}
     assert meta["ownerReferences"] == [{"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob",
                                         "name": "digits", "uid": JOB.uid, "controller": True,
                                         "blockOwnerDeletion": True}]
@@ -173,7 +173,7 @@ def test_worker_pod_shape():
     volumes = {v["name"]: v for v in pod_spec["volumes"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "digits-checkpoints"}
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", "/checkpoints", builders.AGENT_DIR}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", "/checkpoints", launch.AGENT_DIR}
     assert pod_spec["tolerations"] == NODE_LOSS_DEFAULT and "resources" not in container
     assert pod_spec["securityContext"] == {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
 
@@ -183,7 +183,7 @@ def test_worker_pod_shape():
     ({"fsGroup": 2000}, {"fsGroup": 2000, "fsGroupChangePolicy": "OnRootMismatch"}),
 ])
 def test_checkpoint_volume_is_writable_by_the_trainer_group(template, expected):
-    pod = builders.worker_pod(JOB, spec(template=template), index=0, generation=0, attempt=0)
+    pod = job_manifests.worker_pod(JOB, spec(template=template), index=0, generation=0, attempt=0)
     assert pod["spec"].get("securityContext") == expected
 
 
@@ -195,7 +195,7 @@ def test_checkpoint_volume_is_writable_by_the_trainer_group(template, expected):
 ])
 def test_gpu_wiring(resources, limits):
     s = spec(nprocPerNode=4, resources=resources, template={"tolerations": [{"key": "spot", "operator": "Exists"}]})
-    pod_spec = builders.worker_pod(JOB, s, index=0, generation=0)["spec"]
+    pod_spec = job_manifests.worker_pod(JOB, s, index=0, generation=0)["spec"]
     container = pod_spec["containers"][0]
     assert container["resources"]["limits"] == limits == container["resources"]["requests"]
     gpu_name = next(k for k in limits if "gpu" in k)
@@ -205,15 +205,15 @@ def test_gpu_wiring(resources, limits):
 
 def test_existing_claim_is_used_as_is_and_no_claim_is_created():
     s = spec(checkpoint={"claimName": "shared-ckpt", "mountPath": "/ck"})
-    pod = builders.worker_pod(JOB, s, index=0, generation=0)
+    pod = job_manifests.worker_pod(JOB, s, index=0, generation=0)
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "shared-ckpt"}} in pod["spec"]["volumes"]
-    assert builders.checkpoint_claim(JOB, s) is None
+    assert job_manifests.checkpoint_claim(JOB, s) is None
 
 
 def test_claim_template_becomes_an_owned_pvc():
     s = spec(checkpoint={"claimTemplate": {"size": "5Gi", "storageClassName": "fast",
                                            "accessModes": ["ReadWriteOnce"]}})
-    claim = builders.checkpoint_claim(JOB, s)
+    claim = job_manifests.checkpoint_claim(JOB, s)
     assert claim["metadata"]["name"] == "digits-checkpoints"
     assert claim["metadata"]["ownerReferences"][0]["uid"] == JOB.uid
     assert claim["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}},
@@ -222,20 +222,20 @@ def test_claim_template_becomes_an_owned_pvc():
 
 def test_services_and_store_pod():
     s = spec(rendezvous={"port": 29500, "storeImage": "store:2"})
-    headless = builders.headless_service(JOB)
+    headless = job_manifests.headless_service(JOB)
     assert headless["metadata"]["name"] == "digits-workers"
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
-    assert headless["spec"]["selector"] == builders.worker_selector("digits")
-    svc = builders.store_service(JOB, s)
+    assert headless["spec"]["selector"] == naming.worker_selector("digits")
+    svc = job_manifests.store_service(JOB, s)
     assert svc["metadata"]["name"] == "digits-rdzv" and svc["spec"]["ports"][0]["port"] == 29500
-    store = builders.store_pod(JOB, s)
+    store = job_manifests.store_pod(JOB, s)
     assert set(svc["spec"]["selector"].items()) <= set(store["metadata"]["labels"].items())
     assert not set(headless["spec"]["selector"].items()) <= set(store["metadata"]["labels"].items())
     container = store["spec"]["containers"][0]
     assert container["image"] == "store:2"
-    assert container["command"] == ["python", "-c", builders.STORE_PROGRAM, "29500"]
+    assert container["command"] == ["python", "-c", launch.STORE_PROGRAM, "29500"]
     assert store["spec"]["restartPolicy"] == "Never"  # a restarted store lost its state: must be seen
-    assert builders.store_pod(JOB, spec())["spec"]["containers"][0]["image"] == "trainer:1"
+    assert job_manifests.store_pod(JOB, spec())["spec"]["containers"][0]["image"] == "trainer:1"
 
 
 # ---------------------------------------------------------------- node range
@@ -249,12 +249,12 @@ def test_services_and_store_pod():
 ])
 def test_node_range_is_the_nnodes_flag_as_a_label(overrides, expected):
     s = spec(**overrides)
-    assert builders.node_range(s) == expected
-    pod = builders.worker_pod(JOB, s, index=0, generation=0)
-    assert pod["metadata"]["labels"][builders.LABEL_NNODES] == expected
+    assert naming.node_range(s) == expected
+    pod = job_manifests.worker_pod(JOB, s, index=0, generation=0)
+    assert pod["metadata"]["labels"][naming.LABEL_NNODES] == expected
     assert flags(pod["spec"]["containers"][0]["command"])["nnodes"] == expected.replace("-", ":")
-    assert builders.LABEL_NNODES == "elastic.ddp.dev/nnodes"
-    assert builders.LABEL_NNODES not in builders.store_pod(JOB, s)["metadata"]["labels"]
+    assert naming.LABEL_NNODES == "elastic.ddp.dev/nnodes"
+    assert naming.LABEL_NNODES not in job_manifests.store_pod(JOB, s)["metadata"]["labels"]
 
 
 # ---------------------------------------------------------------- node loss
@@ -277,8 +277,8 @@ def test_node_range_is_the_nnodes_flag_as_a_label(overrides, expected):
 ])
 def test_workers_and_store_tolerate_node_loss_only_briefly(overrides, expected):
     s = spec(**overrides)
-    assert builders.worker_pod(JOB, s, index=0, generation=0)["spec"]["tolerations"] == expected
-    assert builders.store_pod(JOB, s)["spec"]["tolerations"] == expected
+    assert job_manifests.worker_pod(JOB, s, index=0, generation=0)["spec"]["tolerations"] == expected
+    assert job_manifests.store_pod(JOB, s)["spec"]["tolerations"] == expected
 
 
 @pytest.mark.parametrize("seconds, ok", [(4, False), (5, True), (60, True), (3600, True), (3601, False)])
@@ -330,7 +330,7 @@ def test_store_pod_schedules_like_the_workers_unless_its_template_says_otherwise
     if store_template is not None:
         overrides["rendezvous"] = {"storeTemplate": store_template}
     s = spec(**overrides)
-    store_spec = builders.store_pod(JOB, s)["spec"]
+    store_spec = job_manifests.store_pod(JOB, s)["spec"]
     got = {key: store_spec.get(key) for key in ("nodeSelector", "priorityClassName", "serviceAccountName",
                                                  "tolerations")}
     got["requests"] = store_spec["containers"][0]["resources"]["requests"]
@@ -340,7 +340,7 @@ def test_store_pod_schedules_like_the_workers_unless_its_template_says_otherwise
     # The store never gets the workers' GPUs, only their placement.
     assert "nvidia.com/gpu" not in str(store_spec["containers"][0]["resources"])
     if store_template is None:
-        worker_spec = builders.worker_pod(JOB, s, index=0, generation=0)["spec"]
+        worker_spec = job_manifests.worker_pod(JOB, s, index=0, generation=0)["spec"]
         for key in ("nodeSelector", "priorityClassName", "serviceAccountName", "tolerations"):
             assert store_spec[key] == worker_spec[key], key
 
@@ -368,10 +368,10 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 def names_of(job_name: str, replicas: int = 12) -> dict[str, set[str]]:
     """Every name a job creates, by the kind of thing it names (one namespace)."""
-    ref = builders.JobRef(job_name, "team-a", f"uid-{job_name}")
+    ref = naming.JobRef(job_name, "team-a", f"uid-{job_name}")
     s = spec(replicas=replicas, checkpoint={"claimTemplate": {"size": "1Gi"}})
     names: dict[str, set[str]] = {}
-    for manifest in builders.all_manifests(ref, s):
+    for manifest in job_manifests.all_manifests(ref, s):
         names.setdefault(manifest["kind"], set()).add(manifest["metadata"]["name"])
         pod_spec = manifest.get("spec", {})
         if manifest["kind"] == "Pod" and "hostname" in pod_spec:
@@ -379,7 +379,7 @@ def names_of(job_name: str, replicas: int = 12) -> dict[str, set[str]]:
             names.setdefault("subdomain", set()).add(pod_spec["subdomain"])
     # Everything resolvable in the namespace: Services, and workers through the headless Service.
     names["dns"] = ({f"{n}.team-a.svc" for n in names["Service"]}
-                    | {builders.worker_address(job_name, "team-a", i) for i in range(replicas)})
+                    | {naming.worker_address(job_name, "team-a", i) for i in range(replicas)})
     return names
 
 
@@ -410,10 +410,10 @@ def test_names_of_all_adversarial_jobs_are_pairwise_distinct():
 @pytest.mark.parametrize("job_name", ["a", "x" * model.MAX_JOB_NAME_LENGTH, "a-" * 24 + "zz"])
 def test_every_generated_name_fits_a_dns_label(job_name):
     assert len(job_name) <= model.MAX_JOB_NAME_LENGTH
-    ref = builders.JobRef(job_name, "team-a", "uid")
+    ref = naming.JobRef(job_name, "team-a", "uid")
     s = spec(replicas=1024, checkpoint={"claimTemplate": {"size": "1Gi"}})  # the highest index is 1023
-    last = builders.worker_pod(ref, s, index=1023, generation=0)
-    manifests = builders.shared_manifests(ref, s) + [builders.store_pod(ref, s), last]
+    last = job_manifests.worker_pod(ref, s, index=1023, generation=0)
+    manifests = job_manifests.shared_manifests(ref, s) + [job_manifests.store_pod(ref, s), last]
     # A ConfigMap's name is a DNS subdomain (up to 253 characters); every other name is also a label or host name.
     config_map = next(m["metadata"]["name"] for m in manifests if m["kind"] == "ConfigMap")
     assert len(config_map) <= 253 and DNS_LABEL.match(config_map), config_map
@@ -434,8 +434,8 @@ def test_job_names_are_capped_at_max_job_name_length():
 def test_examples_render_deterministically():
     for path in sorted((ROOT / "examples").glob("*.yaml")):
         job = parse_job(yaml.safe_load(path.read_text()))
-        ref = builders.JobRef.preview(job.metadata.name, "default")
-        first, second = builders.all_manifests(ref, job.spec), builders.all_manifests(ref, job.spec)
+        ref = naming.JobRef.preview(job.metadata.name, "default")
+        first, second = job_manifests.all_manifests(ref, job.spec), job_manifests.all_manifests(ref, job.spec)
         assert first == second
         names = [m["metadata"]["name"] for m in first]
         assert len(names) == len(set((m["kind"], n) for m, n in zip(first, names)))
@@ -446,7 +446,7 @@ def test_store_program_serves_a_tcpstore_and_stops_on_sigterm(unused_tcp_port):
     """The fixed store program really runs: a client sets and reads a key; SIGTERM exits 0."""
     import torch.distributed as dist  # the test process may import torch; the operator never does
 
-    proc = subprocess.Popen(builders.store_command(unused_tcp_port, python=sys.executable),
+    proc = subprocess.Popen(launch.store_command(unused_tcp_port, python=sys.executable),
                             stdout=subprocess.PIPE, text=True)
     try:
         assert "listening" in proc.stdout.readline()
@@ -474,7 +474,7 @@ KUBEFLOW_POD_SPEC = {
     "hostIPC": True,
     "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
                                    "whenUnsatisfiable": "ScheduleAnyway",
-                                   "labelSelector": {"matchLabels": {builders.LABEL_JOB_NAME: "digits"}}}],
+                                   "labelSelector": {"matchLabels": {naming.LABEL_JOB_NAME: "digits"}}}],
     "runtimeClassName": "nvidia", "schedulerName": "my-scheduler", "dnsPolicy": "ClusterFirst",
     "dnsConfig": {"options": [{"name": "ndots", "value": "2"}]},
     "hostAliases": [{"ip": "10.0.0.9", "hostnames": ["registry.local"]}],
@@ -502,7 +502,7 @@ def kubeflow_spec(**extra) -> model.DDPJobSpec:
 
 
 def test_every_pod_level_field_reaches_the_worker_pod():
-    pod_spec = builders.worker_pod(JOB, kubeflow_spec(), index=0, generation=0)["spec"]
+    pod_spec = job_manifests.worker_pod(JOB, kubeflow_spec(), index=0, generation=0)["spec"]
     for key, value in KUBEFLOW_POD_SPEC.items():
         if key != "securityContext":
             assert pod_spec[key] == value, key
@@ -515,7 +515,7 @@ def test_every_pod_level_field_reaches_the_worker_pod():
 
 
 def test_every_container_level_field_reaches_the_trainer():
-    container = builders.worker_pod(JOB, kubeflow_spec(), index=0, generation=0)["spec"]["containers"][0]
+    container = job_manifests.worker_pod(JOB, kubeflow_spec(), index=0, generation=0)["spec"]["containers"][0]
     for key, value in KUBEFLOW_TRAINER.items():
         if key != "resources":
             assert container[key] == value, key
@@ -524,20 +524,20 @@ def test_every_container_level_field_reaches_the_trainer():
                                       "limits": {"cpu": "4", "memory": "16Gi", "rdma/hca": 1, "hugepages-2Mi": "1Gi"}}
     # The launch contract is untouched.
     assert container["command"][:3] == POD_LAUNCHER
-    assert container["env"][0]["name"] == builders.POD_IP_ENV
+    assert container["env"][0]["name"] == launch.POD_IP_ENV
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", builders.AGENT_DIR}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", launch.AGENT_DIR}
 
 
 def test_the_store_pod_gets_pull_secrets_and_the_pod_security_context_only():
-    store = builders.store_pod(JOB, kubeflow_spec())["spec"]
+    store = job_manifests.store_pod(JOB, kubeflow_spec())["spec"]
     assert store["imagePullSecrets"] == [{"name": "regcred"}]
     assert store["securityContext"] == KUBEFLOW_POD_SPEC["securityContext"]
     assert store["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False,
                                                          "capabilities": {"drop": ["ALL"]}}
     for key in ("initContainers", "hostIPC", "runtimeClassName", "schedulerName", "topologySpreadConstraints"):
         assert key not in store, key
-    assert "imagePullSecrets" not in builders.store_pod(JOB, spec())["spec"]
+    assert "imagePullSecrets" not in job_manifests.store_pod(JOB, spec())["spec"]
 
 
 @pytest.mark.parametrize("pod_spec, dns_policy", [
@@ -547,16 +547,16 @@ def test_the_store_pod_gets_pull_secrets_and_the_pod_security_context_only():
 def test_host_network_keeps_cluster_dns_and_one_worker_per_node(pod_spec, dns_policy):
     s = spec(template={"podSpec": pod_spec, "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {"app": "other"}}, "topologyKey": "kubernetes.io/hostname"}]}}})
-    pod_spec_out = builders.worker_pod(JOB, s, index=1, generation=0)["spec"]
+    pod_spec_out = job_manifests.worker_pod(JOB, s, index=1, generation=0)["spec"]
     assert pod_spec_out["hostNetwork"] is True and pod_spec_out["dnsPolicy"] == dns_policy
     # With the node's IP as its address, two workers on one node would share a rendezvous node id.
     required = pod_spec_out["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert required == [{"labelSelector": {"matchLabels": {"app": "other"}}, "topologyKey": "kubernetes.io/hostname"},
-                        {"labelSelector": {"matchLabels": builders.worker_selector("digits")},
+                        {"labelSelector": {"matchLabels": naming.worker_selector("digits")},
                          "topologyKey": "kubernetes.io/hostname"}]
     assert s.template.affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][1:] == [], \
         "the spec itself is never modified"
-    plain = builders.worker_pod(JOB, spec(), index=0, generation=0)["spec"]
+    plain = job_manifests.worker_pod(JOB, spec(), index=0, generation=0)["spec"]
     assert "dnsPolicy" not in plain and "affinity" not in plain
 
 
@@ -608,12 +608,12 @@ def test_scheduling_policy_creates_an_owned_pod_group_the_workers_belong_to(poli
     s = spec(replicas=3, minReplicas=2, resources={"cpu": "4", "memory": "16Gi"},
              template={"priorityClassName": "training", "trainer": {"resources": {"limits": {"rdma/hca": 1}}}},
              runPolicy={"schedulingPolicy": policy})
-    group = builders.pod_group(JOB, s)
+    group = job_manifests.pod_group(JOB, s)
     assert (group["apiVersion"], group["kind"], group["metadata"]["name"]) == (api_version, "PodGroup", "digits")
-    assert group["metadata"]["ownerReferences"] == [builders.owner_reference(JOB)]
+    assert group["metadata"]["ownerReferences"] == [job_manifests.owner_reference(JOB)]
     assert group["spec"] == group_spec
-    assert builders.shared_manifests(JOB, s)[0] == group  # created before any pod
-    pod = builders.worker_pod(JOB, s, index=2, generation=0)
+    assert job_manifests.shared_manifests(JOB, s)[0] == group  # created before any pod
+    pod = job_manifests.worker_pod(JOB, s, index=2, generation=0)
     assert pod["spec"]["schedulerName"] == scheduler
     if policy["gangScheduler"] == "Volcano":
         assert pod["metadata"]["annotations"] == {"scheduling.k8s.io/group-name": "digits"}
@@ -622,64 +622,66 @@ def test_scheduling_policy_creates_an_owned_pod_group_the_workers_belong_to(poli
         assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "digits"
         assert "annotations" not in pod["metadata"]
     # The store is no member of the gang: it runs first, on the default scheduler.
-    store = builders.store_pod(JOB, s)
+    store = job_manifests.store_pod(JOB, s)
     assert "schedulerName" not in store["spec"] and "annotations" not in store["metadata"]
     assert "scheduling.x-k8s.io/pod-group" not in store["metadata"]["labels"]
 
 
 def test_no_scheduling_policy_no_pod_group():
-    assert builders.pod_group(JOB, spec()) is None
-    assert [m["kind"] for m in builders.shared_manifests(JOB, spec())] == ["ConfigMap", "Service", "Service"]
+    assert job_manifests.pod_group(JOB, spec()) is None
+    assert [m["kind"] for m in job_manifests.shared_manifests(JOB, spec())] == ["ConfigMap", "Service", "Service"]
 
 
 @pytest.mark.parametrize("quantity, factor, expected", [
     ("4", 2, "8"), ("500m", 3, "1500m"), ("1.5Gi", 2, "3Gi"), (1, 4, "4"), ("16Gi", 1, "16Gi"), ("1e3", 2, None),
 ])
 def test_gang_resources_multiply_quantities(quantity, factor, expected):
-    assert builders._times(quantity, factor) == expected
+    assert job_manifests._times(quantity, factor) == expected
 
 
 def test_worker_pod_progress_endpoint_and_projected_token():
     """Issue 12: with an operator progress endpoint, workers get its URL and a projected token whose
     audience only the operator accepts; without one, neither (the URL is "", so the client is a no-op over
     HTTP whatever an envFrom says)."""
-    endpoint = builders.ProgressEndpoint("http://ddpjob-progress.ddpjob-system.svc:8090", "progress.elastic.ddp.dev")
-    pod = builders.worker_pod(JOB, spec(), index=0, generation=0, progress=endpoint)
+    endpoint = job_manifests.ProgressEndpoint("http://ddpjob-progress.ddpjob-system.svc:8090",
+                                              "progress.elastic.ddp.dev")
+    pod = job_manifests.worker_pod(JOB, spec(), index=0, generation=0, progress=endpoint)
     container = pod["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env[contract.PROGRESS_URL_ENV] == \
         "http://ddpjob-progress.ddpjob-system.svc:8090/v1/namespaces/team-a/ddpjobs/digits/progress"
     assert env[contract.PROGRESS_TOKEN_ENV] == "/var/run/secrets/ddpjob/progress/token"
-    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == builders.PROGRESS_TOKEN_VOLUME)
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == job_manifests.PROGRESS_TOKEN_VOLUME)
     assert volume["projected"]["sources"] == [{"serviceAccountToken": {
         "audience": "progress.elastic.ddp.dev", "expirationSeconds": 3600, "path": "token"}}]
-    mount = next(m for m in container["volumeMounts"] if m["name"] == builders.PROGRESS_TOKEN_VOLUME)
-    assert mount == {"name": builders.PROGRESS_TOKEN_VOLUME, "mountPath": builders.PROGRESS_TOKEN_DIR,
+    mount = next(m for m in container["volumeMounts"] if m["name"] == job_manifests.PROGRESS_TOKEN_VOLUME)
+    assert mount == {"name": job_manifests.PROGRESS_TOKEN_VOLUME, "mountPath": job_manifests.PROGRESS_TOKEN_DIR,
                      "readOnly": True}
     # No RBAC for the pod: the token is the pod's own service account's, bound to the pod.
     assert "serviceAccountName" not in pod["spec"]
-    plain = builders.worker_pod(JOB, spec(), index=0, generation=0)
+    plain = job_manifests.worker_pod(JOB, spec(), index=0, generation=0)
     plain_env = {e["name"]: e.get("value") for e in plain["spec"]["containers"][0]["env"]}
     assert plain_env[contract.PROGRESS_URL_ENV] == plain_env[contract.PROGRESS_TOKEN_ENV] == ""
-    assert builders.PROGRESS_TOKEN_VOLUME not in {v["name"] for v in plain["spec"]["volumes"]}
+    assert job_manifests.PROGRESS_TOKEN_VOLUME not in {v["name"] for v in plain["spec"]["volumes"]}
 
 
 def test_spare_pod_is_a_workers_pod_that_waits_outside_every_rendezvous():
     """Issue 25: a warm spare runs the worker's own command and env (DDPJOB_SPARE=1, no replica index until
     assigned), is the job's (controller ownerReference), has no index label, and prefers a node without
     the job's workers, after the user's own preferences."""
-    endpoint = builders.ProgressEndpoint("http://ddpjob-progress.ddpjob-system.svc:8090", "progress.elastic.ddp.dev")
+    endpoint = job_manifests.ProgressEndpoint("http://ddpjob-progress.ddpjob-system.svc:8090",
+                                              "progress.elastic.ddp.dev")
     mine = {"weight": 10, "podAffinityTerm": {"topologyKey": "zone", "labelSelector": {"matchLabels": {"a": "b"}}}}
     s = spec(template={"labels": {"team": "a"},
                        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [mine]}}})
-    worker = builders.worker_pod(JOB, s, index=0, generation=3, progress=endpoint)
-    spare = builders.spare_pod(JOB, s, serial=2, generation=3, progress=endpoint)
+    worker = job_manifests.worker_pod(JOB, s, index=0, generation=3, progress=endpoint)
+    spare = job_manifests.spare_pod(JOB, s, serial=2, generation=3, progress=endpoint)
     meta, pod_spec = spare["metadata"], spare["spec"]
     assert (meta["name"], pod_spec["hostname"]) == ("digits-spare-2", "digits-spare-2")
-    assert meta["labels"] == {"team": "a", builders.LABEL_JOB_NAME: "digits", builders.LABEL_JOB_UID: JOB.uid,
-                              builders.LABEL_ROLE: builders.ROLE_SPARE, builders.LABEL_GENERATION: "3",
-                              builders.LABEL_NNODES: "2-2", builders.LABEL_MANAGED_BY: "ddpjob-operator"}
-    assert builders.LABEL_REPLICA_INDEX not in meta["labels"]  # never selected as a worker of an index
+    assert meta["labels"] == {"team": "a", naming.LABEL_JOB_NAME: "digits", naming.LABEL_JOB_UID: JOB.uid,
+                              naming.LABEL_ROLE: naming.ROLE_SPARE, naming.LABEL_GENERATION: "3",
+                              naming.LABEL_NNODES: "2-2", naming.LABEL_MANAGED_BY: "ddpjob-operator"}
+    assert naming.LABEL_REPLICA_INDEX not in meta["labels"]  # never selected as a worker of an index
     assert meta["ownerReferences"] == worker["metadata"]["ownerReferences"]
     assert [r["controller"] for r in meta["ownerReferences"]] == [True]
     container, theirs = pod_spec["containers"][0], worker["spec"]["containers"][0]
@@ -703,9 +705,9 @@ def test_spare_pod_is_a_workers_pod_that_waits_outside_every_rendezvous():
     anti = pod_spec["affinity"]["podAntiAffinity"]
     assert anti == {"preferredDuringSchedulingIgnoredDuringExecution": [mine, {
         "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
-            "matchLabels": {builders.LABEL_JOB_NAME: "digits", builders.LABEL_ROLE: builders.ROLE_WORKER}}}}]}
+            "matchLabels": {naming.LABEL_JOB_NAME: "digits", naming.LABEL_ROLE: naming.ROLE_WORKER}}}}]}
     # The spec's own affinity is untouched: the next spare (and every worker) starts from it again.
-    assert builders.spare_pod(JOB, s, serial=3, generation=3)["spec"]["affinity"]["podAntiAffinity"] == anti
+    assert job_manifests.spare_pod(JOB, s, serial=3, generation=3)["spec"]["affinity"]["podAntiAffinity"] == anti
     assert worker["spec"]["affinity"]["podAntiAffinity"] == {"preferredDuringSchedulingIgnoredDuringExecution": [mine]}
 
 
@@ -715,9 +717,9 @@ def test_a_spare_is_ready_by_its_own_probe_not_the_trainers():
     would get an idle spare killed); a worker keeps all three."""
     theirs = {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10}
     s = spec(template={"trainer": {"readinessProbe": theirs, "livenessProbe": theirs, "startupProbe": theirs}})
-    worker = builders.worker_pod(JOB, s, index=0, generation=0)["spec"]["containers"][0]
+    worker = job_manifests.worker_pod(JOB, s, index=0, generation=0)["spec"]["containers"][0]
     assert worker["readinessProbe"] == worker["livenessProbe"] == worker["startupProbe"] == theirs
-    container = builders.spare_pod(JOB, s, serial=0, generation=0)["spec"]["containers"][0]
+    container = job_manifests.spare_pod(JOB, s, serial=0, generation=0)["spec"]["containers"][0]
     assert "livenessProbe" not in container and "startupProbe" not in container
-    mark = builders.spare_ready_file("digits-spare-0")
+    mark = job_manifests.spare_ready_file("digits-spare-0")
     assert container["readinessProbe"]["exec"] == {"command": ["test", "-f", mark]}

@@ -4,10 +4,10 @@ left out, the cluster's default class provisions a new, empty volume and the job
 import pytest
 import yaml
 
-from ddpjob_operator import builders, cli
+from ddpjob_operator import cli, job_manifests, naming
 from ddpjob_operator.validation import parse_job
 
-JOB = builders.JobRef("digits", "team-a", "0b9f6d0e-uid")
+JOB = naming.JobRef("digits", "team-a", "0b9f6d0e-uid")
 
 
 def manifest(claim_template: dict) -> dict:
@@ -24,7 +24,7 @@ def manifest(claim_template: dict) -> dict:
 ])
 def test_the_claim_keeps_an_empty_storage_class_and_omits_an_absent_one(template, expected):
     job = parse_job(manifest(template))
-    claim = builders.checkpoint_claim(JOB, job.spec)
+    claim = job_manifests.checkpoint_claim(JOB, job.spec)
     assert {k: v for k, v in claim["spec"].items() if k == "storageClassName"} == expected
 
 

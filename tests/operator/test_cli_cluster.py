@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ddpjob_operator import builders, cli, client
+from ddpjob_operator import cli, client, naming
 from ddpjob_operator.kube import Connection
 
 from .conftest import NAMESPACE, eventually
@@ -109,7 +109,7 @@ async def test_submit_watch_shows_the_job_live_until_it_succeeds(kubeconfig, har
     capsys.readouterr()
     run = asyncio.create_task(asyncio.to_thread(cli.main, ["submit", path, "--watch"]))
     await harness.wait_workers("fit", 2)
-    await eventually(lambda: harness.pods("fit", builders.ROLE_STORE), what="the store pod")
+    await eventually(lambda: harness.pods("fit", naming.ROLE_STORE), what="the store pod")
     await harness.run_all("fit")
     await harness.wait_phase("fit", "Running")
     for pod in harness.pods("fit"):
@@ -128,7 +128,7 @@ async def test_logs_suspend_resume_scale(kubeconfig, harness, operator, cluster,
     await harness.wait_workers("fit", 2)
     code, _, err = await ddpjob(capsys, "logs", "fit", "--rank", "1")
     assert code == 1 and "has no log yet" in err and "waiting to start" in err
-    await eventually(lambda: harness.pods("fit", builders.ROLE_STORE), what="the store pod")
+    await eventually(lambda: harness.pods("fit", naming.ROLE_STORE), what="the store pod")
     await harness.run_all("fit")
     await emulator.log(NAMESPACE, "fit-worker-1", "step 1 loss 2.0", "step 2 loss 1.0")
     code, out, _ = await ddpjob(capsys, "logs", "fit", "--rank", "1", "--tail", "1")

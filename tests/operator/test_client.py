@@ -21,7 +21,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from ddpjob_operator import builders, cli, client, function_job, model, validation
+from ddpjob_operator import cli, client, function_job, model, naming, validation
 from ddpjob_operator.kube import Connection
 
 from .conftest import NAMESPACE, eventually
@@ -133,7 +133,7 @@ async def test_no_cluster_is_a_message_not_a_traceback():
 async def start(api, harness, name: str = "fit", **spec: Any) -> client.Job:
     created = await call(api.create, manifest(name, **spec))
     await harness.wait_workers(name, (spec.get("replicas") or 2))
-    await eventually(lambda: harness.pods(name, builders.ROLE_STORE), what="the store pod")
+    await eventually(lambda: harness.pods(name, naming.ROLE_STORE), what="the store pod")
     await harness.run_all(name)
     return created
 
@@ -163,7 +163,7 @@ async def test_a_timeout_says_what_was_awaited_and_the_last_status(api, harness,
 async def test_a_job_that_fails_while_awaited_ends_the_wait_with_its_reason(api, harness, operator):
     await start(api, harness)
     await harness.wait_phase("fit", "Running")
-    await harness.exit(builders.worker_name("fit", 1), 1)  # a user error: Failed at once
+    await harness.exit(naming.worker_name("fit", 1), 1)  # a user error: Failed at once
     with pytest.raises(client.JobEnded) as raised:
         await call(api.wait, "fit", timeout=30)
     assert f"ddpjob {NAMESPACE}/fit ended Failed while waiting for it to reach phase Succeeded" in str(raised.value)
@@ -225,7 +225,7 @@ async def test_delete_removes_the_job_and_what_it_owns(api, harness, operator, c
     await start(api, harness)
     await call(api.delete, "fit", wait=True, timeout=30)
     assert stored(emulator, "fit") is None
-    await harness.settle("fit", lambda: not harness.pods("fit") and not harness.pods("fit", builders.ROLE_STORE),
+    await harness.settle("fit", lambda: not harness.pods("fit") and not harness.pods("fit", naming.ROLE_STORE),
                          what="the job's pods collected")
     with pytest.raises(client.JobNotFound):
         await call(api.delete, "fit")
@@ -253,7 +253,7 @@ async def test_follow_streams_across_a_replaced_pod_until_the_job_ends(api, harn
     emulator, _ = cluster
     await start(api, harness)
     await harness.wait_phase("fit", "Running")
-    worker = builders.worker_name("fit", 1)
+    worker = naming.worker_name("fit", 1)
     await emulator.log(NAMESPACE, worker, "first pod: step 1")
     lines: list[str] = []
 

@@ -10,7 +10,7 @@ import copy
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from ddpjob_operator import builders, validation
+from ddpjob_operator import naming, validation
 
 from ..api.test_fuzz import manifests
 from .conftest import NAMESPACE, eventually
@@ -48,7 +48,7 @@ async def test_every_accepted_manifest_is_reconciled_without_an_exception(harnes
 
     def reconciled(name: str) -> bool:
         status = harness.status(name)
-        return bool(status.get("phase")) and bool(harness.pods(name, builders.ROLE_STORE) or
+        return bool(status.get("phase")) and bool(harness.pods(name, naming.ROLE_STORE) or
                                                    status.get("phase") == "Failed")
 
     for doc in docs:

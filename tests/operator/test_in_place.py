@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from ddpjob_operator import builders
+from ddpjob_operator import naming
 
 from .conftest import eventually, passes
 from .test_scenarios import (NO_BACKOFF, PEER_LOST, assert_outcome, creations, deletions, nodes, operator,  # noqa: F401
@@ -42,7 +42,7 @@ async def test_a_killed_worker_is_replaced_and_the_survivors_keep_their_pods(har
     assert carried(status, 1) == (after["keep-worker-1"], 1)
     assert creations(harness, "keep") == {"keep-worker-0": 1, "keep-worker-1": 2, "keep-worker-2": 1, "keep-rdzv": 1}
     assert deletions(harness, "keep-worker-0") == [] and deletions(harness, "keep-worker-2") == []
-    assert harness.pods("keep")["keep-worker-1"]["metadata"]["labels"][builders.LABEL_GENERATION] == "1"
+    assert harness.pods("keep")["keep-worker-1"]["metadata"]["labels"][naming.LABEL_GENERATION] == "1"
 
 
 async def test_two_workers_killed_at_once_are_one_incident_and_two_new_pods(harness, operator, nodes):
@@ -85,7 +85,7 @@ async def test_a_failure_during_the_generation_change_is_charged_once_and_keeps_
     before = uids(harness, "change")
     await nodes.exit("change-worker-1", 137)
     await eventually(lambda: harness.pods("change").get("change-worker-1", {}).get("metadata", {}).get("labels", {})
-                     .get(builders.LABEL_GENERATION) == "1", what="the replacement of worker 1")
+                     .get(naming.LABEL_GENERATION) == "1", what="the replacement of worker 1")
     await nodes.start("change-worker-1")
     await nodes.exit("change-worker-1", 137)
     await nodes.generation_running("change", 2, 3)

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from ddpjob_operator import builders, decisions as d, model
+from ddpjob_operator import decisions as d, model, naming
 from ddpjob_operator.decisions.recovery import CLOCK_SKEW_SECONDS, FALLBACK_REASON_LIMIT, precise_time
 
 from .test_decisions import T0, failed, job, of, running_status, spec, w
@@ -131,7 +131,7 @@ def test_a_restart_says_why_and_counts_the_steps_trained_again():
 
 def test_a_warm_spare_taking_the_place_is_the_replacement():
     s = spec(replicas=3, failurePolicy={**POD, "spares": 1})
-    spare = d.WorkerObservation(index=-1, name=builders.spare_name("j", 0), generation=0, phase="Running",
+    spare = d.WorkerObservation(index=-1, name=naming.spare_name("j", 0), generation=0, phase="Running",
                                 ready=True, uid="spare-0")
     out = decide(job(s, running_status(ranks=ranks(3))),
                  observed(w(0), w(1), failed(2, 137), p=progress(0, 100), spares=(spare,)))

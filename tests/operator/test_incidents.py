@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from ddpjob_operator import builders, decisions as d, model
+from ddpjob_operator import decisions as d, job_manifests, launch, model, naming
 from ddpjob_operator.agent import contract
 
 from .test_decisions import STORE, T0, failed, job, of, running_status, seen, spec, w
@@ -123,8 +123,8 @@ def test_exit_143_after_a_graceful_delete_by_someone_else_is_a_disruption():
 
 
 def test_torchrun_never_restarts_in_place():
-    flags = dict(builders.torchrun_flags(spec(failurePolicy={"maxRestarts": 7}), endpoint="e:1", rdzv_id="r",
-                                         local_addr="a"))
+    flags = dict(launch.torchrun_flags(spec(failurePolicy={"maxRestarts": 7}), endpoint="e:1", rdzv_id="r",
+                                       local_addr="a"))
     assert flags["max-restarts"] == "0"
 
 
@@ -146,8 +146,8 @@ def test_every_agent_of_a_generation_agrees_on_nnodes_and_its_maximum_is_the_gen
     out = decide(job(s, running_status()), seen())
     assert of(out, d.CreateWorker) == [d.CreateWorker(i, 0, 0) for i in range(3)]
     for i in range(3):
-        pod = builders.worker_pod(builders.JobRef("j", "ns", "u"), s, index=i, generation=0)
-        assert pod["metadata"]["labels"][builders.LABEL_NNODES] == "2-3"
+        pod = job_manifests.worker_pod(naming.JobRef("j", "ns", "u"), s, index=i, generation=0)
+        assert pod["metadata"]["labels"][naming.LABEL_NNODES] == "2-3"
         assert "--nnodes=2:3" in pod["spec"]["containers"][0]["command"]
     # kubectl scale to 4: a new size is a new generation (graceful, not charged).
     grown = spec(replicas=4, minReplicas=2, maxReplicas=4)
@@ -246,9 +246,9 @@ def test_a_store_loss_in_the_same_pass_does_not_hide_a_user_error():
 
 
 def test_a_succeeded_job_with_an_unknown_status_key_stays_succeeded():
-    from ddpjob_operator import store
+    from ddpjob_operator import observations
     stored = running_status(phase="Succeeded", restarts=2).wire() | {"somethingNew": {"a": 1}}
-    status = store.parse_status(stored)
+    status = observations.parse_status(stored)
     assert status.phase == "Succeeded" and status.restarts == 2
     out = decide(job(spec(), status), seen())
     assert out.status.phase == "Succeeded" and not of(out, d.CreateWorker)

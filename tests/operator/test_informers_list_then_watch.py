@@ -20,7 +20,7 @@ import kmock
 import pytest
 import pytest_asyncio
 
-from ddpjob_operator import builders, kube, model, store
+from ddpjob_operator import job_manifests, kube, model, naming, observations
 from ddpjob_operator.handlers import Controller, JobView
 from ddpjob_operator.informer import POD_SELECTOR, Informer, PodIndex, PodView, indexed
 from ddpjob_operator.metrics import Metrics
@@ -29,20 +29,20 @@ from .conftest import FAST, NAMESPACE, Harness, OperatorProcess, assert_within_p
     started
 from .emulator import DDPJOBS, PODS, Cluster
 
-JOB_A = builders.JobRef("a", NAMESPACE, "uid-a")
-JOB_B = builders.JobRef("b", NAMESPACE, "uid-b")
+JOB_A = naming.JobRef("a", NAMESPACE, "uid-a")
+JOB_B = naming.JobRef("b", NAMESPACE, "uid-b")
 
 
-def pod(job: builders.JobRef, index: int, *, phase: str = "Pending", owner: builders.JobRef | None = None,
+def pod(job: naming.JobRef, index: int, *, phase: str = "Pending", owner: naming.JobRef | None = None,
         namespace: str = NAMESPACE) -> dict[str, Any]:
     """A worker pod of `job` as the operator makes it (labels and controller ownerReference), or, with
     `owner`, one that carries job's labels but is controlled by another object."""
-    labels = {**builders.job_labels(job), builders.LABEL_ROLE: builders.ROLE_WORKER,
-              builders.LABEL_REPLICA_INDEX: str(index), builders.LABEL_GENERATION: "0"}
+    labels = {**naming.job_labels(job), naming.LABEL_ROLE: naming.ROLE_WORKER,
+              naming.LABEL_REPLICA_INDEX: str(index), naming.LABEL_GENERATION: "0"}
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": builders.worker_name(job.name, index), "namespace": namespace, "uid": f"p-{index}",
-                         "labels": labels, "ownerReferences": [builders.owner_reference(owner or job)]},
-            "spec": {"containers": [{"name": builders.TRAINER_CONTAINER, "image": "trainer:1"}]},
+            "metadata": {"name": naming.worker_name(job.name, index), "namespace": namespace, "uid": f"p-{index}",
+                         "labels": labels, "ownerReferences": [job_manifests.owner_reference(owner or job)]},
+            "spec": {"containers": [{"name": naming.TRAINER_CONTAINER, "image": "trainer:1"}]},
             "status": {"phase": phase}}
 
 
@@ -115,8 +115,8 @@ class Rig:
     changes: list[str]
     watches: list[dict[str, str]]  # the parameters of every watch the informer started
     gate: asyncio.Event  # a watch starts only while it is set
-    a: builders.JobRef = JOB_A  # the DDPJobs stored (the garbage collector removes pods whose owner is not)
-    b: builders.JobRef = JOB_B
+    a: naming.JobRef = JOB_A  # the DDPJobs stored (the garbage collector removes pods whose owner is not)
+    b: naming.JobRef = JOB_B
     at_gate: int = 0  # watches waiting for the gate
 
     async def create(self, body: dict[str, Any]) -> None:
@@ -125,11 +125,11 @@ class Rig:
     async def write(self, name: str, status: dict[str, Any]) -> None:
         await self.cluster.write((PODS, NAMESPACE, name), {"status": status})
 
-    def phases(self, job: builders.JobRef) -> dict[str, str]:
+    def phases(self, job: naming.JobRef) -> dict[str, str]:
         return {p.name: p.phase for p in self.view.index.get((NAMESPACE, job.uid), ())}
 
-    def uid(self, job: builders.JobRef, index: int) -> str:
-        return self.cluster.get(PODS, NAMESPACE, builders.worker_name(job.name, index))["metadata"]["uid"]
+    def uid(self, job: naming.JobRef, index: int) -> str:
+        return self.cluster.get(PODS, NAMESPACE, naming.worker_name(job.name, index))["metadata"]["uid"]
 
 
 @pytest_asyncio.fixture()
@@ -146,7 +146,7 @@ async def rig(cluster: tuple[Cluster, str]) -> AsyncIterator[Rig]:
         job = await emulator.create(DDPJOBS, NAMESPACE, {
             "apiVersion": model.API_VERSION, "kind": model.KIND, "metadata": {"name": name},
             "spec": {"replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer"}})
-        setattr(rig, name, builders.JobRef(name, NAMESPACE, job["metadata"]["uid"]))
+        setattr(rig, name, naming.JobRef(name, NAMESPACE, job["metadata"]["uid"]))
     watch = api.watch
 
     async def gated_watch(kind: kube.Kind, namespace: str | None, params: dict[str, str],
@@ -334,7 +334,7 @@ def test_namespaces_listed_at_the_same_time_keep_their_listings_apart():
     interleave, and each listing replaces only its own namespace's pods."""
     changes: list[tuple[str, str]] = []
     view = PodView(lambda namespace, name: changes.append((namespace, name)))
-    job_b = builders.JobRef("b", "team-b", "uid-b")
+    job_b = naming.JobRef("b", "team-b", "uid-b")
     view.begin_listing(NAMESPACE)
     view.begin_listing("team-b")
     view.listed(NAMESPACE, pod(JOB_A, 0))
@@ -429,4 +429,4 @@ async def test_no_pass_runs_before_every_pod_is_listed_so_no_listed_job_is_taken
 def test_the_index_summaries_are_the_stores():
     """What a pass reads of a listed pod is store.summarize_pod's summary of it, nothing of its own."""
     body = pod(JOB_A, 3, phase="Running")
-    assert indexed(body)[3] == store.summarize_pod(body)
+    assert indexed(body)[3] == observations.summarize_pod(body)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator import builders
+from ddpjob_operator import job_manifests
 
 from .conftest import eventually, started
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 async def test_an_exception_in_one_jobs_reconcile_is_its_condition_and_event(harness, operator, monkeypatch):
-    real_worker_pod = builders.worker_pod
+    real_worker_pod = job_manifests.worker_pod
     broken = [True]
     calls: list[str] = []
 
@@ -23,7 +23,7 @@ async def test_an_exception_in_one_jobs_reconcile_is_its_condition_and_event(har
         if job.name == "boom" and broken[0]:
             raise OverflowError("cannot convert float infinity to integer")
         return real_worker_pod(job, *args, **kwargs)
-    monkeypatch.setattr(builders, "worker_pod", worker_pod)
+    monkeypatch.setattr(job_manifests, "worker_pod", worker_pod)
 
     await harness.apply("boom")
     cond = await eventually(lambda: (c := harness.condition("boom", "ReconcileError"))

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the launcher runs torchrun: the trainer's dependencies")
 import torch.distributed as dist  # noqa: E402
 
-from ddpjob_operator import builders, validation  # noqa: E402
+from ddpjob_operator import launch, validation  # noqa: E402
 from ddpjob_operator.agent import contract  # noqa: E402
 
 SCRIPT = "import os\nprint('RUN_ID=' + os.environ.get('TORCHELASTIC_RUN_ID', '-'), flush=True)\n"
@@ -31,13 +31,13 @@ def test_a_foreign_pet_standalone_is_ignored_and_the_operators_rendezvous_is_use
     spec = validation.parse_spec({"replicas": 1, "image": "t:1", "entrypoint": str(script),
                                   "failurePolicy": {"restartScope": "All"}})
     endpoint, rdzv_id = f"127.0.0.1:{store.port}", "uid-env-g0"
-    env = {**os.environ, **builders.worker_env(spec, job_name="env", namespace="local", index=0, generation=0,
-                                               endpoint=endpoint, rdzv_id=rdzv_id, local_addr="127.0.0.1",
-                                               master_addr="127.0.0.1"),
+    env = {**os.environ, **launch.worker_env(spec, job_name="env", namespace="local", index=0, generation=0,
+                                             endpoint=endpoint, rdzv_id=rdzv_id, local_addr="127.0.0.1",
+                                             master_addr="127.0.0.1"),
            "PET_STANDALONE": "1", "TORCHELASTIC_MAX_RESTARTS": "100",  # what an unprefixed envFrom could bring
            contract.TERMINATION_LOG_ENV: str(tmp_path / "termination-log")}
-    argv = builders.worker_command(spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr="127.0.0.1",
-                                   python=sys.executable)
+    argv = launch.worker_command(spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr="127.0.0.1",
+                                 python=sys.executable)
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"RUN_ID={rdzv_id}" in done.stdout, done.stdout  # standalone would have made up its own id

@@ -24,7 +24,7 @@ import pytest
 import pytest_asyncio
 from kmock._internal import rendering
 
-from ddpjob_operator import builders, kube, leader, settings
+from ddpjob_operator import kube, leader, naming, settings
 from ddpjob_operator.leader import Action, LeaseRecord, Timing, Verb, decide, fenced
 
 from ..support import wait_for
@@ -358,7 +358,7 @@ class Pair:
                                        failurePolicy={"maxRestarts": 3, "restartScope": "Pod",
                                                       "backoff": {"initialSeconds": 0, "maxSeconds": 1}})
         await self.harness.wait_workers(name, 2, timeout=20)
-        await eventually(lambda: self.harness.pods(name, builders.ROLE_STORE), 20, "the store pod")
+        await eventually(lambda: self.harness.pods(name, naming.ROLE_STORE), 20, "the store pod")
         await self.harness.run_all(name)
         await self.harness.wait_phase(name, "Running", timeout=20)
         return job
@@ -392,16 +392,16 @@ def writes(requests: list[Request]) -> list[Request]:
 
 
 async def fail_worker(pair: Pair, job: str, index: int) -> float:
-    await pair.emulator.kubelet_exit(NAMESPACE, builders.worker_name(job, index), 137)
+    await pair.emulator.kubelet_exit(NAMESPACE, naming.worker_name(job, index), 137)
     return time.monotonic()
 
 
 async def wait_replaced(pair: Pair, job: str, index: int, timeout: float) -> float:
-    name = builders.worker_name(job, index)
+    name = naming.worker_name(job, index)
 
     def replaced() -> bool:
         pod = pair.emulator.get(PODS, NAMESPACE, name)
-        return bool(pod) and pod["metadata"]["labels"].get(builders.LABEL_ATTEMPT) == "1"
+        return bool(pod) and pod["metadata"]["labels"].get(naming.LABEL_ATTEMPT) == "1"
 
     await eventually(replaced, timeout, f"{name} replaced (attempt 1)")
     return pair.emulator.created[(NAMESPACE, name)]

@@ -9,7 +9,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
-from ddpjob_operator import builders, model, validation
+from ddpjob_operator import job_manifests, model, naming, validation
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -65,10 +65,10 @@ def _variants(job: model.DDPJob):
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_every_created_object_matches_the_kubernetes_schema(path):
     job = validation.load_jobs(path)[0]
-    ref = builders.JobRef(job.metadata.name, "team-a", "0b6f1f0e-8d6c-4a53-9d1e-3f5a2b7c9d10")
+    ref = naming.JobRef(job.metadata.name, "team-a", "0b6f1f0e-8d6c-4a53-9d1e-3f5a2b7c9d10")
     checked = 0
     for spec in _variants(job):
-        for manifest in builders.all_manifests(ref, spec):
+        for manifest in job_manifests.all_manifests(ref, spec):
             if manifest["kind"] == "PodGroup":
                 continue  # not a Kubernetes kind: checked below against the schedulers' own fields
             kubernetes_validate.validate(manifest, VERSION, strict=True)
@@ -88,7 +88,7 @@ def test_pod_groups_have_only_their_schedulers_fields(gang):
     policy = {"gangScheduler": gang, **({"queue": "q", "priorityClass": "p"} if gang == "Volcano"
                                         else {"scheduleTimeoutSeconds": 30})}
     spec = model.DDPJobSpec.model_validate({**job.spec.wire(), "runPolicy": {"schedulingPolicy": policy}})
-    group = builders.pod_group(builders.JobRef("j", "ns", "uid"), spec)
+    group = job_manifests.pod_group(naming.JobRef("j", "ns", "uid"), spec)
     assert set(group["spec"]) <= POD_GROUP_FIELDS[group["apiVersion"]]
     assert isinstance(group["spec"]["minMember"], int)
     assert all(isinstance(v, str) for v in group["spec"]["minResources"].values())

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from ddpjob_operator import builders, model
+from ddpjob_operator import model, naming
 
 from .conftest import NAMESPACE, eventually, passes, reconcile_passes, started
 from .emulator import DDPJOBS, PODS
@@ -21,7 +21,7 @@ async def test_create_makes_services_store_and_workers(harness, operator):
     uid = job["metadata"]["uid"]
     workers = await harness.wait_workers("digits", 2)
     assert set(workers) == {"digits-worker-0", "digits-worker-1"}
-    store = harness.pods("digits", builders.ROLE_STORE)
+    store = harness.pods("digits", naming.ROLE_STORE)
     assert set(store) == {"digits-rdzv"}
     for pod in list(workers.values()) + list(store.values()):
         assert pod["metadata"]["ownerReferences"][0]["uid"] == uid
@@ -43,13 +43,13 @@ async def test_retryable_failure_replaces_only_that_rank(harness, operator):
     survivor_uid = harness.pods("pod-scope")["pod-scope-worker-0"]["metadata"]["uid"]
     await harness.exit("pod-scope-worker-1", 137, "OOMKilled")
     await eventually(lambda: harness.pods("pod-scope").get("pod-scope-worker-1", {}).get("metadata", {})
-                     .get("labels", {}).get(builders.LABEL_ATTEMPT) == "1", what="the replacement")
+                     .get("labels", {}).get(naming.LABEL_ATTEMPT) == "1", what="the replacement")
     assert harness.pods("pod-scope")["pod-scope-worker-0"]["metadata"]["uid"] == survivor_uid
     status = harness.status("pod-scope")
     # A fresh generation, which the survivor (same pod) joins in place: the status names it by uid.
     assert status["restarts"] == 1 and status["generation"] == 1
     assert (status["ranks"][0]["uid"], status["ranks"][0]["generation"]) == (survivor_uid, 1)
-    assert harness.pods("pod-scope")["pod-scope-worker-1"]["metadata"]["labels"][builders.LABEL_GENERATION] == "1"
+    assert harness.pods("pod-scope")["pod-scope-worker-1"]["metadata"]["labels"][naming.LABEL_GENERATION] == "1"
     rank = status["ranks"][1]
     assert rank["restarts"] == 1 and rank["lastExitCode"] == 137 and rank["lastReason"] == "OOMKilled"
     await harness.run("pod-scope-worker-1")
@@ -72,7 +72,7 @@ async def test_permanent_failure_fails_the_job(harness, operator):
     assert status["completionTime"] and status["restarts"] == 0
     # cleanPodPolicy Running: the running worker and the store are stopped, the failed pod is kept.
     await harness.settle("user-error", lambda: set(harness.pods("user-error")) == {"user-error-worker-1"}
-                         and harness.pods("user-error", builders.ROLE_STORE) == {}, what="cleanup")
+                         and harness.pods("user-error", naming.ROLE_STORE) == {}, what="cleanup")
     await eventually(lambda: any(e["type"] == "Warning" and "Failed" in e["message"] and message in e["message"]
                                  for e in harness.events("user-error")), what="a Failed event")
 
@@ -89,7 +89,7 @@ async def test_a_worker_that_cannot_pull_its_image_fails_the_job(harness, operat
     await harness.apply("typo", image="trainer:does-not-exist")
     await harness.wait_workers("typo", 2)
     await harness.set_status("typo-worker-0", {"phase": "Pending", "containerStatuses": [
-        {"name": builders.TRAINER_CONTAINER, "state": {"waiting": {
+        {"name": naming.TRAINER_CONTAINER, "state": {"waiting": {
             "reason": "ImagePullBackOff", "message": 'Back-off pulling image "trainer:does-not-exist"'}}}]})
     await harness.wait_phase("typo", "Failed", timeout=8)
     failed = harness.condition("typo", "Failed")
@@ -105,7 +105,7 @@ async def test_success_stops_the_rest_and_honours_ttl(harness, operator):
     status = await harness.wait_phase("done", "Succeeded")
     assert status["completionTime"]
     await eventually(lambda: harness.job("done") is None, what="TTL deletion")
-    await harness.settle("done", lambda: not harness.pods("done") and not harness.pods("done", builders.ROLE_STORE),
+    await harness.settle("done", lambda: not harness.pods("done") and not harness.pods("done", naming.ROLE_STORE),
                          what="garbage collection (running pods are deleted gracefully)")
     # The operator stopped the running worker 1 before the TTL deleted the job (the API server's order:
     # resourceVersions), not the garbage collector after it; the succeeded worker 0 was left to the TTL.
@@ -130,7 +130,7 @@ async def test_the_heartbeat_refreshes_last_reconcile_time_and_leaves_finished_j
     for i in range(2):
         await harness.exit(f"beat-worker-{i}", 0)
     await harness.wait_phase("beat", "Succeeded")
-    await harness.settle("beat", lambda: not harness.pods("beat", builders.ROLE_STORE), what="the store stopped")
+    await harness.settle("beat", lambda: not harness.pods("beat", naming.ROLE_STORE), what="the store stopped")
     final, writes = harness.status("beat"), harness.cluster.call_counts[STATUS_WRITE]
     # Reconciled again and again (the 0.5 s resync), more than heartbeat_seconds: the final status stays.
     passes = reconcile_passes(operator)
@@ -145,7 +145,7 @@ def _ready(ready: bool) -> dict:
     """A running pod's status as its kubelet writes it, Ready or not (a failing readiness probe)."""
     return {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
             "containerStatuses": [{"name": c, "state": {"running": {"startedAt": "2026-11-22T00:00:00Z"}}}
-                                  for c in (builders.TRAINER_CONTAINER, builders.STORE_CONTAINER)]}
+                                  for c in (naming.TRAINER_CONTAINER, naming.STORE_CONTAINER)]}
 
 
 async def _idle(operator, harness, name: str) -> bool:
@@ -226,13 +226,13 @@ async def test_stuck_terminating_pod_is_force_deleted_and_replaced(harness, oper
 async def test_deleting_the_job_removes_everything_and_nothing_comes_back(harness, operator):
     await started(harness, "doomed")
     await harness.delete_job("doomed")
-    await harness.settle("doomed", lambda: not harness.pods("doomed") and not harness.pods("doomed", builders.ROLE_STORE),
+    await harness.settle("doomed", lambda: not harness.pods("doomed") and not harness.pods("doomed", naming.ROLE_STORE),
                          what="garbage collection (running pods are deleted gracefully)")
     # The operator forgot the job (its DELETED event) and runs nothing: it cannot recreate anything.
     async def forgotten() -> bool:
         return operator.controller.cache.get((NAMESPACE, "doomed")) is None and operator.controller.queue.idle()
     await eventually(forgotten, what="the operator to forget the job")
-    assert not harness.pods("doomed") and not harness.pods("doomed", builders.ROLE_STORE)
+    assert not harness.pods("doomed") and not harness.pods("doomed", naming.ROLE_STORE)
 
 
 async def test_recreating_a_job_while_its_predecessors_pods_terminate_waits_for_them(harness, operator):
@@ -257,7 +257,7 @@ async def test_recreating_a_job_while_its_predecessors_pods_terminate_waits_for_
     await harness.finish_terminating("again")  # the kubelet confirms: the names are free
     workers = await harness.wait_workers("again", 2)
     assert {p["metadata"]["ownerReferences"][0]["uid"] for p in workers.values()} == {new["metadata"]["uid"]}
-    await eventually(lambda: harness.pods("again", builders.ROLE_STORE), what="the new store")
+    await eventually(lambda: harness.pods("again", naming.ROLE_STORE), what="the new store")
     await harness.run_all("again")
     status = await harness.wait_phase("again", "Running")
     assert status["restarts"] == 0 and harness.condition("again", "Failed") is None
@@ -274,7 +274,7 @@ async def test_invalid_stored_spec_fails_without_pods(harness, operator):
     failed = harness.condition("broken", "Failed")
     assert failed["reason"] == "InvalidSpec" and "spec.minReplicas" in failed["message"]
     await passes(operator)
-    assert harness.pods("broken") == {} and harness.pods("broken", builders.ROLE_STORE) == {}
+    assert harness.pods("broken") == {} and harness.pods("broken", naming.ROLE_STORE) == {}
 
 
 # test_scenarios' test_operator_killed_*: the operator dies mid-pass, after its charge is on record; this one:
@@ -292,7 +292,7 @@ async def test_operator_restart_mid_job_duplicates_nothing_and_loses_nothing(har
     assert set(pods) == {"survivor-worker-0", "survivor-worker-1"}
     assert pods["survivor-worker-0"]["metadata"]["uid"] == before["survivor-worker-0"]
     assert harness.status("survivor")["restarts"] == 1 and harness.status("survivor")["generation"] == 1
-    assert len(harness.pods("survivor", builders.ROLE_STORE)) == 1
+    assert len(harness.pods("survivor", naming.ROLE_STORE)) == 1
 
 
 async def test_a_name_held_by_another_object_fails_the_job_naming_it(harness, operator):
@@ -313,7 +313,7 @@ async def test_a_volume_that_cannot_be_mounted_fails_the_job_with_the_kubelets_w
     await harness.apply("mountless", replicas=1)
     pod = (await harness.wait_workers("mountless", 1))["mountless-worker-0"]
     await harness.set_status("mountless-worker-0", {"phase": "Pending", "startTime": "2026-01-01T00:00:00Z",
-                                                    "containerStatuses": [{"name": builders.TRAINER_CONTAINER,
+                                                    "containerStatuses": [{"name": naming.TRAINER_CONTAINER,
                                                                            "state": {"waiting": {
                                                                                "reason": "ContainerCreating"}}}]})
     code, body = await harness.request("POST", f"/api/v1/namespaces/{NAMESPACE}/events", {

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import aiohttp
 import pytest
 
-from ddpjob_operator import builders, model, progress, store
+from ddpjob_operator import model, naming, observations, progress
 from ddpjob_operator.settings import AUTO_PORT
 
 from .conftest import FAST, NAMESPACE, eventually, operator_fixture, started
@@ -22,17 +22,17 @@ operator = operator_fixture(replace(FAST, progress_port=AUTO_PORT, progress_writ
                                     progress_url="http://ddpjob-progress.ddpjob-system.svc:8090"))
 
 
-def impostor(job: dict, name: str, role: str = builders.ROLE_WORKER, owner: dict | None = None) -> dict:
+def impostor(job: dict, name: str, role: str = naming.ROLE_WORKER, owner: dict | None = None) -> dict:
     """A plain Pod carrying every label of the job's worker 0 (or its store)."""
     meta = job["metadata"]
-    labels = {builders.LABEL_MANAGED_BY: builders.MANAGED_BY, builders.LABEL_JOB_UID: meta["uid"],
-              builders.LABEL_JOB_NAME: meta["name"], builders.LABEL_ROLE: role,
-              builders.LABEL_REPLICA_INDEX: "0", builders.LABEL_GENERATION: "0", builders.LABEL_ATTEMPT: "0"}
+    labels = {naming.LABEL_MANAGED_BY: naming.MANAGED_BY, naming.LABEL_JOB_UID: meta["uid"],
+              naming.LABEL_JOB_NAME: meta["name"], naming.LABEL_ROLE: role,
+              naming.LABEL_REPLICA_INDEX: "0", naming.LABEL_GENERATION: "0", naming.LABEL_ATTEMPT: "0"}
     metadata = {"name": name, "namespace": NAMESPACE, "labels": labels}
     if owner is not None:
         metadata["ownerReferences"] = [owner]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
-            "spec": {"containers": [{"name": builders.TRAINER_CONTAINER, "image": "evil:1"}]}}
+            "spec": {"containers": [{"name": naming.TRAINER_CONTAINER, "image": "evil:1"}]}}
 
 
 async def test_a_pod_the_operator_did_not_create_is_never_a_worker(harness, operator):
@@ -74,29 +74,29 @@ async def test_a_pod_the_operator_did_not_create_is_never_a_worker(harness, oper
     assert {"plain", "adopted"} <= {p["metadata"]["name"] for p in harness.cluster.live(PODS, NAMESPACE)}
 
 
-def summary(name: str, role: str, owner: str, phase: str = "Running") -> store.PodSummary:
-    return store.PodSummary(name=name, uid=f"uid-{name}", role=role, index=0, generation=0, attempt=0, phase=phase,
-                            ready=phase == "Running", exit_code=None, reason=None, message=None, disruption=False,
-                            terminating_since=None, node=None, started_at=None, finished_at=None,
-                            controller_uid=owner)
+def summary(name: str, role: str, owner: str, phase: str = "Running") -> observations.PodSummary:
+    return observations.PodSummary(name=name, uid=f"uid-{name}", role=role, index=0, generation=0, attempt=0,
+                                   phase=phase, ready=phase == "Running", exit_code=None, reason=None, message=None,
+                                   disruption=False, terminating_since=None, node=None, started_at=None,
+                                   finished_at=None, controller_uid=owner)
 
 
 def test_observations_and_the_progress_lookup_take_only_controlled_pods():
     now = datetime(2026, 11, 25, tzinfo=timezone.utc)
-    pods = (summary("job-worker-0", builders.ROLE_WORKER, "job-uid"),
-            summary("job-rdzv", builders.ROLE_STORE, "job-uid"),
-            summary("fake-worker", builders.ROLE_WORKER, ""),
-            summary("fake-store", builders.ROLE_STORE, "other", phase="Failed"))
-    observed = store.observe(pods, now, job_uid="job-uid")
+    pods = (summary("job-worker-0", naming.ROLE_WORKER, "job-uid"),
+            summary("job-rdzv", naming.ROLE_STORE, "job-uid"),
+            summary("fake-worker", naming.ROLE_WORKER, ""),
+            summary("fake-store", naming.ROLE_STORE, "other", phase="Failed"))
+    observed = observations.observe(pods, now, job_uid="job-uid")
     assert [w.name for w in observed.workers] == ["job-worker-0"]
     assert observed.store is not None and observed.store.phase == "Running"  # not the failed impostor store
     jobs = {("ns", "job"): {"metadata": {"uid": "job-uid"}}}
     index = {("ns", "job-uid"): pods}
     find = lambda name: progress.find_worker_in(index, jobs, "ns", "job", progress.Identity("ns", name, f"uid-{name}"),
-                                                builders.ROLE_WORKER)  # noqa: E731
+                                                naming.ROLE_WORKER)  # noqa: E731
     assert find("job-worker-0") is not None and find("fake-worker") is None
     body = {"metadata": {"name": "p", "labels": {}, "ownerReferences": [
         {"apiVersion": model.API_VERSION, "kind": model.KIND, "name": "job", "uid": "job-uid", "controller": True}]}}
-    assert store.summarize_pod(body).controller_uid == "job-uid"
+    assert observations.summarize_pod(body).controller_uid == "job-uid"
     body["metadata"]["ownerReferences"][0]["kind"] = "Job"
-    assert store.summarize_pod(body).controller_uid == ""
+    assert observations.summarize_pod(body).controller_uid == ""

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from ddpjob_operator import builders
+from ddpjob_operator import naming
 from ddpjob_operator.agent import contract
 from ddpjob_operator import progress as progress_module
 
@@ -197,7 +197,7 @@ async def test_a_hung_rank_stalls_restarts_and_is_charged_once(harness, operator
                                  for e in harness.events("hang")), what="the Stalled Warning event")
     # The whole gang is replaced in generation 1; the old pods were deleted gracefully.
     await harness.settle("hang", lambda: len(harness.pods("hang")) == 2 and all(
-        p["metadata"]["labels"][builders.LABEL_GENERATION] == "1" for p in harness.pods("hang").values()),
+        p["metadata"]["labels"][naming.LABEL_GENERATION] == "1" for p in harness.pods("hang").values()),
         what="generation 1 workers")
     await harness.run_all("hang")
     await harness.wait_phase("hang", "Running")

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ddpjob_operator import builders, progress
+from ddpjob_operator import naming, progress
 
 from .conftest import FAST, eventually
 from .emulator import DDPJOBS
@@ -174,7 +174,7 @@ async def test_progress_follows_a_promoted_spare_through_two_promotions(harness,
         assert harness.condition("follow", "SpareTakingOver")["reason"] == "SpareJoined"
 
         # The refilled spare takes the survivor's place in generation 2; the first spare is carried along.
-        await eventually(lambda: "follow-spare-1" in harness.pods("follow", builders.ROLE_SPARE), what="the refill")
+        await eventually(lambda: "follow-spare-1" in harness.pods("follow", naming.ROLE_SPARE), what="the refill")
         await nodes.start("follow-spare-1")
         await eventually(lambda: harness.status("follow").get("readySpares") == 1, what="the refill ready")
         # A later failure, not one more exit of the first incident (those join it within its settle time).

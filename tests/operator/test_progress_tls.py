@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from ddpjob_operator import builders, model, progress, settings
+from ddpjob_operator import job_manifests, model, naming, progress, settings
 from ddpjob_operator.agent import contract
 
 from .conftest import eventually
@@ -100,14 +100,15 @@ async def test_https_endpoint_the_client_verifies_with_the_ca_and_a_renewed_cert
 
 def test_worker_pods_get_the_ca_and_settings_keep_https_consistent(tmp_path):
     ca = trustme.CA().cert_pem.bytes().decode().strip()
-    endpoint = builders.ProgressEndpoint("https://ddpjob-operator-progress.ddpjob-system.svc:8090",
-                                         progress.DEFAULT_AUDIENCE, ca)
+    endpoint = job_manifests.ProgressEndpoint("https://ddpjob-operator-progress.ddpjob-system.svc:8090",
+                                              progress.DEFAULT_AUDIENCE, ca)
     spec = model.DDPJobSpec.model_validate({"replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer"})
-    pod = builders.worker_pod(builders.JobRef("job", "ns", "uid"), spec, index=0, generation=0, progress=endpoint)
+    pod = job_manifests.worker_pod(naming.JobRef("job", "ns", "uid"), spec, index=0, generation=0, progress=endpoint)
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env[contract.PROGRESS_CA_ENV] == ca and env[contract.PROGRESS_URL_ENV].startswith("https://")
-    plain = builders.worker_pod(builders.JobRef("job", "ns", "uid"), spec, index=0, generation=0,
-                                progress=builders.ProgressEndpoint("http://x:8090", progress.DEFAULT_AUDIENCE))
+    plain_endpoint = job_manifests.ProgressEndpoint("http://x:8090", progress.DEFAULT_AUDIENCE)
+    plain = job_manifests.worker_pod(naming.JobRef("job", "ns", "uid"), spec, index=0, generation=0,
+                                     progress=plain_endpoint)
     # No CA over plain HTTP: "" (off), explicit so that an envFrom cannot give one.
     assert {e["name"]: e.get("value") for e in plain["spec"]["containers"][0]["env"]}[contract.PROGRESS_CA_ENV] == ""
     env_vars = {"DDPJOB_OPERATOR_PROGRESS_TLS_CERT_FILE": "/tls/tls.crt", "DDPJOB_OPERATOR_PROGRESS_TLS_KEY_FILE":

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator, Iterator, Mapping
 
 import pytest_asyncio
 
-from ddpjob_operator import builders
+from ddpjob_operator import naming
 from ddpjob_operator.job_cache import JobKey
 from ddpjob_operator.reconciler import CONDITION_RECONCILE_ERROR, REASON_RECONCILE_ERROR
 
@@ -52,7 +52,7 @@ async def test_a_pass_writes_the_decided_status_and_creates_the_decided_pods(har
     status = harness.status("handed")
     assert status["phase"] == "Pending" and status["observedGeneration"] == 1 and status["lastReconcileTime"]
     assert set(harness.pods("handed")) == {"handed-worker-0", "handed-worker-1"}
-    assert set(harness.pods("handed", builders.ROLE_STORE)) == {"handed-rdzv"}
+    assert set(harness.pods("handed", naming.ROLE_STORE)) == {"handed-rdzv"}
     uid = harness.job("handed")["metadata"]["uid"]
     assert rig.cache.written[uid].wire() == status  # the write is remembered: its echo is no news
     assert rig.cache.saw(key, harness.job("handed")).needs_pass is False

@@ -24,7 +24,7 @@ import kmock
 import pytest
 import pytest_asyncio
 
-from ddpjob_operator import builders, model
+from ddpjob_operator import model, naming
 from ddpjob_operator.agent import contract
 
 from . import conftest
@@ -66,12 +66,12 @@ class Nodes:
 
     def node_for(self, pod: dict[str, Any]) -> str:
         labels = pod["metadata"]["labels"]
-        if labels.get(builders.LABEL_ROLE) == builders.ROLE_STORE:
+        if labels.get(naming.LABEL_ROLE) == naming.ROLE_STORE:
             node = STORE_NODE
-        elif labels.get(builders.LABEL_ROLE) == builders.ROLE_SPARE:
+        elif labels.get(naming.LABEL_ROLE) == naming.ROLE_SPARE:
             node = "node-3"  # off the workers' nodes, as its preferred anti-affinity asks
         else:
-            node = f"node-{labels[builders.LABEL_REPLICA_INDEX]}"
+            node = f"node-{labels[naming.LABEL_REPLICA_INDEX]}"
         return SPARE_NODE if node in self.c._unreachable else node
 
     async def start(self, *names: str) -> None:
@@ -84,7 +84,7 @@ class Nodes:
 
     def waiting(self, job: str) -> list[str]:
         """Pods of the job that no kubelet runs yet (and that are not being deleted)."""
-        pods = {**self.h.pods(job), **self.h.pods(job, builders.ROLE_STORE)}
+        pods = {**self.h.pods(job), **self.h.pods(job, naming.ROLE_STORE)}
         return sorted(n for n, p in pods.items() if not p["spec"].get("nodeName")
                       and not p["metadata"].get("deletionTimestamp"))
 
@@ -99,7 +99,7 @@ class Nodes:
     async def confirm(self, job: str) -> list[str]:
         """Each reachable kubelet completes the graceful deletions of its pods (SIGTERM -> 143)."""
         done = []
-        for role in (builders.ROLE_WORKER, builders.ROLE_STORE):
+        for role in (naming.ROLE_WORKER, naming.ROLE_STORE):
             for name, pod in self.h.pods(job, role).items():
                 if not pod["metadata"].get("deletionTimestamp"):
                     continue
@@ -118,7 +118,7 @@ class Nodes:
         for the job to be Running."""
         await self.h.settle(job, lambda: self.workers_of(job, generation) == replicas and not [
             p for p in self.h.pods(job).values() if self.served(job, p) != generation]
-            and self.h.pods(job, builders.ROLE_STORE), timeout, f"{replicas} workers of generation {generation}",
+            and self.h.pods(job, naming.ROLE_STORE), timeout, f"{replicas} workers of generation {generation}",
             confirm=self.confirm)
         await self.start_all(job)
         await self.h.wait_phase(job, "Running", timeout)
@@ -126,8 +126,8 @@ class Nodes:
     def served(self, job: str, pod: dict[str, Any]) -> int:
         """The generation a pod serves: its label's, or the later one the operator carried its survivor
         into (status.ranks[].uid and .generation: its agent joins that one in place)."""
-        label = int(pod["metadata"]["labels"][builders.LABEL_GENERATION])
-        index = int(pod["metadata"]["labels"][builders.LABEL_REPLICA_INDEX])
+        label = int(pod["metadata"]["labels"][naming.LABEL_GENERATION])
+        index = int(pod["metadata"]["labels"][naming.LABEL_REPLICA_INDEX])
         for rank in self.h.status(job).get("ranks", []):
             if rank["index"] == index and rank.get("uid") == pod["metadata"]["uid"] and rank.get("generation"):
                 return max(label, rank["generation"])
@@ -158,7 +158,7 @@ def creations(harness: Harness, job: str) -> collections.Counter[str]:
     """How many times each pod name of the job was created (every ADDED the API server stored)."""
     return collections.Counter(c.obj["metadata"]["name"] for c in harness.cluster._history[PODS]
                                if c.type == "ADDED" and c.obj["metadata"].get("labels", {})
-                               .get(builders.LABEL_JOB_NAME) == job)
+                               .get(naming.LABEL_JOB_NAME) == job)
 
 
 def deletions(harness: Harness, name: str) -> list[int | None]:
@@ -450,8 +450,8 @@ async def test_node_lost_with_the_store_on_it_moves_on_at_once(harness, operator
     wait DDPJOB_OPERATOR_STUCK_TERMINATING_SECONDS, 300 s, with the job Restarting), and a fresh store
     serves the next generation. Nothing is charged."""
     await started(harness, nodes, "both", failurePolicy={"maxRestarts": 0, **NO_BACKOFF})
-    store = builders.store_pod_name("both")
-    old_store = harness.pods("both", builders.ROLE_STORE)[store]["metadata"]["uid"]
+    store = naming.store_pod_name("both")
+    old_store = harness.pods("both", naming.ROLE_STORE)[store]["metadata"]["uid"]
     await harness.cluster.node_down("node-1")
     await harness.cluster.node_down(STORE_NODE)
     await nodes.exit("both-worker-0", 1, PEER_SILENT)
@@ -459,7 +459,7 @@ async def test_node_lost_with_the_store_on_it_moves_on_at_once(harness, operator
     await harness.cluster.taint_manager_evict(NS, "both-worker-1")
     await eventually(lambda: harness.status("both").get("generation") == 1, what="generation 1")
     # Force-deleted because its node is lost, not after DDPJOB_OPERATOR_STUCK_TERMINATING_SECONDS (300 s).
-    await eventually(lambda: harness.pods("both", builders.ROLE_STORE).get(store, {}).get("metadata", {})
+    await eventually(lambda: harness.pods("both", naming.ROLE_STORE).get(store, {}).get("metadata", {})
                      .get("uid") not in (None, old_store), timeout=30, what="a fresh store pod")
     assert grace_marks(harness, store)[-1] == 0  # force-deleted: no kubelet answers for its node
     await nodes.generation_running("both", 1, 2)
@@ -513,7 +513,7 @@ async def test_scale_up_restarts_every_worker_gracefully_at_the_new_size(harness
     assert_outcome(harness, "grow", phase="Running", reason="Running", restarts=0, disruptions=0, generation=1,
                    incident=("NodeRangeChanged", False, [0, 1]))
     assert {i: deletions(harness, f"grow-worker-{i}") for i in range(2)} == {0: [60], 1: [60]}
-    assert {p["metadata"]["labels"][builders.LABEL_NNODES] for p in harness.pods("grow").values()} == {"1-3"}
+    assert {p["metadata"]["labels"][naming.LABEL_NNODES] for p in harness.pods("grow").values()} == {"1-3"}
     assert creations(harness, "grow") == {"grow-worker-0": 2, "grow-worker-1": 2, "grow-worker-2": 1,
                                           "grow-rdzv": 1}
 
@@ -528,7 +528,7 @@ async def test_scale_down_stops_every_worker_gracefully_for_a_new_generation(har
                    incident=("ScaleDown", False, [0, 1, 2]))
     assert {i: deletions(harness, f"shrink-worker-{i}") for i in range(3)} == {0: [60], 1: [60], 2: [60]}
     assert set(harness.pods("shrink")) == {"shrink-worker-0"}
-    assert harness.pods("shrink")["shrink-worker-0"]["metadata"]["labels"][builders.LABEL_NNODES] == "1-1"
+    assert harness.pods("shrink")["shrink-worker-0"]["metadata"]["labels"][naming.LABEL_NNODES] == "1-1"
     # Outside [minReplicas, maxReplicas] the scale subresource refuses: nothing changes.
     for bad in (0, 5):
         code, body = await harness.scale("shrink", bad)
@@ -546,14 +546,14 @@ async def test_scaling_a_static_job_starts_a_new_generation(harness, operator, n
                    incident=("NodeRangeChanged", False, [0, 1]))
     assert {i: deletions(harness, f"static-worker-{i}") for i in range(2)} == {0: [60], 1: [60]}
     for pod in harness.pods("static").values():
-        assert pod["metadata"]["labels"][builders.LABEL_NNODES] == "3-3"
+        assert pod["metadata"]["labels"][naming.LABEL_NNODES] == "3-3"
 
 
 async def test_suspend_then_resume(harness, operator, nodes):
     await started(harness, nodes, "nap", checkpoint={"claimTemplate": {"size": "1Gi"}})
     await harness.patch_spec("nap", {"runPolicy": {"suspend": True}})
     await harness.wait_phase("nap", "Suspended")
-    await harness.settle("nap", lambda: not harness.pods("nap") and not harness.pods("nap", builders.ROLE_STORE),
+    await harness.settle("nap", lambda: not harness.pods("nap") and not harness.pods("nap", naming.ROLE_STORE),
                          what="every pod stopped", confirm=nodes.confirm)
     assert_outcome(harness, "nap", phase="Suspended", reason="Suspended", restarts=0, disruptions=0, generation=1,
                    incident=None)
@@ -573,7 +573,7 @@ async def test_suspend_then_resume(harness, operator, nodes):
 async def test_unschedulable_worker_is_shown_and_nothing_is_charged(harness, operator, nodes):
     await harness.apply("queued")
     await harness.wait_workers("queued", 2)
-    await eventually(lambda: harness.pods("queued", builders.ROLE_STORE), what="the store pod")
+    await eventually(lambda: harness.pods("queued", naming.ROLE_STORE), what="the store pod")
     await nodes.start("queued-rdzv", "queued-worker-0")
     await harness.cluster.unschedulable(NS, "queued-worker-1", UNSCHEDULABLE)
     unschedulable = time.monotonic()  # its PodScheduled condition's time (whole seconds) is no later
@@ -603,7 +603,7 @@ async def test_unschedulable_worker_is_shown_and_nothing_is_charged(harness, ope
 async def test_missing_claim_fails_with_volume_unavailable(harness, operator, nodes):
     await harness.apply("noclaim", checkpoint={"claimName": "ckpt"})
     await harness.wait_workers("noclaim", 2)
-    await eventually(lambda: harness.pods("noclaim", builders.ROLE_STORE), what="the store pod")
+    await eventually(lambda: harness.pods("noclaim", naming.ROLE_STORE), what="the store pod")
     await nodes.start("noclaim-rdzv")
     for i in range(2):
         await harness.cluster.unschedulable(NS, f"noclaim-worker-{i}", '0/3 nodes are available: persistentvolumeclaim '
@@ -649,7 +649,7 @@ async def test_pod_rejected_by_admission_fails_quoting_the_server(harness, opera
               if f"Pod {name}: " + refusal[:100] in message and "HTTP 403 Forbidden" in message]
     assert quoted, (message, refusals)
     assert not harness.pods("psa")  # the trainer container breaks the profile: no worker was admitted
-    await eventually(lambda: not harness.pods("psa", builders.ROLE_STORE), what="the store removed")
+    await eventually(lambda: not harness.pods("psa", naming.ROLE_STORE), what="the store removed")
 
 
 QUOTA = (403, "Forbidden", 'pods "quota-worker-1" is forbidden: exceeded quota: compute, requested: '
@@ -697,7 +697,7 @@ async def test_training_finishes_while_a_replacement_is_pending(harness, operato
                   failurePolicy={"maxRestarts": 3, **NO_BACKOFF}, runPolicy={"successPolicy": "AllWorkers"})
     await nodes.exit("finish-worker-2", 137, reason="OOMKilled")
     await eventually(lambda: harness.pods("finish").get("finish-worker-2", {}).get("metadata", {}).get("labels", {})
-                     .get(builders.LABEL_ATTEMPT) == "1", what="the replacement of worker 2")
+                     .get(naming.LABEL_ATTEMPT) == "1", what="the replacement of worker 2")
     # The survivors (minReplicas 2) re-rendezvoused without it and finish training; it never runs.
     await nodes.exit("finish-worker-0", 0)
     await nodes.exit("finish-worker-1", 0)
@@ -761,7 +761,7 @@ async def test_operator_killed_mid_reconcile_duplicates_and_charges_nothing(harn
     assert pods.get("crash-worker-1") == (failed_uid if point == "after the charge is on record" else None)
     await operator.start()
     await eventually(lambda: harness.pods("crash").get("crash-worker-1", {}).get("metadata", {}).get("labels", {})
-                     .get(builders.LABEL_ATTEMPT) == "1", what="the replacement of worker 1")
+                     .get(naming.LABEL_ATTEMPT) == "1", what="the replacement of worker 1")
     await nodes.start_all("crash")
     await harness.wait_phase("crash", "Running")
     await passes(operator)  # nothing more happens
@@ -803,7 +803,7 @@ async def test_api_server_unavailable_while_a_job_starts(harness, operator, node
     assert not harness.pods("outage") and not harness.status("outage")
     harness.cluster.unavailable_until = 0.0  # the outage ends when the test saw the retries, not at a time
     await harness.wait_workers("outage", 2)
-    await eventually(lambda: harness.pods("outage", builders.ROLE_STORE), what="the store pod")
+    await eventually(lambda: harness.pods("outage", naming.ROLE_STORE), what="the store pod")
     await nodes.start_all("outage")
     await harness.wait_phase("outage", "Running")
     await passes(operator)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob_operator import builders, model
+from ddpjob_operator import model, naming
 
 from .conftest import NAMESPACE, eventually
 
@@ -63,7 +63,7 @@ async def test_a_gang_scheduler_that_is_not_installed_fails_the_job_before_any_p
     await eventually(lambda: any(e["reason"] == "GangSchedulerNotInstalled" and e["type"] == "Warning"
                                  for e in harness.events("nogang")), what="the Warning event")
     # Never a half-created job: neither the store nor any worker was created.
-    assert not harness.pods("nogang") and not harness.pods("nogang", builders.ROLE_STORE)
+    assert not harness.pods("nogang") and not harness.pods("nogang", naming.ROLE_STORE)
 
 
 async def test_every_template_field_reaches_the_pods_the_operator_creates(harness, operator):
@@ -82,7 +82,7 @@ async def test_every_template_field_reaches_the_pods_the_operator_creates(harnes
         if key != "resources":
             assert container[key] == value, key
     assert container["resources"]["limits"]["rdma/hca"] == 1
-    store = await eventually(lambda: harness.pods("full", builders.ROLE_STORE), what="store pod")
+    store = await eventually(lambda: harness.pods("full", naming.ROLE_STORE), what="store pod")
     assert store["full-rdzv"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
 
 
@@ -103,17 +103,17 @@ async def test_checkpoint_volume_shared_condition(harness, operator, modes, repl
 
 
 def test_init_containers_that_cannot_start_or_fail_are_reported():
-    from ddpjob_operator import store
+    from ddpjob_operator import observations
     pod = {"metadata": {"name": "j-worker-0", "uid": "u", "creationTimestamp": "2026-11-22T00:00:00Z",
-                        "labels": {builders.LABEL_ROLE: builders.ROLE_WORKER}},
+                        "labels": {naming.LABEL_ROLE: naming.ROLE_WORKER}},
            "spec": {}, "status": {"phase": "Pending", "startTime": "2026-11-22T00:00:01Z",
                                   "initContainerStatuses": [{"name": "fetch-data", "state": {"waiting": {
                                       "reason": "ImagePullBackOff", "message": "Back-off pulling image \"x\""}}}],
                                   "containerStatuses": [{"name": "trainer", "state": {"waiting": {
                                       "reason": "PodInitializing"}}}]}}
-    waiting = store.summarize_pod(pod).waiting
+    waiting = observations.summarize_pod(pod).waiting
     assert waiting.reason == "ImagePullBackOff" and waiting.message.startswith("init container fetch-data")
     pod["status"] = {"phase": "Failed", "initContainerStatuses": [{"name": "fetch-data", "state": {
         "terminated": {"exitCode": 3, "reason": "Error"}}}]}
-    summary = store.summarize_pod(pod)
+    summary = observations.summarize_pod(pod)
     assert summary.message == "init container fetch-data exited with code 3 (Error)" and summary.exit_code is None

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ddpjob_operator import builders, client, kube, model, server_fields
+from ddpjob_operator import client, kube, model, naming, server_fields
 
 from .conftest import NAMESPACE, Harness, eventually
 from .emulator import CLAIMS, PODS, SERVICES, api_error
@@ -55,7 +55,7 @@ async def test_a_new_generation_is_judged_before_any_of_its_pods_is_created(harn
 
     def limit_range(pod: dict[str, Any]) -> Any:
         labels = pod["metadata"]["labels"]
-        if labels.get(builders.LABEL_GENERATION) == "1" and labels.get(builders.LABEL_REPLICA_INDEX) == "2":
+        if labels.get(naming.LABEL_GENERATION) == "1" and labels.get(naming.LABEL_REPLICA_INDEX) == "2":
             return api_error(422, "Invalid", refusal, PODS, pod["metadata"]["name"])
         return None
 
@@ -76,7 +76,7 @@ async def test_a_new_generation_is_judged_before_any_of_its_pods_is_created(harn
 async def test_a_job_the_server_accepts_is_judged_once_per_generation_then_created(harness, operator):
     await harness.apply("fine")
     await harness.wait_workers("fine", 2)
-    await eventually(lambda: harness.pods("fine", builders.ROLE_STORE), what="the store pod")
+    await eventually(lambda: harness.pods("fine", naming.ROLE_STORE), what="the store pod")
     runs = [name for plural, name in harness.cluster.dry_runs if plural == "pods" and name.startswith("fine-")]
     assert sorted(runs) == ["fine-rdzv", "fine-worker-0", "fine-worker-1"]  # once, not on every reconcile
     assert sorted(_added(harness, PODS, "fine")) == ["fine-rdzv", "fine-worker-0", "fine-worker-1"]

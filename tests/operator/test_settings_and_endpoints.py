@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 import yaml
 
-from ddpjob_operator import builders, informer, kube, settings
+from ddpjob_operator import informer, job_manifests, kube, naming, settings
 from ddpjob_operator.validation import parse_job
 
 from .conftest import FAST, OperatorProcess, assert_within_permissions, eventually
@@ -65,7 +65,7 @@ def test_render_prints_what_the_operator_creates():
                              "-n", "ml", "--uid", "u-1"], capture_output=True, text=True, check=True, timeout=60)
     docs = list(yaml.safe_load_all(result.stdout))
     assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
-        ("ConfigMap", builders.agent_config_map_name("digits-cpu")), ("Service", "digits-cpu-workers"), ("Service", "digits-cpu-rdzv"), ("PersistentVolumeClaim", "digits-cpu-checkpoints"),
+        ("ConfigMap", job_manifests.agent_config_map_name("digits-cpu")), ("Service", "digits-cpu-workers"), ("Service", "digits-cpu-rdzv"), ("PersistentVolumeClaim", "digits-cpu-checkpoints"),
         ("Pod", "digits-cpu-rdzv"), ("Pod", "digits-cpu-worker-0"), ("Pod", "digits-cpu-worker-1")]
     assert "--rdzv-id=u-1-g0" in docs[-1]["spec"]["containers"][0]["command"]
 
@@ -174,11 +174,11 @@ def test_pods_are_listed_and_watched_with_the_operators_label_selector():
     """The API server filters pods: the operator's worker and store pods match the selector its pod
     informer sends; a user's pod in the same namespace does not."""
     selector = parse_label_selector(informer.POD_SELECTOR)
-    job = builders.JobRef("digits", "team-a", "uid-1")
+    job = naming.JobRef("digits", "team-a", "uid-1")
     spec = parse_job({"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": "digits"},
                       "spec": {"replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer"}}).spec
-    worker = builders.worker_pod(job, spec, index=0, generation=0)
+    worker = job_manifests.worker_pod(job, spec, index=0, generation=0)
     assert labels_match(worker["metadata"]["labels"], selector)
-    assert labels_match({**builders.job_labels(job), builders.LABEL_ROLE: builders.ROLE_STORE}, selector)
+    assert labels_match({**naming.job_labels(job), naming.LABEL_ROLE: naming.ROLE_STORE}, selector)
     assert not labels_match({"app": "notebook"}, selector)
-    assert not labels_match({builders.LABEL_MANAGED_BY: "helm"}, selector)
+    assert not labels_match({naming.LABEL_MANAGED_BY: "helm"}, selector)

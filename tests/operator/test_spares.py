@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ddpjob_operator import builders, decisions as d, store
+from ddpjob_operator import decisions as d, job_manifests, naming, observations
 from ddpjob_operator.decisions.spares import REASON_SPARE_ABANDONED, REASON_SPARE_JOINED
 from ddpjob_operator.validation import InvalidJob, parse_spec
 
@@ -30,7 +30,7 @@ SPARES = {"maxRestarts": 3, "spares": 1, "backoff": {"initialSeconds": 0, "maxSe
 
 def spare(slot: int, phase: str = "Running", **kw) -> d.WorkerObservation:
     kw.setdefault("ready", phase == "Running")
-    return d.WorkerObservation(index=-1, name=builders.spare_name("j", slot), generation=0, phase=phase,
+    return d.WorkerObservation(index=-1, name=naming.spare_name("j", slot), generation=0, phase=phase,
                                uid=f"spare-{slot}", **kw)
 
 
@@ -109,12 +109,12 @@ def test_a_spare_that_is_not_ready_does_not_take_over():
 
 def seen_spare(ready: str | None) -> d.WorkerObservation:
     """A spare's pod as the operator observes it: Running, its Ready condition `ready` (None: none yet)."""
-    pod = builders.spare_pod(builders.JobRef("j", "ns", UID), spec(failurePolicy=SPARES), serial=0, generation=0)
+    pod = job_manifests.spare_pod(naming.JobRef("j", "ns", UID), spec(failurePolicy=SPARES), serial=0, generation=0)
     pod["metadata"]["uid"] = "spare-0"
     pod["status"] = {"phase": "Running", "conditions": [] if ready is None else [{"type": "Ready", "status": ready}],
-                     "containerStatuses": [{"name": builders.TRAINER_CONTAINER,
+                     "containerStatuses": [{"name": naming.TRAINER_CONTAINER,
                                             "state": {"running": {"startedAt": d.rfc3339(T0)}}}]}
-    observed = store.observe([store.summarize_pod(pod)], T0)
+    observed = observations.observe([observations.summarize_pod(pod)], T0)
     assert [x.name for x in observed.spares] == ["j-spare-0"] and observed.spares[0].phase == "Running"
     return observed.spares[0]
 
@@ -337,11 +337,11 @@ AUDIENCE = "progress.elastic.ddp.dev"
 async def test_a_spare_takes_a_killed_workers_place_on_the_cluster(harness, operator, nodes):
     await operator.in_operator(operator.controller.progress_server.start(0, "127.0.0.1"))
     await started(harness, nodes, "warm", replicas=2, failurePolicy=SPARES)
-    await eventually(lambda: "warm-spare-0" in harness.pods("warm", builders.ROLE_SPARE), what="the spare")
+    await eventually(lambda: "warm-spare-0" in harness.pods("warm", naming.ROLE_SPARE), what="the spare")
     await nodes.start("warm-spare-0")
     await eventually(lambda: harness.status("warm").get("readySpares") == 1, what="a ready spare")
     before = uids(harness, "warm")
-    spare_uid = harness.pods("warm", builders.ROLE_SPARE)["warm-spare-0"]["metadata"]["uid"]
+    spare_uid = harness.pods("warm", naming.ROLE_SPARE)["warm-spare-0"]["metadata"]["uid"]
     base = f"http://127.0.0.1:{operator.controller.progress_server.port}/v1/namespaces/team-a/ddpjobs/warm/assignment"
     token = harness.cluster.issue_token("team-a", "warm-spare-0", (AUDIENCE,))
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
@@ -358,9 +358,9 @@ async def test_a_spare_takes_a_killed_workers_place_on_the_cluster(harness, oper
                 return await response.json() if response.status == 200 else None
         given = await eventually(assigned, what="the spare's assignment")
         assert given == {"index": 1, "generation": 1, "nnodes": "2:2",
-                         "rdzvId": builders.rendezvous_id(harness.job("warm")["metadata"]["uid"], 1)}
+                         "rdzvId": naming.rendezvous_id(harness.job("warm")["metadata"]["uid"], 1)}
     # The pool is refilled; no worker pod is created for rank 1; the survivor kept its pod.
-    await eventually(lambda: "warm-spare-1" in harness.pods("warm", builders.ROLE_SPARE), what="a new spare")
+    await eventually(lambda: "warm-spare-1" in harness.pods("warm", naming.ROLE_SPARE), what="a new spare")
     await nodes.start("warm-spare-1")
     await harness.wait_phase("warm", "Running")
     assert uids(harness, "warm") == {"warm-worker-0": before["warm-worker-0"]}
@@ -373,11 +373,11 @@ async def test_a_spare_takes_a_killed_workers_place_on_the_cluster(harness, oper
 @pytest.mark.settings(**PROGRESS)
 async def test_an_idle_spare_lost_on_the_cluster_is_replaced_uncharged(harness, operator, nodes):
     await started(harness, nodes, "idle", replicas=2, failurePolicy=SPARES)
-    await eventually(lambda: "idle-spare-0" in harness.pods("idle", builders.ROLE_SPARE), what="the spare")
+    await eventually(lambda: "idle-spare-0" in harness.pods("idle", naming.ROLE_SPARE), what="the spare")
     await nodes.start("idle-spare-0")
     await nodes.exit("idle-spare-0", 137)
-    await eventually(lambda: "idle-spare-1" in harness.pods("idle", builders.ROLE_SPARE), what="its replacement")
-    await eventually(lambda: "idle-spare-0" not in harness.pods("idle", builders.ROLE_SPARE), what="the dead one gone")
+    await eventually(lambda: "idle-spare-1" in harness.pods("idle", naming.ROLE_SPARE), what="its replacement")
+    await eventually(lambda: "idle-spare-0" not in harness.pods("idle", naming.ROLE_SPARE), what="the dead one gone")
     status = harness.status("idle")
     assert status["restarts"] == 0 and status["disruptions"] == 0 and not status.get("incidents")
     assert status["phase"] == "Running"
@@ -393,7 +393,7 @@ async def runs_not_ready(harness, name: str) -> None:
         "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"},
                        {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady"},
                        {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}],
-        "containerStatuses": [{"name": builders.TRAINER_CONTAINER, "ready": False, "started": True,
+        "containerStatuses": [{"name": naming.TRAINER_CONTAINER, "ready": False, "started": True,
                                "restartCount": 0, "state": {"running": {"startedAt": started_at}}}]}})
 
 
@@ -407,12 +407,12 @@ async def test_a_spare_that_runs_but_is_not_ready_is_never_promoted_on_the_clust
     worker's rank gets a `<job>-worker-<i>` pod in the next generation, the spare left idle; once its
     probe passes it counts."""
     await started(harness, nodes, "cold", replicas=2, failurePolicy=SPARES)
-    await eventually(lambda: "cold-spare-0" in harness.pods("cold", builders.ROLE_SPARE), what="the spare")
+    await eventually(lambda: "cold-spare-0" in harness.pods("cold", naming.ROLE_SPARE), what="the spare")
     await runs_not_ready(harness, "cold-spare-0")
     await eventually(lambda: spares_seen(harness, "cold") == [("cold-spare-0", "Running", False)],
                      what="the spare seen Running, not Ready")
     assert harness.status("cold").get("readySpares", 0) == 0
-    spare_uid = harness.pods("cold", builders.ROLE_SPARE)["cold-spare-0"]["metadata"]["uid"]
+    spare_uid = harness.pods("cold", naming.ROLE_SPARE)["cold-spare-0"]["metadata"]["uid"]
     survivor = uids(harness, "cold")["cold-worker-0"]
 
     await nodes.exit("cold-worker-1", 137)
@@ -424,7 +424,7 @@ async def test_a_spare_that_runs_but_is_not_ready_is_never_promoted_on_the_clust
     assert status["generation"] == 1 and [r["pod"] for r in status["ranks"]] == ["cold-worker-0", "cold-worker-1"]
     assert uids(harness, "cold")["cold-worker-0"] == survivor  # in place, as without spares
     # The spare is still the idle one it was (never promoted, never replaced), and nothing was created twice.
-    assert harness.pods("cold", builders.ROLE_SPARE)["cold-spare-0"]["metadata"]["uid"] == spare_uid
+    assert harness.pods("cold", naming.ROLE_SPARE)["cold-spare-0"]["metadata"]["uid"] == spare_uid
     assert creations(harness, "cold") == {"cold-worker-0": 1, "cold-worker-1": 2, "cold-rdzv": 1, "cold-spare-0": 1}
     assert_outcome(harness, "cold", phase="Running", reason="Running", restarts=1, disruptions=0, generation=1,
                    incident=("Retryable", True, [1]))
@@ -465,7 +465,7 @@ async def serving(operator) -> None:
 async def warm_job(harness, nodes, name: str, **failure_policy: Any) -> None:
     """A job of 2 workers whose one spare runs and is ready."""
     await started(harness, nodes, name, replicas=2, failurePolicy={**SPARES, **failure_policy})
-    await eventually(lambda: f"{name}-spare-0" in harness.pods(name, builders.ROLE_SPARE), what="the spare")
+    await eventually(lambda: f"{name}-spare-0" in harness.pods(name, naming.ROLE_SPARE), what="the spare")
     await nodes.start(f"{name}-spare-0")
     await eventually(lambda: harness.status(name).get("readySpares") == 1, what="a ready spare")
 
@@ -535,7 +535,7 @@ async def test_a_promoted_spare_that_never_takes_its_place_is_replaced_uncharged
     replacement = await eventually(lambda: (p := harness.pods("stuck").get("stuck-worker-1")) and
                                    p["metadata"]["uid"] != killed and p, what="a worker pod for rank 1 again")
     labels = replacement["metadata"]["labels"]
-    assert (labels[builders.LABEL_GENERATION], labels[builders.LABEL_ATTEMPT]) == ("1", "2")
+    assert (labels[naming.LABEL_GENERATION], labels[naming.LABEL_ATTEMPT]) == ("1", "2")
     assert deletions(harness, "stuck-spare-0") == [0]  # force: it never held anything worth a grace period
     await nodes.start("stuck-worker-1")
     await harness.wait_phase("stuck", "Running")
@@ -558,7 +558,7 @@ async def test_a_promoted_spare_that_never_takes_its_place_is_replaced_uncharged
 async def test_a_promoted_spare_seen_training_keeps_its_place_past_the_bound(harness, operator, nodes):
     await serving(operator)
     await warm_job(harness, nodes, "joins")
-    spare_uid = harness.pods("joins", builders.ROLE_SPARE)["joins-spare-0"]["metadata"]["uid"]
+    spare_uid = harness.pods("joins", naming.ROLE_SPARE)["joins-spare-0"]["metadata"]["uid"]
     async with aiohttp.ClientSession() as session:
         endpoint = Endpoint(harness, operator, session)
         await trained(harness, endpoint, "joins")
@@ -584,7 +584,7 @@ async def test_operator_killed_right_after_a_promotion_duplicates_and_charges_no
     the record: the spare gets its place, the failed pod is removed, the pool refilled, each once."""
     await serving(operator)
     await warm_job(harness, nodes, "handover")
-    spare_uid = harness.pods("handover", builders.ROLE_SPARE)["handover-spare-0"]["metadata"]["uid"]
+    spare_uid = harness.pods("handover", naming.ROLE_SPARE)["handover-spare-0"]["metadata"]["uid"]
     unsent = dies_after_the_charge(operator)
     await nodes.exit("handover-worker-1", 137)
     await eventually(lambda: rank(harness, "handover", 1).get("uid") == spare_uid, what="the promotion on record")
@@ -592,7 +592,7 @@ async def test_operator_killed_right_after_a_promotion_duplicates_and_charges_no
     await operator.stop()
     assert harness.status("handover")["restarts"] == 1
     assert "handover-worker-1" in harness.pods("handover")  # never deleted by the dead one
-    assert "handover-spare-1" not in harness.pods("handover", builders.ROLE_SPARE)
+    assert "handover-spare-1" not in harness.pods("handover", naming.ROLE_SPARE)
     await operator.start()
     await serving(operator)
     async with aiohttp.ClientSession() as session:
@@ -601,7 +601,7 @@ async def test_operator_killed_right_after_a_promotion_duplicates_and_charges_no
                                     what="the spare's assignment from the new operator")
     assert (given["index"], given["generation"]) == (1, 1)
     await eventually(lambda: "handover-worker-1" not in harness.pods("handover"), what="the failed pod removed")
-    await eventually(lambda: "handover-spare-1" in harness.pods("handover", builders.ROLE_SPARE), what="the refill")
+    await eventually(lambda: "handover-spare-1" in harness.pods("handover", naming.ROLE_SPARE), what="the refill")
     await nodes.start("handover-spare-1")
     await harness.wait_phase("handover", "Running")
     await passes(operator)

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ddpjob_operator import builders, decisions, model
+from ddpjob_operator import decisions, model, naming
 from ddpjob_operator import progress as progress_module
 from ddpjob_operator.decisions import stragglers as st
 
@@ -269,7 +269,7 @@ async def test_api_replace_moves_the_straggler_off_its_node_as_an_uncharged_disr
     after = {n: p["metadata"]["uid"] for n, p in harness.pods("swap").items()}
     assert after["swap-worker-0"] == before["swap-worker-0"] and after["swap-worker-2"] == before["swap-worker-2"]
     assert after["swap-worker-1"] != before["swap-worker-1"]
-    assert harness.pods("swap")["swap-worker-1"]["metadata"]["labels"][builders.LABEL_GENERATION] == "1"
+    assert harness.pods("swap")["swap-worker-1"]["metadata"]["labels"][naming.LABEL_GENERATION] == "1"
     assert harness.status("swap")["phase"] == "Running"
     # Off its node: the straggler's node is avoided at once, and only the replacement is kept off it.
     assert [a["node"] for a in harness.status("swap")["avoidedNodes"]] == ["node-1"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpjob_operator import agent, builders
+from ddpjob_operator import agent, launch
 from ddpjob_operator.agent import contract
 
 from .pod_agent import mount_agent
@@ -156,7 +156,7 @@ def test_a_traceback_from_the_pods_program_names_the_agents_file_line_and_source
     assert done.returncode == 1
     line = next(i for i, text in enumerate((AGENT / "worker.py").read_text().splitlines(), 1)
                 if "float(os.environ.get(REJOIN_TIMEOUT_ENV" in text)
-    mounted = tmp_path / "node" / builders.AGENT_DIR.lstrip("/") / "worker.py"
+    mounted = tmp_path / "node" / launch.AGENT_DIR.lstrip("/") / "worker.py"
     assert f'File "{mounted}", line {line}, in launch\n' \
            "    timeout = float(os.environ.get(REJOIN_TIMEOUT_ENV, str(REJOIN_TIMEOUT_SECONDS)))" in done.stderr
     assert "ValueError: could not convert string to float: 'not-a-number'" in done.stderr

@@ -1,5 +1,5 @@
 """Issue 37 item 1: the trainer spells each `DDPJOB_*` variable once, in ddp_trainer/runtime/contract.py, and
-every one it reads is one the operator (and the local runner, through the same builders.worker_env) sets on
+every one it reads is one the operator (and the local runner, through the same launch.worker_env) sets on
 every worker, under the same name as the operator's own contract (agent/contract.py). The operator never
 imports torch; this test imports both sides."""
 
@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from ddp_trainer.runtime import contract as trainer_contract
-from ddpjob_operator import builders, model
+from ddpjob_operator import launch, model
 from ddpjob_operator.agent import contract as operator_contract
 
 TRAINER = Path(trainer_contract.__file__).resolve().parents[1]  # trainer-image/ddp_trainer
@@ -27,8 +27,8 @@ def every_worker_env() -> dict[str, str]:
     spec = model.DDPJobSpec.model_validate({
         "replicas": 2, "image": "trainer:1", "entrypoint": "ddp_trainer", "checkpoint": {"claimTemplate": {"size": "1Gi"}},
         "failurePolicy": {"recovery": "InProcess"}})
-    return builders.worker_env(spec, job_name="job", namespace="ns", index=0, generation=0, endpoint="job-rdzv:29400",
-                               rdzv_id="uid-g0", local_addr="127.0.0.1", master_addr="127.0.0.1")
+    return launch.worker_env(spec, job_name="job", namespace="ns", index=0, generation=0, endpoint="job-rdzv:29400",
+                             rdzv_id="uid-g0", local_addr="127.0.0.1", master_addr="127.0.0.1")
 
 
 def test_every_name_the_trainer_reads_is_one_the_operator_sets() -> None:

@@ -2,7 +2,7 @@
 
 Plain modules (bootstrap.py, contract.py, worker.py, zygote.py), run as files: `python DIRECTORY/bootstrap.py
 ROLE ARGS...` (`command`). The trainer image has torch and no operator package, so a pod gets the files by
-reference: the job's agent ConfigMap (builders.agent_config_map: POD_SOURCES, named by POD_DIGEST) mounted
+reference: the job's agent ConfigMap (job_manifests.agent_config_map: POD_SOURCES, named by POD_DIGEST) mounted
 read-only; the local runner runs them from this package's directory. The operator imports contract.py only;
 worker.py and zygote.py import torch and run in the pod (or in the local runner's processes)."""
 

@@ -52,7 +52,7 @@ ASSIGNMENT_PATH = "assignment"  # replaces the last segment ("progress") of the 
 PROGRESS_URL_ENV = "DDPJOB_PROGRESS_URL"
 PROGRESS_TOKEN_ENV = "DDPJOB_PROGRESS_TOKEN_FILE"
 PROGRESS_CA_ENV = "DDPJOB_PROGRESS_CA"  # PEM: the CA the client verifies an https endpoint with
-# A spare is ready (its pod's readiness probe, builders.spare_pod; locally the runner) once this file exists:
+# A spare is ready (its pod's readiness probe, job_manifests.spare_pod; locally the runner) once this file exists:
 # the launcher writes it once its imports are done and the operator gave a valid answer to its first
 # assignment request (204 nothing yet, or 200; locally the assignment file's directory read). A spare that
 # can never take a place (a NetworkPolicy, a CA it cannot verify, no token) is never Ready, never promoted.

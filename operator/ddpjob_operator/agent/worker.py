@@ -5,7 +5,7 @@ the kubelet reads termination messages; a survivor of a peer's failure joins the
 in place; a warm spare waits for its assignment.
 
 The pod's image has torch and no operator package: this module's file reaches the pod in the job's agent
-ConfigMap (builders.agent_config_map) and imports only the standard library, torch and contract.py
+ConfigMap (job_manifests.agent_config_map) and imports only the standard library, torch and contract.py
 (bootstrap.py loads both as the package `ddpjob_agent`). Importing it changes nothing in torch: `patch_torch`
 does, from `main`."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import builders, kube, server_fields, validation
+from .. import job_manifests, kube, naming, server_fields, validation
 from ..validation import FieldError
 from .errors import ApiError, DDPJobError, InvalidManifest, JobExists
 from .job import Job
@@ -28,7 +28,7 @@ def judge_objects(transport: Transport, body: dict[str, Any], namespace: str) ->
     post(transport, body, namespace, dry_run=True)
     parsed = validation.parse_job(body)
     notes, errors = [], []
-    for manifest in builders.all_manifests(builders.JobRef.preview(parsed.metadata.name, namespace), parsed.spec):
+    for manifest in job_manifests.all_manifests(naming.JobRef.preview(parsed.metadata.name, namespace), parsed.spec):
         kind, name = manifest["kind"], manifest["metadata"]["name"]
         try:
             transport.call("POST", kube.KINDS[(manifest["apiVersion"], kind)].path(namespace), body=manifest,
@@ -43,7 +43,7 @@ def judge_objects(transport: Transport, body: dict[str, Any], namespace: str) ->
                                          f"{namespace}", f"rename the DDPJob or delete that {kind}"))
             elif exc.status in (400, 403, 422):
                 field = server_fields.ddpjob_field(kind, exc.message,
-                                                   store_pod=name == builders.store_pod_name(parsed.metadata.name))
+                                                   store_pod=name == naming.store_pod_name(parsed.metadata.name))
                 errors.append(FieldError(f"ddpjob {parsed.metadata.name}" + (f": {field}" if field else ""),
                                          f"the API server would refuse {kind} {name}: {exc.message}",
                                          "fix that DDPJob field, or ask about the namespace's admission policy"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from .. import builders, kube, object_names
+from .. import kube, naming, object_names
 from .errors import ApiError, InvalidArgument, LogsUnavailable, checked_name
 from .job import TERMINAL_PHASES, Job
 from .transport import Transport
@@ -35,7 +35,7 @@ def worker_pod(transport: Transport, namespace: str, name: str, rank: int) -> st
     if not 0 <= rank < top:
         raise LogsUnavailable(f"ddpjob {job.namespace}/{name} has no rank {rank}. Fix: pick a rank in 0..{top - 1}")
     ranked = next((r.pod for r in job.status.ranks if r.index == rank), None)
-    return _rank_pod(job, ranked) if ranked else builders.worker_name(name, rank)
+    return _rank_pod(job, ranked) if ranked else naming.worker_name(name, rank)
 
 
 def lines(transport: Transport, namespace: str, name: str, rank: int, *, follow: bool, tail_lines: int | None,
@@ -45,7 +45,7 @@ def lines(transport: Transport, namespace: str, name: str, rank: int, *, follow:
     pod = worker_pod(transport, namespace, name, rank)
     while True:
         uid = _pod_uid(transport, namespace, pod) if follow else None
-        params = {"container": builders.TRAINER_CONTAINER, "follow": "true" if follow else None,
+        params = {"container": naming.TRAINER_CONTAINER, "follow": "true" if follow else None,
                   "tailLines": tail_lines, "previous": "true" if previous else None}
         try:
             with transport.open("GET", kube.PODS.path(namespace, pod, "log"), params=params,

@@ -17,7 +17,7 @@ generation with every exit it causes. The concerns live in their own modules: `a
 
 from __future__ import annotations
 
-from .. import builders, model
+from .. import model, naming
 from .accounting import (account_incident, backoff_seconds, classify_exit, rendezvous_closed,
                          rendezvous_failed)
 from .common import (FIX_LIMIT, MESSAGE_LIMIT, Plan, new_incidents, parse_time, rfc3339, set_condition,
@@ -77,7 +77,7 @@ def decide(job: JobView, observed: Observed, options: Options = Options()) -> De
 
 def _prepare(plan: Plan) -> None:
     status = plan.status
-    status.selector = builders.selector_string(builders.worker_selector(plan.job.name))
+    status.selector = naming.selector_string(naming.worker_selector(plan.job.name))
     status.observed_generation = plan.job.metadata_generation
     # The highest generation seen wins: pods may be ahead of a status write that was lost.
     status.generation = max([status.generation] + [w.generation for w in plan.observed.workers])

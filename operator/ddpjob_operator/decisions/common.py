@@ -8,7 +8,7 @@ import signal
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
-from .. import builders, model
+from .. import model, naming
 from ..agent.contract import GENERATION_MARK_PATTERN, RENDEZVOUS_CLOSED_MARK
 from .types import (INCIDENT_HISTORY, MISSING, NODE_LOST_REASONS, Action, DeleteJob, DeleteStore, DeleteWorker, Event, JobView,
                     Observed, Options, REASON_CLEANUP, REASON_STUCK_TERMINATING, WorkerObservation)
@@ -159,7 +159,7 @@ class Plan:
         for entry in self.status.ranks:
             if entry.index == index:
                 return entry
-        entry = model.RankStatus(index=index, pod=builders.worker_name(self.job.name, index), phase=MISSING)
+        entry = model.RankStatus(index=index, pod=naming.worker_name(self.job.name, index), phase=MISSING)
         self.status.ranks.append(entry)
         return entry
 
@@ -186,7 +186,7 @@ class Plan:
         rank's worker again."""
         rank = self.rank(index)
         rank.uid = rank.generation = None
-        rank.pod = builders.worker_name(self.job.name, index)
+        rank.pod = naming.worker_name(self.job.name, index)
 
     def record_incident(self, incident: model.Incident) -> None:
         incident.step = self.last_step(incident.generation, incident.step)
@@ -207,7 +207,7 @@ def new_incidents(old: model.DDPJobStatus, new: model.DDPJobStatus) -> list[mode
 
 def promoted_to(rank: model.RankStatus, job_name: str) -> bool:
     """The rank's pod is a spare that took its place (decisions/spares.py: its name is not the rank's own)."""
-    return rank.uid is not None and rank.pod != builders.worker_name(job_name, rank.index)
+    return rank.uid is not None and rank.pod != naming.worker_name(job_name, rank.index)
 
 
 def set_phase(plan: Plan, phase: str, reason: str, message: str) -> None:
@@ -228,7 +228,7 @@ def update_counts(plan: Plan, spec: model.DDPJobSpec, current: list[WorkerObserv
         rank, w = plan.rank(i), observed.get(i)
         # A spare promoted in this pass is not among the workers yet: the status keeps naming it.
         spare_pending = w is None and promoted_to(rank, plan.job.name)
-        rank.pod = w.name if w else (rank.pod if spare_pending else builders.worker_name(plan.job.name, i))
+        rank.pod = w.name if w else (rank.pod if spare_pending else naming.worker_name(plan.job.name, i))
         rank.phase = MISSING if w is None else ("Terminating" if w.terminating_since else w.phase)
         rank.ready = bool(w and w.ready)
         rank.node = w.node if w else None

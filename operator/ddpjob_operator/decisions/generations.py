@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from .. import builders, model
+from .. import model, naming
 from .accounting import backoff_seconds
 from .common import Plan, force_stuck, promoted_to, rfc3339, set_condition, set_phase, short_message, update_counts
 from .types import (CONDITION_UNSCHEDULABLE, DISRUPTION, REASON_OLD_GENERATION, REASON_RANGE_CHANGED, REASON_REPLACE,
@@ -59,13 +59,13 @@ def resized(plan: Plan, spec: model.DDPJobSpec) -> bool:
     loses its departing peers mid-collective: any new size starts a fresh generation, the old workers
     stopping gracefully (they checkpoint)."""
     live = [w for w in plan.current() if w.live]
-    wanted = builders.node_range(spec)
+    wanted = naming.node_range(spec)
     if any(w.index >= spec.replicas for w in live):
         _new_generation(plan, spec, REASON_SCALE_DOWN, f"scaling down to {spec.replicas} workers")
         return True
     if any(w.node_range not in (None, wanted) for w in live):
         _new_generation(plan, spec, REASON_RANGE_CHANGED,
-                        f"the node range changed to {builders.nnodes(spec)} (minReplicas:replicas)")
+                        f"the node range changed to {naming.nnodes(spec)} (minReplicas:replicas)")
         return True
     return False
 

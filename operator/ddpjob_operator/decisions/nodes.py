@@ -1,7 +1,7 @@
 """Bad-node memory: a node where this job's workers failed twice with an infrastructure-looking cause within
 `failurePolicy.avoidNodeSeconds` is recorded in `status.avoidedNodes` (at most 8, each expiring after that
 long), and the job's new workers get required node anti-affinity against it (`CreateWorker.avoid_nodes`,
-builders.worker_pod), so a replacement does not land on the machine that keeps failing and spend the
+job_manifests.worker_pod), so a replacement does not land on the machine that keeps failing and spend the
 restart budget there. A straggler replaced (decisions/stragglers.py) marks its node at once: the point of
 replacing it is to move it off that node.
 

@@ -8,7 +8,7 @@ its pod is seen is the same name (409: done), never a second spare.
 
 A spare is ready (counted in readySpares, eligible for promotion) only while its pod runs with its Ready
 condition True: its readiness probe passes once its launcher imported what a worker imports and got a valid
-answer from the operator's assignment route (builders.spare_pod; locally the runner checks the same mark).
+answer from the operator's assignment route (job_manifests.spare_pod; locally the runner checks the same mark).
 A spare that merely started, or can never reach the operator (a NetworkPolicy, a CA it cannot verify), is
 not ready: a lost rank gets a worker pod instead.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import timedelta
 
-from .. import builders, model
+from .. import model, naming
 from .common import Plan, condition, parse_time, promoted_to, set_condition, set_phase, short_message
 from .types import (MISSING, REASON_SPARE_EXITED, REASON_SPARE_SURPLUS, REASON_SPARE_TAKES_OVER, TERMINAL_PHASES,
                     CreateSpare, DeleteWorker, Observed, ProgressObservation, WorkerObservation)
@@ -214,9 +214,9 @@ def keep_pool(plan: Plan, spec: model.DDPJobSpec | None) -> None:
         {r.pod for r in status.ranks}
     slot = 0
     for _ in range(wanted - len(usable)):
-        while builders.spare_name(plan.job.name, slot) in held:
+        while naming.spare_name(plan.job.name, slot) in held:
             slot += 1
-        held.add(builders.spare_name(plan.job.name, slot))
+        held.add(naming.spare_name(plan.job.name, slot))
         plan.act(CreateSpare(slot, status.generation))
     status.spares = [model.SpareStatus(pod=s.name, phase=s.phase, ready=is_ready(s), node=s.node) for s in usable]
     status.ready_spares = sum(1 for s in status.spares if s.ready)

@@ -1,4 +1,4 @@
-"""Run a DDPJob on this machine: local processes, the operator's builders and decision layer."""
+"""Run a DDPJob on this machine: local processes, the operator's launch flags and decision layer."""
 
 from .cli import register
 

@@ -215,7 +215,7 @@ class LocalProcess:
     def start(self, now: datetime) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = os.fdopen(open_for_append(self.log_path), "ab")
-        # One line: a `python -c` program (the builders' launcher or store) is shown by its role only.
+        # One line: a `python -c` program (launch.py's store) is shown by its role only.
         shown = ["<program>" if "\n" in arg else arg for arg in self.argv]
         self._log.write(f"---- {self.name}: {' '.join(shown)}\n".encode())
         self._log.flush()

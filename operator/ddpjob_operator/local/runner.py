@@ -3,7 +3,7 @@
 Level-based like the operator: observe the processes -> `decisions.decide()` -> carry out its
 actions -> wait for the next poll or `requeue_after`. Every restart rule (exit codes, scope,
 backoff, budget, success policy, deadline) lives in the decisions package, and every command line and
-environment comes from builders.py; this module only maps pods onto local processes.
+environment comes from launch.py; this module only maps pods onto local processes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
 
-from .. import builders, decisions, model, validation
+from .. import decisions, launch, model, naming, validation
 from .. import agent
 from ..agent import contract
 from ..validation import FieldError, InvalidJob
@@ -182,10 +182,10 @@ class LocalRunner:
         self.store: LocalProcess | None = None
         # Every worker starts as a fork of it: a new generation imports nothing (bench/recovery.py).
         # It imports torch, whose thread pool its forks keep: give it the trainers' thread count now.
-        threads = builders.default_threads(job.spec)
-        zygote_env = {**self.base_env, **({builders.THREADS_ENV: str(threads)} if threads is not None else {}),
+        threads = launch.default_threads(job.spec)
+        zygote_env = {**self.base_env, **({launch.THREADS_ENV: str(threads)} if threads is not None else {}),
                       # ...and the entrypoint's own imports (transformers, lightning: seconds a trainer skips)
-                      contract.PRELOAD_ENV: json.dumps(builders.entrypoint_args(job.spec))}
+                      contract.PRELOAD_ENV: json.dumps(launch.entrypoint_args(job.spec))}
         self.zygote = None if options.cold_start else Zygote(
             python=sys.executable, env=zygote_env, marker=marker_for(self.run_id, "zygote"),
             log_path=self.log_dir / "zygote.log")
@@ -336,7 +336,7 @@ class LocalRunner:
     def pod_of(self, index: int) -> str:
         """The pod that serves worker `index` now: its own, or the spare that took its place."""
         rank = next((r for r in self.status.ranks if r.index == index), None)
-        return rank.pod if rank is not None else builders.worker_name(self.name, index)
+        return rank.pod if rank is not None else naming.worker_name(self.name, index)
 
     def _grace(self) -> timedelta:
         return timedelta(seconds=self.spec.template.termination_grace_period_seconds)
@@ -394,33 +394,33 @@ class LocalRunner:
         self.store_port = free_port()
         self.store_ready = False
         self.store = LocalProcess(
-            name=builders.store_pod_name(self.name), marker=marker_for(self.run_id, "store"),
-            argv=builders.store_command(self.store_port, python=sys.executable), env=self.base_env,
-            log_path=self.log_dir / f"{builders.store_pod_name(self.name)}.log")
+            name=naming.store_pod_name(self.name), marker=marker_for(self.run_id, "store"),
+            argv=launch.store_command(self.store_port, python=sys.executable), env=self.base_env,
+            log_path=self.log_dir / f"{naming.store_pod_name(self.name)}.log")
         self.store.start(now)
 
     def _create_worker(self, action: decisions.CreateWorker, now: datetime) -> None:
-        name = builders.worker_name(self.name, action.index)
+        name = naming.worker_name(self.name, action.index)
         if name in self.workers:
             return  # the old pod is still terminating: created once it is gone (next passes)
         endpoint = f"{LOCALHOST}:{self.store_port}"
-        rdzv_id = builders.rendezvous_id(self.uid, action.generation)
+        rdzv_id = naming.rendezvous_id(self.uid, action.generation)
         termination_log = self.log_dir / f"{name}.termination-log"
         termination_log.unlink(missing_ok=True)  # a message is this attempt's or none
-        env = {**self.base_env, **builders.worker_env(
+        env = {**self.base_env, **launch.worker_env(
             self.spec, job_name=self.name, namespace=NAMESPACE, index=action.index, generation=action.generation,
             endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST, master_addr=LOCALHOST,
             checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None),
             contract.TERMINATION_LOG_ENV: str(termination_log)}
         process = LocalProcess(
             name=name, marker=marker_for(self.run_id, name, action.attempt), env=env,
-            argv=builders.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST,
-                                         python=sys.executable, agent_dir=agent.DIRECTORY),
+            argv=launch.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST,
+                                       python=sys.executable, agent_dir=agent.DIRECTORY),
             log_path=self.log_dir / f"{name}.log", zygote=self.zygote)
         if name not in self.tails:  # logs are appended across runs: read only this run's part
             self.tails[name] = LogTail(process.log_path, offset=_size(process.log_path))
         worker = WorkerProcess(action.index, action.generation, action.attempt, process, termination_log,
-                               node_range=builders.node_range(self.spec), created_at=now)
+                               node_range=naming.node_range(self.spec), created_at=now)
         self.workers[name] = worker
         created = self.creations[action.index] = self.creations.get(action.index, 0) + 1
         hold = next((u for u in self.options.unschedulable
@@ -436,18 +436,18 @@ class LocalRunner:
 
     def _create_spare(self, action: decisions.CreateSpare, now: datetime) -> None:
         """A warm spare: a worker's launcher that waits for an assignment file (contract.SPARE_ENV)."""
-        name = builders.spare_name(self.name, action.slot)
+        name = naming.spare_name(self.name, action.slot)
         if name in self.workers:
             return
         endpoint = f"{LOCALHOST}:{self.store_port}"
-        rdzv_id = builders.rendezvous_id(self.uid, action.generation)
+        rdzv_id = naming.rendezvous_id(self.uid, action.generation)
         termination_log = self.log_dir / f"{name}.termination-log"
         termination_log.unlink(missing_ok=True)
         assignment = self.log_dir / f"{name}.assignment.json"
         assignment.unlink(missing_ok=True)
         ready_file = self.log_dir / f"{name}.ready"  # the pod's own: a new spare of the name starts not Ready
         ready_file.unlink(missing_ok=True)
-        env = {**self.base_env, **builders.worker_env(
+        env = {**self.base_env, **launch.worker_env(
             self.spec, job_name=self.name, namespace=NAMESPACE, index=-1, generation=action.generation,
             endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST, master_addr=LOCALHOST,
             checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None),
@@ -455,13 +455,13 @@ class LocalRunner:
             contract.ASSIGNMENT_FILE_ENV: str(assignment), contract.SPARE_READY_FILE_ENV: str(ready_file)}
         process = LocalProcess(
             name=name, marker=marker_for(self.run_id, name, 0), env=env,
-            argv=builders.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST,
-                                         python=sys.executable, agent_dir=agent.DIRECTORY),
+            argv=launch.worker_command(self.spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST,
+                                       python=sys.executable, agent_dir=agent.DIRECTORY),
             log_path=self.log_dir / f"{name}.log", zygote=self.zygote)
         if name not in self.tails:
             self.tails[name] = LogTail(process.log_path, offset=_size(process.log_path))
         spare = WorkerProcess(-1, action.generation, 0, process, termination_log,
-                              node_range=builders.node_range(self.spec), created_at=now, assignment_file=assignment,
+                              node_range=naming.node_range(self.spec), created_at=now, assignment_file=assignment,
                               ready_file=ready_file)
         self.workers[name] = spare
         self._start(spare, now)
@@ -474,8 +474,8 @@ class LocalRunner:
             if w.assignment_file is None or rank is None or rank.pod != name or rank.generation is None \
                     or w.assignment_file.exists():
                 continue
-            given = {"index": rank.index, "generation": rank.generation, "nnodes": builders.nnodes(self.spec),
-                     "rdzvId": builders.rendezvous_id(self.uid, rank.generation)}
+            given = {"index": rank.index, "generation": rank.generation, "nnodes": naming.nnodes(self.spec),
+                     "rdzvId": naming.rendezvous_id(self.uid, rank.generation)}
             replace_file(w.assignment_file, json.dumps(given).encode())
             self.view.event(f"{name} takes the place of worker {rank.index} in generation {rank.generation}")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .. import builders
+from .. import naming
 from .auth import Identity
 from .reports import Report
 
@@ -55,7 +55,7 @@ def find_worker_in(pods: Mapping[tuple[str, str], Any], jobs: Mapping[tuple[str,
     uid = body["metadata"]["uid"]
     if pod.role == worker_role:
         return Worker(uid=uid, index=pod.index, generation=served_generation(body, pod.index, pod.uid, pod.generation))
-    rank = _rank_of(body, pod.uid) if pod.role == builders.ROLE_SPARE else None
+    rank = _rank_of(body, pod.uid) if pod.role == naming.ROLE_SPARE else None
     if rank is not None and isinstance(rank.get("generation"), int):
         return Worker(uid=uid, index=rank["index"], generation=rank["generation"])
     return None
@@ -68,7 +68,7 @@ def assignment_in(pods: Mapping[tuple[str, str], Any], jobs: Mapping[tuple[str, 
     node range; None while it has none (or is not this job's spare). `spec_of(body)`: the parsed spec."""
     body = jobs.get((namespace, name))
     pod = _own_pod(pods, body, namespace, identity) if body is not None else None
-    if pod is None or pod.role != builders.ROLE_SPARE:
+    if pod is None or pod.role != naming.ROLE_SPARE:
         return None
     rank = _rank_of(body, pod.uid)
     if rank is None or not isinstance(rank.get("generation"), int) or rank.get("pod") != pod.name:
@@ -77,8 +77,8 @@ def assignment_in(pods: Mapping[tuple[str, str], Any], jobs: Mapping[tuple[str, 
     if spec is None:
         return None
     generation = rank["generation"]
-    return {"index": rank["index"], "generation": generation, "nnodes": builders.nnodes(spec),
-            "rdzvId": builders.rendezvous_id(body["metadata"]["uid"], generation)}
+    return {"index": rank["index"], "generation": generation, "nnodes": naming.nnodes(spec),
+            "rdzvId": naming.rendezvous_id(body["metadata"]["uid"], generation)}
 
 
 def served_generation(job: Mapping[str, Any], index: int, pod_uid: str, label_generation: int) -> int:

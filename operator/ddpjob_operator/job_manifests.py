@@ -1,45 +1,26 @@
-"""Pure builders: a DDPJob spec -> the torchrun argv, the worker environment and the manifests.
+"""A DDPJob spec -> the Kubernetes objects the operator creates: worker, spare and store pods, the Services,
+the checkpoint claim, the PodGroup and the agent's ConfigMap.
 
-No I/O and no Kubernetes client here. The local runner (`ddpjob run --local`) uses
-`store_command`, `worker_command` and `worker_env` for processes; the operator additionally uses
-the manifest builders. Everything is deterministic: same inputs, same output.
+Pure: no I/O and no Kubernetes client; the same inputs give the same objects. Names and labels come from
+naming.py, each container's command and environment from launch.py.
 """
 
 from __future__ import annotations
 
 import copy
-import re
-import uuid
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from . import model
-from . import agent
-from .agent.contract import (ASSIGNMENT_FILE_ENV, PROGRESS_CA_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV,
-                             INPROCESS_ENV, REJOIN_TIMEOUT_ENV, SPARE_PLACE_ENV, REJOIN_TIMEOUT_SECONDS, SPARE_ENV, SPARE_READY_FILE_ENV,
-                             TERMINATION_LOG_ENV, TERMINATION_LOG_PATH)
+from . import agent, model
+from .agent.contract import PROGRESS_CA_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, SPARE_ENV, SPARE_READY_FILE_ENV
+from .launch import AGENT_DIR, POD_IP_ENV, POD_IP_REFERENCE, SIMPLE_QUANTITY, store_command, worker_command, worker_env
+from .naming import (HOSTNAME_TOPOLOGY, LABEL_ATTEMPT, LABEL_GENERATION, LABEL_JOB_NAME, LABEL_NNODES,
+                     LABEL_REPLICA_INDEX, LABEL_ROLE, ROLE_SPARE, ROLE_STORE, ROLE_WORKER, STORE_CONTAINER,
+                     TRAINER_CONTAINER, JobRef, checkpoint_claim_name, headless_service_name, job_labels, node_range,
+                     pod_group_name, rendezvous_id, spare_name, store_endpoint, store_labels, store_pod_name,
+                     store_service_name, worker_address, worker_name, worker_selector)
 
-# ---------------------------------------------------------------- labels (the one place for keys)
-
-LABEL_PREFIX = model.GROUP
-LABEL_JOB_NAME = f"{LABEL_PREFIX}/job-name"
-LABEL_JOB_UID = f"{LABEL_PREFIX}/job-uid"
-LABEL_REPLICA_INDEX = f"{LABEL_PREFIX}/replica-index"
-LABEL_GENERATION = f"{LABEL_PREFIX}/generation"
-LABEL_ROLE = f"{LABEL_PREFIX}/role"
-# Replacement count of the rank when this pod was created: makes failure accounting idempotent.
-LABEL_ATTEMPT = f"{LABEL_PREFIX}/attempt"
-# The `--nnodes` range ("min-max") the pod's agent was started with: every agent of a generation agrees.
-LABEL_NNODES = f"{LABEL_PREFIX}/nnodes"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGED_BY = "ddpjob-operator"
-ROLE_WORKER = "worker"
-ROLE_STORE = "store"
-ROLE_SPARE = "spare"  # a warm standby (failurePolicy.spares): no index until it takes a lost worker's place
-
-TRAINER_CONTAINER = model.TRAINER_CONTAINER
-STORE_CONTAINER = "rendezvous-store"
 SHM_VOLUME = model.SHM_VOLUME
 CHECKPOINT_VOLUME = model.CHECKPOINT_VOLUME
 # Default scheduler taint on GPU nodes (NVIDIA device plugin / GKE / EKS convention).
@@ -49,140 +30,11 @@ GPU_TOLERATION_EFFECT = "NoSchedule"
 # lost node is evicted, and replaced, soon.
 NODE_LOSS_TAINT_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
-# ---------------------------------------------------------------- rendezvous store
-
-# Started as `python -c STORE_PROGRAM <port>`: a standalone c10d TCPStore that outlives every
-# worker (no worker hosts it: --rdzv-conf is_host=false). A constant, never built from user input.
-STORE_PROGRAM = """\
-import signal, sys
-from datetime import timedelta
-import torch.distributed as dist
-port = int(sys.argv[1])
-stop = {signal.SIGTERM, signal.SIGINT}
-signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # before the server thread starts, so it inherits it
-store = dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False, multi_tenant=True,
-                      timeout=timedelta(seconds=60))
-print(f"ddpjob rendezvous store listening on port {port}", flush=True)
-signal.sigwait(stop)
-print("ddpjob rendezvous store stopping", flush=True)
-"""
-
-
-def store_command(port: int, *, python: str = "python") -> list[str]:
-    return [python, "-c", STORE_PROGRAM, str(port)]
-
-
-def store_endpoint(job_name: str, namespace: str, port: int) -> str:
-    """In-cluster address of the store Service (stable across worker and store pod restarts)."""
-    return f"{store_service_name(job_name)}.{namespace}.svc:{port}"
-
-
-def rendezvous_id(uid: str, generation: int) -> str:
-    # Unique per job *and* generation: never torchrun's default "none", which collides across jobs.
-    return f"{uid}-g{generation}"
-
-
-# ---------------------------------------------------------------- names
-
-
-def worker_name(job_name: str, index: int) -> str:
-    return f"{job_name}-worker-{index}"
-
-
-def spare_name(job_name: str, serial: int) -> str:
-    return f"{job_name}-spare-{serial}"
-
-
-def store_pod_name(job_name: str) -> str:
-    return f"{job_name}-rdzv"
-
-
-def store_service_name(job_name: str) -> str:
-    return f"{job_name}-rdzv"
-
-
-def headless_service_name(job_name: str) -> str:
-    # Never the bare job name: job `x`'s headless Service would then be job `x-rdzv`'s store Service.
-    # Every generated name ends in a suffix no other kind of name of the same kind ends in.
-    return f"{job_name}-workers"
-
-
-def worker_address(job_name: str, namespace: str, index: int) -> str:
-    """Stable DNS name of a worker pod through the headless Service."""
-    return f"{worker_name(job_name, index)}.{headless_service_name(job_name)}.{namespace}.svc"
-
-
-def checkpoint_claim_name(job_name: str, spec: model.DDPJobSpec) -> str | None:
-    if spec.checkpoint is None:
-        return None
-    return spec.checkpoint.claim_name or f"{job_name}-checkpoints"
-
-
-# ---------------------------------------------------------------- torchrun command and env
-
-# In a pod, the agent publishes its pod IP (downward API) to the rendezvous, not its DNS name, which
-# may not resolve yet for the other workers. Kubernetes expands `$(VAR)` in args and env values.
-POD_IP_ENV = "DDPJOB_POD_IP"
-POD_IP_REFERENCE = f"$({POD_IP_ENV})"
-# torchrun's SIGTERM -> SIGKILL wait for its trainers ends this long before the pod's grace period,
-# so trainers finish their SIGTERM checkpoint before the kubelet kills the whole container.
-SHUTDOWN_MARGIN_SECONDS = 5
-# MASTER_PORT given to static jobs for code outside torchrun's workers (torchrun's own default port;
-# the rendezvous store uses spec.rendezvous.port).
-STATIC_MASTER_PORT = 29500
-
-
-def nnodes(spec: model.DDPJobSpec) -> str:
-    """`--nnodes` of a generation: minReplicas up to the replicas the operator starts in it. With the
-    maximum at the generation's size, a round completes the moment its last worker joins, never
-    waiting out lastCallTimeoutSeconds for workers that will not come; a round that cannot reach it
-    (a worker the scheduler cannot place) still starts with at least minReplicas after the last call,
-    and the late worker joins later. Any other size is a new generation."""
-    return f"{spec.min_nodes}:{spec.replicas}"
-
-
-def node_range(spec: model.DDPJobSpec) -> str:
-    """`nnodes` as a label value (`min-max`): every agent of a generation agrees on it."""
-    return nnodes(spec).replace(":", "-")
-
-
-def shutdown_timeout_seconds(spec: model.DDPJobSpec) -> int:
-    return max(1, spec.template.termination_grace_period_seconds - SHUTDOWN_MARGIN_SECONDS)
-
-
-def torchrun_flags(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str,
-                   local_addr: str) -> list[tuple[str, str]]:
-    """(flag, value) pairs, in launch-contract order; also mirrored as PET_* variables.
-
-    `local_addr`: the address this agent publishes (POD_IP_REFERENCE in a pod, 127.0.0.1 locally).
-    """
-    rdzv = spec.rendezvous
-    conf = (f"is_host=false,join_timeout={rdzv.join_timeout_seconds},"
-            f"last_call_timeout={rdzv.last_call_timeout_seconds},read_timeout={rdzv.read_timeout_seconds},"
-            f"keep_alive_interval={rdzv.keep_alive_interval_seconds},"
-            f"keep_alive_max_attempt={rdzv.keep_alive_max_attempts}")
-    return [
-        ("nnodes", nnodes(spec)),
-        ("nproc-per-node", str(spec.nproc_per_node)),
-        ("rdzv-backend", rdzv.backend),
-        ("rdzv-endpoint", endpoint),
-        ("rdzv-id", rdzv_id),
-        ("rdzv-conf", conf),
-        ("local-addr", local_addr),
-        # One budget: torchrun never restarts a failed trainer in place behind the status's back; every
-        # restart is the operator's, charged once per incident (docs/operator.md, "Failure semantics").
-        ("max-restarts", "0"),
-        ("shutdown-timeout", str(shutdown_timeout_seconds(spec))),
-    ]
-
 
 # ---------------------------------------------------------------- the agent, by reference (issue 37)
 
-# Every worker and spare runs the agent's files (agent.POD_SOURCES) from the job's agent ConfigMap, mounted
-# here read-only: a pod's command names them instead of carrying them (24 KB in each pod, each list and
-# watch event of pods). Under the operator's directory, where no template mount may go.
+# The job's agent ConfigMap, mounted read-only at launch.AGENT_DIR in every worker and spare.
 AGENT_VOLUME = f"{model.OPERATOR_VOLUME_PREFIX}agent"
-AGENT_DIR = f"{model.OPERATOR_SECRETS_DIR}/agent"
 AGENT_FILE_MODE = 0o444
 
 
@@ -190,98 +42,6 @@ def agent_config_map_name(job_name: str) -> str:
     # The files' digest in the name: a newer operator's agent is a ConfigMap of its own (they are immutable),
     # and the pods already running keep the one they mounted.
     return f"{job_name}-agent-{agent.POD_DIGEST}"
-
-
-def entrypoint_args(spec: model.DDPJobSpec) -> list[str]:
-    """What follows torchrun's flags: `-m` for a module, the entrypoint, the user's args."""
-    return (["-m"] if not spec.entrypoint.endswith(".py") else []) + [spec.entrypoint, *spec.args]
-
-
-def worker_command(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str, local_addr: str,
-                   python: str = "python", agent_dir: str = AGENT_DIR) -> list[str]:
-    """The worker's argv: the launcher (the agent's files in `agent_dir`: the pod's mount of the agent
-    ConfigMap, or agent.DIRECTORY in a local run), torchrun flags, then the user's entrypoint and args (never
-    a shell)."""
-    argv = agent.command("worker", python=python, directory=agent_dir)
-    flags = torchrun_flags(spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=local_addr)
-    argv += [f"--{flag}={value}" for flag, value in flags]
-    return argv + entrypoint_args(spec)
-
-
-THREADS_ENV = "OMP_NUM_THREADS"
-
-
-def default_threads(spec: model.DDPJobSpec) -> int | None:
-    """Each trainer's thread count when the user set none in spec.env: the pod's CPU request shared by
-    its processes (at least 1). torch otherwise starts a thread per core of the node, and torchrun sets 1
-    only for more than one process: a trainer limited to a few CPUs on a large shared node then runs
-    many times slower. None without a CPU request (nothing to go by) or when spec.env sets it."""
-    if spec.resources.cpu is None or any(e.name == THREADS_ENV for e in spec.env):
-        return None
-    match = _QUANTITY.match(str(spec.resources.cpu))
-    if match is None or match.group(2) not in ("", "m"):
-        return None
-    cores = Decimal(match.group(1)) / (1000 if match.group(2) == "m" else 1)
-    return max(1, int(cores // spec.nproc_per_node))
-
-
-def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: int, generation: int,
-               endpoint: str, rdzv_id: str, local_addr: str, master_addr: str,
-               checkpoint_dir: str | None = None) -> dict[str, str]:
-    """The launch-contract environment (docs/launch-contract.md), without the user's spec.env.
-
-    `master_addr`: where worker 0 runs (its stable DNS name in a pod, 127.0.0.1 locally); only static
-    jobs get it. `checkpoint_dir` overrides the mount path (the local runner uses a host directory).
-    """
-    env = {
-        "DDPJOB_NAME": job_name,
-        "DDPJOB_NAMESPACE": namespace,
-        "DDPJOB_REPLICA_INDEX": str(index),
-        "DDPJOB_GENERATION": str(generation),
-    }
-    if spec.checkpoint is not None:
-        env["DDPJOB_CHECKPOINT_DIR"] = checkpoint_dir or spec.checkpoint.mount_path
-        env["DDPJOB_CHECKPOINT_INTERVAL_STEPS"] = str(spec.checkpoint.interval_steps)
-        env["DDPJOB_CHECKPOINT_KEEP"] = str(spec.checkpoint.keep)
-    # restartScope Pod: a survivor's agent joins the next generation in place (contract.REJOIN_ENV).
-    env[REJOIN_ENV] = "1" if spec.failure_policy.restart_scope == "Pod" else "0"
-    env[REJOIN_TIMEOUT_ENV] = str(REJOIN_TIMEOUT_SECONDS)
-    in_process = spec.failure_policy.recovery == "InProcess"
-    if in_process:
-        env[INPROCESS_ENV] = "1"  # runtime/inprocess.py; otherwise "" (UNSET_WHEN_OFF)
-    # A failed or timed-out NCCL collective: torch's watchdog aborts the communicator; with 1 it also ends the
-    # process (the launcher then sees the failure), with 2 (CleanUpOnly) the error is raised in the trainer,
-    # which then leaves the group and trains on in the next generation (in-process recovery).
-    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2" if in_process else "1"
-    env["PYTHONUNBUFFERED"] = "1"
-    threads = default_threads(spec)
-    if threads is not None:
-        env[THREADS_ENV] = str(threads)
-    # With torchrun's shared TCPStore, a surviving rank-0 agent skips publishing MASTER_ADDR in a
-    # re-rendezvous round, so a replacement worker and it wait on each other until read_timeout.
-    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    if spec.min_nodes == spec.max_nodes:
-        # A static gang always has worker 0, so code outside torchrun's worker processes (which get
-        # torchrun's own values) can find it. Elastic jobs have no fixed rank 0: they get none.
-        env["MASTER_ADDR"] = master_addr
-        env["MASTER_PORT"] = str(STATIC_MASTER_PORT)
-    for flag, value in torchrun_flags(spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=local_addr):
-        env["PET_" + flag.upper().replace("-", "_")] = value
-    # Every DDPJOB_ variable the launcher and trainer read is the operator's, "" (off) where this worker has
-    # none: an envFrom without a prefix (a ConfigMap's keys, which validation never sees) could set it
-    # otherwise, and an explicit entry wins over envFrom. worker_pod and spare_pod fill in theirs; the local
-    # runner overrides these. Not DDPJOB_FORK_TRAINER (the user's to set) nor DDPJOB_ZYGOTE_PRELOAD (read by
-    # the local runner's zygote only, whose environment it builds itself).
-    for name in UNSET_WHEN_OFF:
-        env.setdefault(name, "")
-    env[TERMINATION_LOG_ENV] = TERMINATION_LOG_PATH  # the kubelet's path; "" would lose the message
-    return env
-
-
-# What worker_env sets to "" where a worker has none: the launcher and trainer take "" as unset.
-UNSET_WHEN_OFF = ("DDPJOB_CHECKPOINT_DIR", "DDPJOB_CHECKPOINT_INTERVAL_STEPS", "DDPJOB_CHECKPOINT_KEEP",
-                  SPARE_ENV, ASSIGNMENT_FILE_ENV, SPARE_READY_FILE_ENV, PROGRESS_URL_ENV, PROGRESS_TOKEN_ENV,
-                  PROGRESS_CA_ENV, INPROCESS_ENV, SPARE_PLACE_ENV)
 
 
 # ---------------------------------------------------------------- progress reporting (issue 12)
@@ -307,38 +67,12 @@ def progress_url(base_url: str, namespace: str, job_name: str) -> str:
     return f"{base_url.rstrip('/')}/v1/namespaces/{namespace}/ddpjobs/{job_name}/progress"
 
 
-# ---------------------------------------------------------------- manifests
-
-
-@dataclass(frozen=True)
-class JobRef:
-    """The identity of a DDPJob object that its children point back to."""
-
-    name: str
-    namespace: str
-    uid: str
-
-    @classmethod
-    def preview(cls, name: str, namespace: str) -> "JobRef":
-        """For `ddpjob render`: a stable stand-in uid (the API server assigns the real one)."""
-        return cls(name, namespace, str(uuid.uuid5(uuid.NAMESPACE_URL, f"ddpjob:{namespace}/{name}")))
+# ---------------------------------------------------------------- pods
 
 
 def owner_reference(job: JobRef) -> dict[str, Any]:
     return {"apiVersion": model.API_VERSION, "kind": model.KIND, "name": job.name, "uid": job.uid,
             "controller": True, "blockOwnerDeletion": True}
-
-
-def job_labels(job: JobRef) -> dict[str, str]:
-    return {LABEL_JOB_NAME: job.name, LABEL_JOB_UID: job.uid, LABEL_MANAGED_BY: MANAGED_BY}
-
-
-def worker_selector(job_name: str) -> dict[str, str]:
-    return {LABEL_JOB_NAME: job_name, LABEL_ROLE: ROLE_WORKER}
-
-
-def selector_string(labels: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in labels.items())
 
 
 def _metadata(job: JobRef, name: str, labels: dict[str, str],
@@ -557,9 +291,6 @@ def _add_pod_spec_overrides(job: JobRef, spec: model.DDPJobSpec, pod_spec: dict[
             {"labelSelector": {"matchLabels": worker_selector(job.name)}, "topologyKey": HOSTNAME_TOPOLOGY})
 
 
-HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
-
-
 def _avoid_nodes(pod_spec: dict[str, Any], nodes: tuple[str, ...]) -> None:
     """status.avoidedNodes (decisions/nodes.py): required node anti-affinity, `NotIn` on the hostname label,
     ANDed into every required term the user wrote (terms are ORed, a term's expressions ANDed)."""
@@ -587,10 +318,6 @@ def _add_gang(job: JobRef, spec: model.DDPJobSpec, pod_spec: dict[str, Any], lab
         annotations[model.VOLCANO_GROUP_ANNOTATION] = pod_group_name(job.name)
     else:
         labels[model.COSCHEDULING_GROUP_LABEL] = pod_group_name(job.name)
-
-
-def store_labels(job: JobRef) -> dict[str, str]:
-    return {**job_labels(job), LABEL_ROLE: ROLE_STORE}
 
 
 def store_tolerations(spec: model.DDPJobSpec) -> list[dict[str, Any]]:
@@ -685,10 +412,6 @@ def checkpoint_claim(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any] | No
             "metadata": _metadata(job, name, job_labels(job)), "spec": claim_spec}
 
 
-def pod_group_name(job_name: str) -> str:
-    return job_name  # its own kind: no other name of the job's is a PodGroup's
-
-
 def pod_group(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any] | None:
     """The PodGroup of runPolicy.schedulingPolicy's gang scheduler; None without a policy."""
     policy = spec.run_policy.scheduling_policy
@@ -707,12 +430,9 @@ def pod_group(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any] | None:
             "metadata": _metadata(job, pod_group_name(job.name), job_labels(job)), "spec": group}
 
 
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)$")
-
-
 def _times(quantity: int | str, factor: int) -> str | None:
     """`quantity` x `factor` as a quantity (`500m` x 2 = `1000m`); None for a form this does not handle."""
-    match = _QUANTITY.match(str(quantity))
+    match = SIMPLE_QUANTITY.match(str(quantity))
     if match is None:
         return None
     try:
