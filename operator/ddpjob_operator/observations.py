@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from pydantic import ValidationError
 
-from . import builders, decisions, model
+from . import decisions, model, naming
 from .validation import FieldError, InvalidJob, parse_spec
 
 # Pod status reasons set when the node or the control plane, not the program, ended the pod.
@@ -107,8 +107,8 @@ def _interned(value: str | None) -> str | None:
 def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
     meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
     labels = meta.get("labels") or {}
-    role = labels.get(builders.LABEL_ROLE, builders.ROLE_WORKER)
-    container = builders.STORE_CONTAINER if role == builders.ROLE_STORE else builders.TRAINER_CONTAINER
+    role = labels.get(naming.LABEL_ROLE, naming.ROLE_WORKER)
+    container = naming.STORE_CONTAINER if role == naming.ROLE_STORE else naming.TRAINER_CONTAINER
     container_status = _container_status(status, container)
     state = container_status.get("state") or {}
     terminated = state.get("terminated") or {}
@@ -143,9 +143,9 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
         name=meta.get("name", ""),
         uid=meta.get("uid") or "",
         role=sys.intern(role),
-        index=_int_label(labels, builders.LABEL_REPLICA_INDEX),
-        generation=_int_label(labels, builders.LABEL_GENERATION),
-        attempt=_int_label(labels, builders.LABEL_ATTEMPT),
+        index=_int_label(labels, naming.LABEL_REPLICA_INDEX),
+        generation=_int_label(labels, naming.LABEL_GENERATION),
+        attempt=_int_label(labels, naming.LABEL_ATTEMPT),
         phase=sys.intern(status.get("phase") or "Pending"),
         ready=conditions.get("Ready", {}).get("status") == "True",
         exit_code=int(exit_code) if exit_code is not None else None,
@@ -160,7 +160,7 @@ def summarize_pod(body: Mapping[str, Any]) -> PodSummary:
         started_at=decisions.parse_time((state.get("running") or {}).get("startedAt") or terminated.get("startedAt")),
         finished_at=decisions.parse_time(terminated.get("finishedAt")),
         waiting=waiting,
-        node_range=_interned(labels.get(builders.LABEL_NNODES)),
+        node_range=_interned(labels.get(naming.LABEL_NNODES)),
         unschedulable=unschedulable,
         controller_uid=controller_uid(meta),
     )
@@ -183,11 +183,11 @@ def observe(pods: Iterable[PodSummary], now: datetime,
     for pod in pods:
         if job_uid is not None and pod.controller_uid != job_uid:
             continue
-        if pod.role == builders.ROLE_STORE:
+        if pod.role == naming.ROLE_STORE:
             store = decisions.StoreObservation(phase=pod.phase, ready=pod.ready, reason=pod.reason,
                                                terminating_since=pod.terminating_since, waiting=pod.waiting,
                                                unschedulable=pod.unschedulable)
-        elif pod.role == builders.ROLE_SPARE:
+        elif pod.role == naming.ROLE_SPARE:
             spares.append(dataclasses.replace(worker_observation(pod), index=-1))
         else:
             workers.append(worker_observation(pod))

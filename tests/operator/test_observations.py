@@ -1,18 +1,18 @@
-"""store.py: pod bodies -> the decision layer's observations (table-driven, pure)."""
+"""observations.py: pod bodies -> the decision layer's observations (table-driven, pure)."""
 
 import pytest
 
-from ddpjob_operator import builders, decisions, model, store
+from ddpjob_operator import decisions, model, naming, observations
 
 FINISHED = "2026-11-22T00:00:00Z"
 
 
 def worker_pod(container_status: dict, **status) -> dict:
-    return {"metadata": {"name": "j-worker-1", "labels": {builders.LABEL_ROLE: builders.ROLE_WORKER,
-                                                          builders.LABEL_REPLICA_INDEX: "1"}},
+    return {"metadata": {"name": "j-worker-1", "labels": {naming.LABEL_ROLE: naming.ROLE_WORKER,
+                                                          naming.LABEL_REPLICA_INDEX: "1"}},
             "spec": {"nodeName": "n1"},
             "status": {"phase": "Failed", **status,
-                       "containerStatuses": [{"name": builders.TRAINER_CONTAINER, **container_status}]}}
+                       "containerStatuses": [{"name": naming.TRAINER_CONTAINER, **container_status}]}}
 
 
 def terminated(code: int, message: str | None = None) -> dict:
@@ -33,26 +33,26 @@ def terminated(code: int, message: str | None = None) -> dict:
     ({"state": terminated(1)}, {}, 1, None),
 ])
 def test_worker_observation_carries_the_termination_message(container_status, pod_status, code, message):
-    observed = store.worker_observation(store.summarize_pod(worker_pod(container_status, **pod_status)))
+    observed = observations.worker_observation(observations.summarize_pod(worker_pod(container_status, **pod_status)))
     assert (observed.index, observed.exit_code, observed.message) == (1, code, message)
 
 
 @pytest.mark.parametrize("status, expected", [
-    ({"phase": "Pending", "startTime": FINISHED, "containerStatuses": [{"name": builders.TRAINER_CONTAINER,
+    ({"phase": "Pending", "startTime": FINISHED, "containerStatuses": [{"name": naming.TRAINER_CONTAINER,
       "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope:1"'}}}]},
      ("ImagePullBackOff", 'Back-off pulling image "nope:1"', FINISHED)),
     # Not yet on a node: no startTime, so the pod's creation counts.
-    ({"phase": "Pending", "containerStatuses": [{"name": builders.TRAINER_CONTAINER,
+    ({"phase": "Pending", "containerStatuses": [{"name": naming.TRAINER_CONTAINER,
       "state": {"waiting": {"reason": "CreateContainerConfigError"}}}]},
      ("CreateContainerConfigError", None, "2026-11-21T23:00:00Z")),
-    ({"phase": "Running", "containerStatuses": [{"name": builders.TRAINER_CONTAINER,
+    ({"phase": "Running", "containerStatuses": [{"name": naming.TRAINER_CONTAINER,
       "state": {"running": {"startedAt": FINISHED}}}]}, None),
 ])
 def test_a_waiting_container_is_observed_with_its_reason_and_since_when(status, expected):
     from ddpjob_operator import decisions
     pod = {"metadata": {"name": "j-worker-0", "creationTimestamp": "2026-11-21T23:00:00Z",
-                        "labels": {builders.LABEL_ROLE: builders.ROLE_WORKER}}, "spec": {}, "status": status}
-    waiting = store.worker_observation(store.summarize_pod(pod)).waiting
+                        "labels": {naming.LABEL_ROLE: naming.ROLE_WORKER}}, "spec": {}, "status": status}
+    waiting = observations.worker_observation(observations.summarize_pod(pod)).waiting
     if expected is None:
         assert waiting is None
     else:
@@ -97,7 +97,7 @@ def test_the_disruption_target_condition_says_it_was_a_disruption_and_why(body, 
     """The reason the user sees (the rank's lastReason, the incident's and the WorkerDisrupted event's)
     is the one on the pod's DisruptionTarget condition, and the condition alone makes the exit a
     disruption: never charged, whatever its exit code."""
-    observed = store.worker_observation(store.summarize_pod(body))
+    observed = observations.worker_observation(observations.summarize_pod(body))
     assert (observed.reason, observed.disruption) == (reason, disruption)
     kind = decisions.classify_exit(observed.exit_code, observed.reason, observed.disruption, model.FailurePolicy(),
                                    observed.message)
@@ -154,7 +154,7 @@ def _with(**changes) -> dict:
     (_with(ranks="oops"), {"ranks": []}),
 ])
 def test_parse_status_keeps_every_valid_field(raw, expected):
-    status = store.parse_status(raw)
+    status = observations.parse_status(raw)
     clean = model.DDPJobStatus.model_validate(SUCCEEDED)
     for key, value in expected.items():
         if "." in key:
@@ -169,7 +169,7 @@ def test_parse_status_keeps_every_valid_field(raw, expected):
 
 def test_a_succeeded_status_with_an_unknown_key_stays_succeeded():
     """Dropping it all would start the finished job again, with a fresh restart budget."""
-    status = store.parse_status({**SUCCEEDED, "addedByANewerOperator": True})
+    status = observations.parse_status({**SUCCEEDED, "addedByANewerOperator": True})
     assert (status.phase, status.restarts, status.disruptions, status.generation) == ("Succeeded", 2, 1, 3)
     assert status.completion_time == "2026-11-22T01:00:00Z"
     assert [c.type for c in status.conditions] == ["Succeeded"]
@@ -177,4 +177,4 @@ def test_a_succeeded_status_with_an_unknown_key_stays_succeeded():
 
 @pytest.mark.parametrize("raw", [None, {}, [], "garbage", 7])
 def test_parse_status_of_nothing_is_an_empty_status(raw):
-    assert store.parse_status(raw) == model.DDPJobStatus()
+    assert observations.parse_status(raw) == model.DDPJobStatus()
