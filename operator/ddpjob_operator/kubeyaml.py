@@ -13,7 +13,9 @@ booleans to kubectl; `1e1` and `0o17` are strings to PyYAML and 10 and 15 to kub
 date to PyYAML and a string to kubectl (go-yaml keeps a timestamp's text when decoding into interface{}).
 So every plain scalar here is resolved by `resolve_plain`, written from go-yaml v2's resolve.go, and a value
 JSON cannot carry (`.inf`, `.nan`: kubectl fails with "json: unsupported value") is refused. Merge keys (`<<`)
-apply where they stand, as go-yaml v2's decoder applies them; keys become JSON keys as sigs.k8s.io/yaml writes them.
+apply where they stand, as go-yaml v2's decoder applies them, and one that would override a key written above it
+is refused (a reader sees one value, kubectl sends the other); keys become JSON keys as sigs.k8s.io/yaml writes
+them.
 
 The parser is libyaml's, the C library go-yaml v2 is a port of (and fast: a 3 MiB file in well under a second).
 A first pass over each document's events counts values and nesting against budgets for the whole file before any
