@@ -1,6 +1,6 @@
 """The trainer's side of the launch contract (docs/launch-contract.md): every `DDPJOB_*` variable the trainer
 reads, by one name each, and where a job's own files live on its checkpoint volume. The operator and the local
-runner set them for every worker (operator/ddpjob_operator/builders.py, worker_env; agent/contract.py is the
+runner set them for every worker (operator/ddpjob_operator/launch.py, worker_env; agent/contract.py is the
 operator's side, and tests/trainer/test_trainer_contract_names_are_the_operators.py keeps the two equal).
 Standard library only: every runtime module may import it, and it imports none of them."""
 
