@@ -66,6 +66,16 @@ def test_ddpjob_validate_of_a_98000_node_affinity_takes_seconds_of_cpu(tmp_path)
     assert cpu < 4, f"ddpjob validate took {cpu:.1f} s of CPU"
 
 
+@pytest.mark.timeout(120)
+def test_ddpjob_render_of_a_98000_node_affinity_takes_seconds_of_cpu(tmp_path):
+    path = _wide_affinity_manifest(tmp_path / "wide.yaml")
+    code, cpu = _child_cpu_seconds([sys.executable, "-m", "ddpjob_operator.cli", "render", str(path)],
+                                   tmp_path / "pods.yaml")
+    assert code == 0 and (tmp_path / "pods.yaml").read_text().count(f"n{NODES - 1:x}") == 2  # both workers
+    # 13.6 s before; now about 4.3 s, of which writing the 4 MB of YAML (kubeyaml.dump_all) is 2.4 s.
+    assert cpu < 8, f"ddpjob render took {cpu:.1f} s of CPU"
+
+
 # Rule shapes and objects on which a rule reads what pruning keeps: the verdict on the pruned object is the verdict on
 # the whole one, and a large field no rule names is dropped.
 RULES = ["self.a.b.all(x, x > 0)", "!has(self.a) || !has(self.a.c)", "has(self.c) && self.c.d == 1 && 'k' in self.e",
