@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
+import time
+from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import parse_config
-from .runtime import CheckpointVolumeError, Job, exit_process
+from .runtime import CheckpointDirError, CheckpointVolumeError, Job, exit_process
 from .trainer import Trainer
 
 
@@ -18,20 +23,40 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointVolumeError as e:  # full or unreadable: the volume's fault, not a bug (exit 75)
         logging.getLogger(__name__).error("exiting with code %d: %s", e.exit_code, e, exc_info=True)
         return e.record()  # the message, not a traceback, goes to torchrun (and the termination message)
+    except CheckpointDirError as e:  # the user's configuration (a link, a bad name, no write access): no retry helps
+        logging.getLogger(__name__).error("exiting with code %d: %s", CONFIGURATION_EXIT_CODE, e)
+        _record_for_torchrun(e)
+        return CONFIGURATION_EXIT_CODE
+
+
+# A checkpoint directory the trainer refuses: a permanent failure, unlike the volume's 75 (which is retried).
+CONFIGURATION_EXIT_CODE = 1
+
+
+def _record_for_torchrun(error: Exception) -> None:
+    """The message alone in torchrun's error file: its failure summary and the pod's termination message quote it
+    (no `py_callstack`: torchrun would show that instead, and a configuration error has no stack worth reading)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        data = {"message": {"message": str(error), "extraInfo": {"timestamp": str(int(time.time()))}}}
+        with contextlib.suppress(OSError):
+            Path(path).write_text(json.dumps(data))
 
 
 def _main(argv: list[str] | None) -> int:
     cfg = parse_config(argv)
     c = cfg.checkpoint
+    rank_of_job = _RankOfJob()
+    handler = logging.StreamHandler()
+    handler.addFilter(rank_of_job)
+    logging.basicConfig(level=logging.INFO, handlers=[handler],
+                        format="%(asctime)s %(rank)s %(levelname)s %(name)s: %(message)s")
     # build_first: a warm spare's trainer builds its model before it has a place (Trainer takes it, in _resume).
     job = Job.start(device=cfg.device, backend=cfg.dist.backend, timeout_s=cfg.dist.timeout_s,
                     steady_timeout_s=cfg.dist.steady_timeout_s, checkpoint_dir=c.dir or "", keep=c.keep,
                     every_steps=c.every_steps, async_save=c.async_save, build_first=True)
+    rank_of_job.job = job
     log = logging.getLogger(__name__)
-    handler = logging.StreamHandler()
-    handler.addFilter(_RankOfJob(job))
-    logging.basicConfig(level=logging.INFO, handlers=[handler],
-                        format="%(asctime)s %(rank)s %(levelname)s %(name)s: %(message)s")
     spare = not job.seated
     if not spare:
         _log_start(job, cfg)
@@ -53,13 +78,16 @@ def _main(argv: list[str] | None) -> int:
 
 class _RankOfJob(logging.Filter):
     """Names the rank in every line, and shows INFO on rank 0 only, once the job has a place (a warm spare
-    logs as `spare` before)."""
+    logs as `spare` before; before the job started, torchrun's RANK names it)."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.job = job
+        self.job: Job | None = None
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if self.job is None:
+            record.rank = f"rank{os.environ['RANK']}" if "RANK" in os.environ else "start"
+            return True
         env = self.job.env if self.job.seated else None
         record.rank = f"rank{env.rank}" if env is not None else "spare"
         return record.levelno >= logging.WARNING or env is None or env.is_main
