@@ -49,9 +49,9 @@ import torch.distributed as dist
 from .checkpoint import (CheckpointVolumeError, CorruptCheckpoint, adopt_legacy_job_directory, atomic_write_json,
                          check_archive, job_key, newer_generation, prune_fences, raise_fence, read_marker_json,
                          refuse_impossible_fence, refuse_link, rendezvous_generation, retry_reads, volume_full)
-from .contract import CHECKPOINT_DIR_ENV, JOB_NAME_ENV, JOB_NAMESPACE_ENV, job_root
+from .contract import CHECKPOINT_DIR_ENV, INPROCESS_ENV, JOB_NAME_ENV, JOB_NAMESPACE_ENV, job_root
 from .distributed import CollectiveTimeout, StopRequest, abort_process_groups, exit_process
-from .inprocess import INPROCESS_ENV, enabled as inprocess_enabled
+from .inprocess import enabled as inprocess_enabled
 from .progress import ProgressReporter, recovery_field
 from .watchdog import StallWatchdog
 

@@ -99,7 +99,7 @@ def unloadable(checkpoint: str | os.PathLike) -> str | None:
 
 
 def output_dir(default: str | os.PathLike = "outputs") -> str:
-    """`TrainingArguments(output_dir=...)`: `<DDPJOB_CHECKPOINT_DIR>/<DDPJOB_NAME>/hf` under DDPJob (the
+    """`TrainingArguments(output_dir=...)`: `<DDPJOB_CHECKPOINT_DIR>/<DDPJOB_NAMESPACE>.<DDPJOB_NAME>/hf` under DDPJob (the
     job's volume, so a replaced pod resumes from it), `default` elsewhere."""
     return str(frameworks.job_dir(SUBDIR, default))
 

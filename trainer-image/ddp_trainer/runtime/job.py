@@ -96,7 +96,7 @@ class Job:
         self.checkpoint_dir = str(directory) if directory else None
         self.every_steps = env.checkpoint_interval_steps if every_steps is None else every_steps
         if self.checkpoint_dir:  # checks that rank 0 can write there, now rather than at the first save
-            # Under <dir>/<job name>/ (two jobs on one claim never see each other's steps), fenced by the
+            # Under <dir>/<namespace>.<name>/ (two jobs on one claim never see each other's steps), fenced by the
             # rendezvous generation of torchrun's run id (the pod's DDPJOB_GENERATION may be stale).
             self.checkpoints = CheckpointManager(self.checkpoint_dir, keep if keep is not None else env.checkpoint_keep,
                                                  is_writer=env.is_main, async_save=async_save,

@@ -64,7 +64,7 @@ SUBDIR = "lightning"
 
 
 def checkpoint_dir(default: str | os.PathLike = "lightning_checkpoints") -> Path:
-    """`<DDPJOB_CHECKPOINT_DIR>/<DDPJOB_NAME>/lightning` under DDPJob, `default` elsewhere."""
+    """`<DDPJOB_CHECKPOINT_DIR>/<DDPJOB_NAMESPACE>.<DDPJOB_NAME>/lightning` under DDPJob, `default` elsewhere."""
     return frameworks.job_dir(SUBDIR, default)
 
 
