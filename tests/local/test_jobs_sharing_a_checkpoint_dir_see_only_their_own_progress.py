@@ -11,7 +11,7 @@ import pytest
 from ddp_trainer.runtime import contract
 
 from ddpjob_operator.local.logs import job_directory_name
-from ddpjob_operator.local.runner import NAMESPACE
+from ddpjob_operator.local.pods import NAMESPACE
 
 from ..support import wait_for
 from .harness import Run, job_dir, kill_tagged, manifest, write_manifest

@@ -21,7 +21,8 @@ import pytest
 
 from ddpjob_operator import validation
 from ddpjob_operator.local.processes import marked_pids
-from ddpjob_operator.local.runner import ExitRecord, LocalRunner, Resume
+from ddpjob_operator.local.pods import ExitRecord, Resume
+from ddpjob_operator.local.runner import LocalRunner
 from ddpjob_operator.local.options import DELETE, KILL, KILL_STORE, FaultInjection, RunOptions, SpecChange, Unschedulable
 
 from .harness import RESUMED_EVENT, TINY_DIGITS, TimelineView

@@ -18,7 +18,7 @@ import pytest
 from ddpjob_operator import decisions, launch, model
 from ddpjob_operator import agent
 from ddpjob_operator.agent import contract
-from ddpjob_operator.local.runner import free_port
+from ddpjob_operator.local.pods import free_port
 
 pytestmark = pytest.mark.slow  # a torchrun agent per test (a few seconds)
 

@@ -1,20 +1,17 @@
 """What a local run shows: the live table's snapshot and the summary at the end, from the runner's state (the
-decision layer's status, the processes, the trainer's newest report). view.py draws them."""
+decision layer's status, the processes, the trainer's newest report), read through a `RunView` (run_view.py).
+view.py draws them."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
-
 from .. import decisions, model
 from .logs import RESULT_FILE
+from .run_view import RunView
 from .view import Snapshot, Summary, WorkerRow
 
-if TYPE_CHECKING:
-    from .runner import LocalRunner
 
-
-def snapshot(runner: LocalRunner, now: datetime) -> Snapshot:
+def snapshot(runner: RunView, now: datetime) -> Snapshot:
     """The live table: the job's phase and progress, a row per worker."""
     progress = runner.files.progress()
     shown = runner.status.progress
@@ -41,7 +38,7 @@ def snapshot(runner: LocalRunner, now: datetime) -> Snapshot:
                     percent=shown.percent if shown else None, eta=shown.eta if shown else None,
                     stalled=_stalled_message(runner.status))
 
-def summary(runner: LocalRunner) -> Summary:
+def summary(runner: RunView) -> Summary:
     """What is printed once the run ended: how it ended, what it cost, where its checkpoints and logs are."""
     phase = runner.status.phase or "Pending"
     condition = next((c for c in runner.status.conditions if c.type == phase), None)
@@ -56,7 +53,7 @@ def summary(runner: LocalRunner) -> Summary:
         phase = "Interrupted"
     notes = tuple(f"{what} never fired: the trainer reported no step that far (job.report(step=...), the "
                   f"HF/Lightning callback, or rank 0's `step=N epoch=E loss=L` lines)"
-                  for what in runner.schedule.waiting_on_steps())
+                  for what in runner.waiting_on_steps())
     # What the trainer's reports said about the script (decisions/warnings.py), again where it is read last.
     notes += tuple(f"Warning {c.reason}: {c.message}" for c in runner.status.conditions
                    if c.type in (decisions.CONDITION_WORLD_SIZE_MISMATCH, decisions.CONDITION_NOT_REPORTING)

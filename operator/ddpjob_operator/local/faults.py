@@ -1,20 +1,19 @@
 """What a local run does to itself on request, as a person or a cluster would to a job: faults (a killed
 process tree, a pod deleted behind the runner's back, a killed store) and spec changes (`kubectl scale`,
 `suspend`), each once its moment came: a time since the start, a step the trainer reported, a world size, a
-phase. The runner hands itself to `inject` and `apply_changes` once a pass; what follows is the decision
+phase. The runner hands itself (a `RunView`) to `inject` and `apply_changes` once a pass; what follows is the decision
 layer's, as it would be in a cluster."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ..validation import InvalidJob
 from .options import KILL, KILL_STORE, NO_PROGRESS_WARNING_SECONDS, FaultInjection, SpecChange
+from .pods import WorkerProcess
 from .processes import LocalProcess, kill_together
-
-if TYPE_CHECKING:
-    from .runner import LocalRunner, WorkerProcess
+from .run_view import RunView
 
 
 class Schedule:
@@ -47,7 +46,7 @@ class Schedule:
                        f"job.report(step=...) (or use the HF/Lightning callback), print `step=N epoch=E "
                        f"loss=L` lines on rank 0, or use --kill-after SECONDS")
 
-    def inject(self, runner: LocalRunner, now: datetime) -> None:
+    def inject(self, runner: RunView, now: datetime) -> None:
         """Every fault due now, in the same instant (all trees frozen before any is killed)."""
         progress = runner.files.progress()
         step = runner.reported_step(progress)
@@ -93,7 +92,7 @@ class Schedule:
                        f"delete pod) at {elapsed:.1f}s, "
                        + ("before the trainer reported any step" if step is None else f"trainer step {step}"))
 
-    def apply_changes(self, runner: LocalRunner, now: datetime) -> None:
+    def apply_changes(self, runner: RunView, now: datetime) -> None:
         """Each spec change whose moment came, in order, validated as the API server would."""
         progress = runner.files.progress()
         elapsed = (now - self.started_at).total_seconds()
