@@ -14,9 +14,10 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import BatchSampler, DataLoader, Subset
+from torch.utils.data import BatchSampler, DataLoader
 
 from .config import ConfigError, TrainConfig
+from .evaluation import Evaluation, autocast
 from .fault import after_training_due as fault_after_training_due
 from .fault import due as fault_due, hang as fault_hang, hang_due as fault_hang_due, strike as fault_strike
 from .fault import slow_down as fault_slow_down, slow_due as fault_slow_due
@@ -95,7 +96,7 @@ class Trainer:
                   release=self._unwrap)
         self._records = open(f"{cfg.record_samples}.rank{self.env.rank}", "a") if cfg.record_samples else None
         self._window = (time.perf_counter(), 0, torch.zeros((), device=self.device), 0)  # start, samples, loss, steps
-        self._eval: tuple[int, dict[str, float | None]] | None = None  # (step, metrics) of the last evaluation
+        self.evaluation = Evaluation(cfg, job, self.workload, self.eval_set)
 
     def _wrap(self) -> None:
         """DDP around the model, in the process group of now (again after an in-process recovery)."""
@@ -138,7 +139,7 @@ class Trainer:
             except Exception as e:
                 # In process: on from the progress in memory, the epoch's steps or the work after the last one.
                 if self.job.recover(e):
-                    self._eval = None  # every rank evaluates again (a collective), the replacement included
+                    self.evaluation.forget()  # every rank evaluates again (a collective), the replacement included
                     continue
                 if isinstance(e, PeerStopped):  # no in-process path after all: stop as the signalled peer did
                     return self.job.stop.exit_code
@@ -208,7 +209,7 @@ class Trainer:
             batch = move_to(batch, self.device)
             # Gradients are all-reduced only on the final micro-step; earlier ones accumulate locally.
             with self.model.no_sync() if i < last else contextlib.nullcontext():
-                with self._autocast():
+                with autocast(self.cfg.optim.precision, self.device):
                     loss = self._loss(batch) / len(micro_batches)
                 self.scaler.scale(loss).backward()
             loss_sum += loss.detach()
@@ -242,12 +243,6 @@ class Trainer:
             return self.workload.train_step(self.forward, batch, self.cfg)
         return default_train_step(self.forward, batch, self.workload.loss_fn)
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        precision = self.cfg.optim.precision
-        if precision == "fp32":
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-
     def _set_lr(self, step_samples: int) -> None:
         """Set the LR of the step about to run from the progress at its middle (never 0 at either end).
 
@@ -264,44 +259,9 @@ class Trainer:
 
     # ---- evaluation and reporting -----------------------------------------------------------
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
-        """Loss and accuracy over the whole eval set: each rank scores a disjoint slice, then sums are reduced.
-        Evaluating twice at the same step (end of the last epoch, then the end of training) reuses the result."""
-        if self._eval is not None and self._eval[0] == self.progress.step:
-            return self._eval[1]
-        self.job.timeouts.relax()  # not a step: ranks may take unequal time, and the stall watchdog waits
-        model = self.model.module  # no DDP forward: no gradient sync and ranks may run unequal batch counts
-        model.eval()
-        shard = Subset(self.eval_set, range(self.env.rank, len(self.eval_set), self.env.world_size))
-        sums = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss sum, count, correct, scored
-        for batch in DataLoader(shard, batch_size=self.cfg.data.eval_batch_size, collate_fn=self.workload.collate_fn):
-            batch = move_to(batch, self.device)
-            with self._autocast():
-                r = self._eval_step(model, batch)
-            sums += torch.tensor([float(r["loss"]), float(r["count"]), float(r.get("correct", 0)),
-                                  float(r.get("scored", 0))], dtype=torch.float64, device=self.device)
-        model.train()
-        dist.all_reduce(sums)
-        loss, count, correct, scored = sums.tolist()
-        metrics = {"loss": loss / max(count, 1), "accuracy": correct / scored if scored else None}
-        self._eval = (self.progress.step, metrics)
-        return metrics
-
-    def _eval_step(self, model: torch.nn.Module, batch: Any) -> dict[str, Any]:
-        if self.workload.eval_step is not None:
-            return self.workload.eval_step(model, batch, self.cfg)
-        if isinstance(batch, Mapping):
-            out = model(**batch)
-            loss = out["loss"] if isinstance(out, Mapping) else out.loss
-            n = next(len(v) for v in batch.values() if isinstance(v, torch.Tensor))
-            return {"loss": loss.float() * n, "count": n}
-        x, y = batch
-        out = model(x)
-        r = {"loss": self.workload.loss_fn(out.float(), y).double() * len(y), "count": len(y)}
-        if out.dim() == 2 and y.dim() == 1:  # classification: accuracy is meaningful
-            r.update(correct=(out.argmax(dim=1) == y).sum(), scored=len(y))
-        return r
+        """Loss and accuracy over the whole eval set (evaluation.py), every rank (a collective)."""
+        return self.evaluation(self.model.module, self.progress.step)
 
     def _log_eval(self) -> None:
         m = self.evaluate()

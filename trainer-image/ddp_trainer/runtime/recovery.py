@@ -1,0 +1,349 @@
+"""`InProcessRecovery`: what a `Job` does when a peer is lost, and how a generation that resumed reports it.
+
+With `DDPJOB_INPROCESS=1` (runtime/inprocess.py) a survivor leaves the failed group, rejoins the next generation,
+takes part in the state exchange and hands its rescue checkpoint to the new generation's fence; a replacement (or a
+warm spare, once placed) receives the state from a peer. Either way, and after a resume from the volume, the
+generation keeps its recovery timeline (`progress.recovery_field`), which rank 0's reports carry until the first
+step ends it. `Job` owns one of these and delegates to it: this module never imports job.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import os
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from . import inprocess
+from .checkpoint import CheckpointManager, RescueCheckpoint, raise_fence
+from .contract import GENERATION_ENV, REJOIN_TIMEOUT_ENV, REPLICA_INDEX_ENV
+from .distributed import CollectiveTimeout, JobEnv, StopRequest, barrier, is_peer_failure, select_device
+from .frameworks import announce as announce_line
+from .progress import ProgressReporter, recovery_field
+from .watchdog import StallWatchdog
+
+log = logging.getLogger(__name__)
+META = "ddpjob"  # key of the runtime's own entry in every checkpoint dict
+
+
+class _JobParts(Protocol):
+    """What recovery uses of its `Job` (a protocol, so that this module does not import job.py)."""
+
+    env: JobEnv
+    device: torch.device
+    stop: StopRequest
+    timeouts: CollectiveTimeout
+    watchdog: StallWatchdog
+    checkpoints: CheckpointManager | None
+    reporter: ProgressReporter | None
+
+    def should_save(self, step: int) -> bool: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Carried:
+    """What a survivor keeps in memory across a peer's failure (`Job.carry`)."""
+
+    state: Callable[[], dict[str, Any]]
+    load: Callable[[dict[str, Any]], None]
+    rewrap: Callable[[], None]
+    step: Callable[[], int]
+    rescue: bool
+    release: Callable[[], None] | None = None
+
+
+class InProcessRecovery:
+    def __init__(self, job: _JobParts, rendezvous: inprocess.Rendezvous | None) -> None:
+        self.job = job
+        self.rendezvous = rendezvous  # None: this trainer did not form its groups through the job's store
+        self.carried: Carried | None = None
+        self.group_wedged = False  # the old group could not be left: never touch it again
+        self.peer_stopped = False  # the last agreed stop was a peer's signal, not this rank's
+        self._rescues: list[RescueCheckpoint] = []  # survivors' rescue writes not yet joined
+        # How this generation came back from the incident before it (None: it did not resume), and when its
+        # process group was complete: rank 0's reports carry it (progress.recovery_field).
+        self.timeline: dict[str, Any] | None = None
+        self._group_time = time.time()
+        # Every rank's state is the same replica (an in-process exchange just made it so): a DDP wrapper built now
+        # need not broadcast rank 0's parameters (`init_sync=not job.replicas_agree`, a cost that grows with the model).
+        self.replicas_agree = False
+
+    # ---- the timeline -------------------------------------------------------------------------
+
+    def recovered(self, path: str, reason: str, step: int) -> None:
+        """This generation resumed: its timeline starts (rank 0's reports carry it from now on)."""
+        self._set_timeline(recovery_field(path, reason=reason, resumed_step=step, rendezvous_time=self._group_time))
+
+    @property
+    def recovering(self) -> bool:
+        return self.timeline is not None and self.timeline["first_step_time"] is None
+
+    def stepped(self) -> None:
+        """An optimizer step of this generation finished: the first one ends the recovery's timeline."""
+        if self.recovering:
+            self._set_timeline({**self.timeline, "first_step_time": time.time()})
+
+    def _set_timeline(self, timeline: dict[str, Any]) -> None:
+        self.timeline = timeline
+        if self.job.env.is_main and self.job.reporter is not None:
+            self.job.reporter.recovery = timeline
+
+    def restart_reason(self, saved_in: int | None) -> str:
+        """Why this generation resumed from the volume where in-process recovery was asked for ("" where not)."""
+        if not inprocess.enabled():
+            return ""
+        if self.rendezvous is None:
+            return "the script formed its own process group: in-process recovery needs Job.start to form it"
+        generation = self.job.env.generation
+        try:
+            note = self.rendezvous.fallback_reason(generation, saved_in)
+        except RuntimeError:  # the store: the reason only
+            note = None
+        return note or (f"no rank of generation {generation} held the training state in memory (every "
+                        f"one started anew): resumed from the volume")
+
+    # ---- a fresh process: a warm spare's place, a replacement's state ---------------------------
+
+    def take_place(self) -> JobEnv:
+        """A warm spare: wait for the place its agent is given (runtime/inprocess.py), then join that
+        generation's group; its environment. A stop signal meanwhile (the spare's pod deleted) ends the process
+        with 128+N."""
+        rdzv, stop = self.rendezvous, self.job.stop
+        announce_line("spare: trainer ready, waiting for its place")
+        generation = rdzv.wait_place(lambda: stop.requested)
+        if generation is None:
+            raise SystemExit(stop.exit_code)
+        placed = time.monotonic()
+        generation, world = rdzv.join_newest(generation, self.job.device, self.job.timeouts.long_s)
+        self._group_time = time.time()
+        publish_environ(rdzv, generation, world)
+        log.warning("spare: took the place of rank %d of %d in generation %d (%.2f s to form the group)",
+                    rdzv.seat.rank, world, generation, time.monotonic() - placed)
+        return JobEnv.from_env()
+
+    def from_peer(self, announce: bool, into: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
+        """A fresh process of an in-process job (a replacement): the newest state a survivor holds, by
+        broadcast, or None when nobody holds one (the volume then)."""
+        env, started = self.job.env, time.monotonic()
+        state, source, step, _ = self.rendezvous.exchange(None, -1, self.job.device, into=into)
+        if state is None:
+            return None
+        self.replicas_agree = True  # every rank of the group holds (or just received) the source's replica
+        state[META] = {"step": step, "world_size": env.world_size, "peer": source,
+                       "generation": env.generation, "seconds": time.monotonic() - started}
+        if announce and env.is_main:
+            announce_line(f"resumed from peer rank {source} step={step} by broadcast in "
+                          f"{time.monotonic() - started:.2f} s (no checkpoint read)")
+        self.recovered("InProcess", "", step)
+        return state
+
+    # ---- a survivor ---------------------------------------------------------------------------
+
+    def recover(self, error: BaseException) -> bool:
+        """`Job.recover`: True once this process is in the next generation's group with the newest state."""
+        job = self.job
+        if self.rendezvous is None or not is_peer_failure(error):
+            return False
+        if self.carried is None:
+            return self._fall_back("the script did not call job.carry() (what a survivor keeps in memory)")
+        if job.watchdog.verdict is not None:
+            return self._fall_back(f"the stall watchdog's verdict ({job.watchdog.verdict[1]}) ends the process")
+        started = time.monotonic()
+        old = job.env.generation
+        job.watchdog.release()
+        job.timeouts.relax()  # no silent-peer verdict while this rank waits for the next generation
+        carried = self.carried
+        log.warning("rank %d at step %d: a peer %s in generation %d (%s); recovering in process", job.env.rank,
+                    carried.step(), "stopped" if self.peer_stopped else "failed", old,
+                    str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
+        self.peer_stopped = False
+        rescue = self._rescue_in_background(carried)  # durability, overlapping the hand-over
+        self._release(carried, error)
+        try:
+            generation, source, received, phases = self._rejoin(carried, rescue)
+        except inprocess.CannotRecover as e:
+            self.join_rescues()  # the exit path: each commits under its failed generation's fence, or not at all
+            return self._fall_back(str(e))
+        self.recovered("InProcess", "", carried.step())
+        log.warning("recovered in process: generation %d -> %d, rank %d of %d, state %s, %.2f s after the failure "
+                    "(%s)", old, generation, job.env.rank, job.env.world_size,
+                    f"received from rank {source}" if received else "kept", time.monotonic() - started,
+                    ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items()))
+        return True
+
+    def _release(self, carried: Carried, error: BaseException) -> None:
+        """Nothing here refers to the failed group once it is left, so that leaving closes its connections and
+        the peers blocked on this rank fail at once: the script's wrapper, the stop flag's work in flight, the
+        failed collective's frames (their locals)."""
+        if carried.release is not None:
+            carried.release()
+        self.job.stop.reset()
+        traceback.clear_frames(error.__traceback__)
+        gc.collect()  # a DDP wrapper's reference cycles
+
+    def _fall_back(self, reason: str) -> bool:
+        """In-process recovery is not possible: say why, in the log and in the store for the next generation's
+        rank 0 (its timeline's reason). False: the caller re-raises (today's exit path)."""
+        log.warning("in-process recovery not possible: %s; leaving the process as before", reason)
+        self.rendezvous.note_fallback(self.job.env.generation, reason)
+        return False
+
+    def rescue_meta(self, step: int) -> dict[str, Any]:
+        """A rescue checkpoint's `ddpjob` part: where it was trained and by which rank it was saved."""
+        env = self.job.env
+        return {"step": step, "world_size": env.world_size, "generation": self.job.checkpoints.generation,
+                "rescued_by_rank": env.rank}
+
+    def _rescue_in_background(self, carried: Carried) -> RescueCheckpoint | None:
+        """The survivor's rescue checkpoint, written on a thread while it rejoins and trains on: `_rejoin` waits
+        only for its read of the tensors (before anything changes them), and it commits in the new generation
+        when that one resumes from its step (`RescueCheckpoint`: the fence)."""
+        checkpoints = self.job.checkpoints
+        if not carried.rescue or checkpoints is None:
+            return None
+        step, rank = carried.step(), self.job.env.rank
+
+        def done(rescue: RescueCheckpoint) -> None:
+            if rescue.written:
+                log.warning("rescue checkpoint: rank %d saved step %d after a peer failed (committed in generation "
+                            "%d)", rank, step, rescue.generation)
+
+        # A step the writer saves itself (maybe now): this rank's rescue waits to know it was lost (no second copy).
+        after_writer = not checkpoints.is_writer and self.job.should_save(step)
+        rescue = RescueCheckpoint(checkpoints, step, {**carried.state(), META: self.rescue_meta(step)}, done,
+                                  after_writer=after_writer).start()
+        self._rescues.append(rescue)
+        return rescue
+
+    def join_rescues(self) -> None:
+        """Every rescue of this process committed or given up (those not settled commit under their failed
+        generation's fence, or not at all)."""
+        for rescue in self._rescues:
+            rescue.stayed()
+            rescue.join()
+        self._rescues.clear()
+
+    def settle_before_final_save(self, step: int) -> None:
+        """A final save of the step this generation resumed at in process (no step trained since): a survivor may
+        still be writing its rescue of this very step. Every rank knows it (the same timeline), so all wait for
+        their own, then rank 0 writes over it."""
+        timeline = self.timeline
+        if timeline is not None and timeline["path"] == "InProcess" and timeline["resumed_step"] == step and \
+                dist.is_initialized():
+            self.join_rescues()
+            barrier(self.job.device)
+
+    def _rejoin(self, carried: Carried, rescue: RescueCheckpoint | None) -> tuple[int, int | None, bool,
+                                                                               dict[str, float]]:
+        """(generation joined, the rank the state came from, whether this rank received it, the seconds of each
+        phase: where a recovery's time went, in its log line)"""
+        job, rdzv, generation = self.job, self.rendezvous, self.job.env.generation
+        phases = _Phases()
+        timeout = float(os.environ.get(REJOIN_TIMEOUT_ENV) or inprocess.REJOIN_TIMEOUT_S)
+        while True:
+            if not self.group_wedged:
+                try:
+                    rdzv.leave(job.timeouts.groups)
+                except inprocess.CannotRecover:
+                    self.group_wedged = True
+                    raise
+            job.stop.reset()
+            try:
+                newer = rdzv.wait_newer(generation, timeout, lambda: job.stop.requested)
+            except RuntimeError as e:  # DistStoreError: the store is lost too, and its generations with it
+                raise inprocess.CannotRecover(f"the job's rendezvous store cannot be read: {e}") from e
+            if newer is None:
+                raise inprocess.CannotRecover(f"stopped by signal {job.stop.signum} while waiting for the next "
+                                              f"generation" if job.stop.requested else
+                                              f"no generation newer than {generation} within {timeout:g} s")
+            phases.end("next generation")
+            try:
+                generation, world = rdzv.join_newest(newer, job.device, job.timeouts.long_s,
+                                                     world=job.env.world_size)
+            except inprocess.CannotRecover:
+                raise
+            except Exception as e:  # a rank that arrived died before the group formed: the next generation
+                if not is_peer_failure(e):
+                    raise
+                generation = newer
+                continue
+            joined = time.time()  # the new generation's group is complete
+            phases.end("group")
+            self._enter(generation, world)
+            try:
+                received, source, resumed, writer_kept = rdzv.exchange(carried.state, carried.step(), job.device)
+            except Exception as e:  # a second failure during the hand-over: the next generation
+                if not is_peer_failure(e):
+                    raise
+                continue
+            phases.end("exchange")
+            if rescue is not None:
+                rescue.joined(generation, resumed, writer_kept)  # a member now: its step's rescue commits in it
+                rescue.read.wait()  # the write has read the tensors: from here on they change (load, DDP, steps)
+                phases.end("rescue read")
+            if received is not None:
+                carried.load(received)
+                phases.end("load")
+            self.replicas_agree = True  # DDP need not broadcast rank 0's parameters again (rewrap)
+            carried.rewrap()
+            phases.end("DDP")
+            self._group_time = joined
+            return generation, source, received is not None, phases.seconds
+
+    def _enter(self, generation: int, world: int) -> None:
+        """This process is in `generation`'s group now: its environment, checkpoint fence and timeouts say so."""
+        job = self.job
+        job.env = dataclasses.replace(job.env, generation=generation, world_size=world)
+        publish_environ(self.rendezvous, generation, world)
+        job.timeouts.restart()
+        c = job.checkpoints
+        if c is not None:
+            c.generation = generation
+            if c.is_writer:  # from now on the failed generation commits nothing
+                raise_fence(c.root, c.run, generation, (c.marker(step) for step in c.committed_steps()))
+
+
+class _Phases:
+    """Seconds per named phase, each from the end of the one before (a phase repeated adds up)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._mark = time.monotonic()
+
+    def end(self, name: str) -> None:
+        now = time.monotonic()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._mark
+        self._mark = now
+
+
+def join_first_group(device: str, backend: str, timeout_s: float
+                     ) -> tuple[inprocess.Rendezvous, torch.device, JobEnv | None]:
+    """`Job.start` of an in-process job: its rendezvous, its device, and its environment once the first group
+    formed through the job's store (runtime/inprocess.py); None for a warm spare, which has no place yet."""
+    # Before any group exists: a Gloo group that exists when torch._dynamo is first imported (DDP imports it) is
+    # never released (torch 2.13), so a survivor leaving it would keep its connections open and the peers blocked
+    # on it waiting for their collective timeout.
+    import torch._dynamo  # noqa: F401
+    rdzv, generation = inprocess.Rendezvous.from_env(os.environ, backend)
+    dev = select_device(device, JobEnv(rank=0, local_rank=rdzv.seat.local_rank, world_size=1))
+    if rdzv.place_key:
+        return rdzv, dev, None
+    generation, world = rdzv.join_newest(generation, dev, timeout_s)
+    publish_environ(rdzv, generation, world)
+    return rdzv, dev, JobEnv.from_env()
+
+
+def publish_environ(rdzv: inprocess.Rendezvous, generation: int, world: int) -> None:
+    """What this process is now, where scripts and the runtime read it (torchrun's names)."""
+    seat = rdzv.seat
+    os.environ.update({"RANK": str(seat.rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(seat.local_rank),
+                       "LOCAL_WORLD_SIZE": str(seat.nproc), "GROUP_RANK": str(seat.replica_index),
+                       REPLICA_INDEX_ENV: str(seat.replica_index), GENERATION_ENV: str(generation),
+                       "TORCHELASTIC_RUN_ID": f"{rdzv.uid}-g{generation}"})
