@@ -5,6 +5,7 @@ view.py draws them."""
 from __future__ import annotations
 
 from datetime import datetime
+
 from .. import decisions, model
 from .logs import RESULT_FILE
 from .run_view import RunView
