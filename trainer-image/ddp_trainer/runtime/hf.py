@@ -41,14 +41,12 @@ What the callback does (docs/hf-and-lightning.md):
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import logging
 import os
 import random
 import re
-import shutil
 import sys
 import time
 import uuid
@@ -63,11 +61,10 @@ from transformers.utils import (ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME,
                                 SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME)
 
 from . import frameworks
-from .distributed import JobEnv, barrier, is_peer_failure
-from .distributed import exit_process
 from .contract import CHECKPOINT_DIR_ENV
-from .progress import ProgressReporter, write_result
-from .timing import StepTimer
+from .distributed import barrier, exit_process, is_peer_failure
+from .framework_callback import FrameworkCallback, job_env
+from .progress import write_result
 
 __all__ = ["DDPJobCallback", "exit_process", "output_dir", "resume_from_checkpoint"]
 
@@ -104,13 +101,6 @@ def output_dir(default: str | os.PathLike = "outputs") -> str:
     return str(frameworks.job_dir(SUBDIR, default))
 
 
-def _env() -> JobEnv | None:
-    try:
-        return JobEnv.from_env()
-    except RuntimeError:  # not under torchrun: a single process
-        return None
-
-
 def resume_from_checkpoint(args: Any = None) -> str | None:
     """The newest complete `checkpoint-<step>` in `args.output_dir` (TrainingArguments, or a path; default
     `output_dir()`), or None: pass it to `trainer.train(resume_from_checkpoint=...)`. Every rank gets
@@ -120,7 +110,7 @@ def resume_from_checkpoint(args: Any = None) -> str | None:
     directory = getattr(args, "output_dir", args) if args is not None else output_dir()
     if args is not None and hasattr(args, "device"):
         args.device  # noqa: B018 - HF sets up the process group here, so the choice can be shared
-    env = _env()
+    env = job_env()
     rank, world = (env.rank, env.world_size) if env else (0, 1)
     shared = dist.is_initialized() and dist.get_world_size() > 1  # else every rank reads the same directory
     found = None
@@ -142,7 +132,7 @@ def resume_from_checkpoint(args: Any = None) -> str | None:
     return path
 
 
-class DDPJobCallback(TrainerCallback):
+class DDPJobCallback(TrainerCallback, FrameworkCallback):
     """`Trainer(callbacks=[DDPJobCallback()])` or `trainer.add_callback(DDPJobCallback())`.
 
     `every_steps` / `keep`: checkpoint interval and how many complete checkpoints are kept (default: the
@@ -158,29 +148,14 @@ class DDPJobCallback(TrainerCallback):
 
     def __init__(self, *, every_steps: int | None = None, keep: int | None = None, exit_on_stop: bool = True,
                  rescue: bool = True, report_every: int = 1, steady_timeout_s: float = 0.0) -> None:
-        self.env = _env()
-        self.stop = frameworks.PacedStop()  # now, in the main thread: a SIGTERM during set-up is not lost
-        # A hung or silent peer, and SIGTERM while blocked in a collective (main thread: signals' wakeup fd).
-        self.guard = frameworks.StallGuard(steady_timeout_s)
-        self.every_steps = every_steps if every_steps is not None else (self.env.checkpoint_interval_steps
-                                                                        if self.env else 0)
+        self._init_job(every_steps=every_steps, exit_on_stop=exit_on_stop, report_every=report_every,
+                       steady_timeout_s=steady_timeout_s)
         self.keep = keep if keep is not None else (self.env.checkpoint_keep if self.env else None)
-        self.exit_on_stop, self.rescue_enabled, self.report_every = exit_on_stop, rescue, max(1, report_every)
-        self.stopped = False
+        self.rescue_enabled = rescue
         self.loss: float | None = None
-        self.last_checkpoint_step: int | None = None
-        self.reporter: ProgressReporter | None = None
-        self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=20)
         self._refs: dict[str, Any] = {}
         self._trainer: Any = None
         self._hooked = False
-        # Own time per step, apart from waiting for the other ranks (straggler detection, issue 22).
-        self.timer: StepTimer | None = None
-
-    @property
-    def exit_code(self) -> int:
-        """0, or 128 + the signal after a stop (143 for SIGTERM)."""
-        return self.stop.exit_code if self.stopped else 0
 
     # ---- HF events ----------------------------------------------------------------------------
 
@@ -193,30 +168,24 @@ class DDPJobCallback(TrainerCallback):
         self._refs = {"args": args, "state": state, "model": model, "optimizer": optimizer,
                       "lr_scheduler": lr_scheduler}
         self._trainer, resumed_from = _calling_trainer()
-        self.guard.start(getattr(args, "ddp_timeout", None))  # HF's process group timeout: relax() goes back to it
         if args.save_total_limit is not None:
             # HF's rotation runs inside its save, before on_save commits the new checkpoint, and counts
             # partial ones (by mtime): it can delete the last complete checkpoint. `prune` replaces it.
             self.keep = args.save_total_limit if args.save_total_limit > 0 else None
             args.save_total_limit = None
-        if args.should_save:
-            self._guard(lambda: frameworks.start_generation(args.output_dir), args.output_dir, "a generation fence")
-        if self.reporter is None:
-            self.reporter = ProgressReporter.from_env()
-        if self.timer is None and model is not None:
-            self.timer = StepTimer(next(model.parameters()).device)
-            self.timer.watch(model)  # the wait for DDP's gradient all_reduce is not this rank's work
+        self._start_training(  # HF's process group timeout: relax() goes back to it
+            timeout_s=getattr(args, "ddp_timeout", None), fence=args.output_dir if args.should_save else None,
+            model=model, device=next(model.parameters()).device if model is not None else None,
+            resumed_step=state.global_step, is_main=self.env is None or self.env.is_main)
         if not self._hooked:
             self._wrap_trainer(args)
         if state.global_step:
-            self.last_checkpoint_step = state.global_step  # resumed from it
             self._restore_loss(resumed_from, state.global_step)
-            frameworks.resumed(self.reporter, state.global_step, self.env is None or self.env.is_main)
 
     def on_step_begin(self, args, state, control, **kwargs):
         # This step's dropout (every draw of its forward and backward passes) from (seed, step, rank) alone:
         # the same after a resume from any checkpoint, a rescue included (HF's RNG files hold one rank's history).
-        frameworks.seed_step(args.seed, state.global_step, self.env.rank if self.env else 0)
+        frameworks.seed_step(args.seed, state.global_step, self.rank)
 
     # ---- HF's running loss (the mean of the steps since the last log) travels with the checkpoint ----------
 
@@ -232,7 +201,7 @@ class DDPJobCallback(TrainerCallback):
         """This rank's accumulator, as HF's `rng_state_<rank>.pth`: a plain write (rank 0's commit lists the
         directory meanwhile), a torn one is ignored at resume."""
         if (loss := self._loss_state(step)) is not None and directory.is_dir():
-            (directory / _loss_file(self.env.rank if self.env else 0)).write_text(json.dumps(loss))
+            (directory / _loss_file(self.rank)).write_text(json.dumps(loss))
 
     def _restore_loss(self, checkpoint: str | None, step: int) -> None:
         """HF starts its running loss afresh on resume (so the first logged loss after it averages fewer steps);
@@ -241,7 +210,7 @@ class DDPJobCallback(TrainerCallback):
         if checkpoint is None or trainer is None or not hasattr(trainer, "_tr_loss"):
             return
         try:
-            saved = json.loads((Path(checkpoint) / _loss_file(self.env.rank if self.env else 0)).read_text())
+            saved = json.loads((Path(checkpoint) / _loss_file(self.rank)).read_text())
             if saved["step"] != step:
                 return
             trainer._tr_loss = torch.full_like(trainer._tr_loss, saved["tr_loss"])
@@ -260,10 +229,7 @@ class DDPJobCallback(TrainerCallback):
             control.should_save = True
         if self.timer is not None:
             self.timer.boundary()
-        # Every rank, once per step: the same answer at the same step (an agreement is a wait, not training work).
-        with self.timer.waiting() if self.timer is not None and self.stop.due else contextlib.nullcontext():
-            stop = self.stop.step()
-        self.guard.step(self.stop)
+        stop = self._agree_stop()
         if control.should_training_stop:
             self.guard.relax()  # the last step: what follows until on_train_end is not a step
         if stop:
@@ -276,14 +242,11 @@ class DDPJobCallback(TrainerCallback):
         self._times.append((now, step))
         first = frameworks.first_step(self.reporter)  # of a resumed run: reported at once
         if self.reporter is not None and (step % self.report_every == 0 or control.should_training_stop or first):
-            rate = None
-            if len(self._times) >= 2 and now > self._times[0][0]:
-                per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-                rate = per_step * (step - self._times[0][1]) / (now - self._times[0][0])
-            self.reporter.report(step=step, total_steps=state.max_steps or None, loss=self.loss,
-                                 epoch=int(state.epoch or 0), samples_per_second=rate,
-                                 world_size=args.world_size, last_checkpoint_step=self.last_checkpoint_step,
-                                 step_seconds=self.timer.take() if self.timer is not None else None)
+            per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+            self._send_report(step=step, total_steps=state.max_steps or None, loss=self.loss,
+                              epoch=int(state.epoch or 0), samples_per_second=self._samples_per_second(step, now,
+                                                                                                       per_step),
+                              world_size=args.world_size)
         return control
 
     def on_epoch_end(self, args, state, control, **kwargs):
@@ -313,17 +276,11 @@ class DDPJobCallback(TrainerCallback):
             frameworks.prune(path, CHECKPOINT, self.keep,
                              protect=(state.best_model_checkpoint,) if state.best_model_checkpoint else ())
 
-    def _guard(self, write, directory: str | os.PathLike, what: str) -> Any:
-        """`write()`; a full (or failing) checkpoint volume ends the process with 75, as the bundled trainer."""
-        return frameworks.guard_volume(write, directory, what, before_exit=self._close)
-
     def on_train_end(self, args, state, control, **kwargs):
         if self.stopped:
             if dist.is_initialized() and dist.get_world_size() > 1:
                 barrier(args.device)  # nobody exits before rank 0's checkpoint is committed
-            self._close()
-            if self.exit_on_stop:
-                exit_process(self.exit_code)
+            self._end_after_stop()
             return
         mount = os.environ.get(CHECKPOINT_DIR_ENV)
         if args.should_save and mount:
@@ -331,12 +288,6 @@ class DDPJobCallback(TrainerCallback):
                 "status": "completed", "world_size": args.world_size, "step": state.global_step, "loss": self.loss}),
                 mount, "result.json")
         self._close()
-
-    def _close(self) -> None:
-        self.guard.close()
-        if self.reporter is not None:
-            self.reporter.close()
-        self.stop.close(drain=False)
 
     # ---- the Trainer's own methods: its save (a full volume), evaluation, its epoch loop (rescue) -----
 
@@ -389,13 +340,7 @@ class DDPJobCallback(TrainerCallback):
             try:
                 return original(*args, **kwargs)
             except Exception as e:
-                self.guard.rescuing()  # out of the collective: the watchdog waits for this save before exiting
-                self.rescue(e)
-                if self.reporter is not None:
-                    self.reporter.flush()  # the last step reached, before the process ends
-                if self.guard.verdict is not None:
-                    self._close()
-                    self.guard.leave()
+                self._after_failure(e, self.rescue)
                 raise
 
         trainer._run_epoch = run_epoch
@@ -410,36 +355,15 @@ class DDPJobCallback(TrainerCallback):
         if not (self._refs and (is_peer_failure(error) or self.guard.verdict is not None)):
             return False
         args, state = self._refs["args"], self._refs["state"]
-        step = state.global_step
-        root = Path(args.output_dir)
-        final = root / f"checkpoint-{step}"
-        if step == 0:
-            return False
+        step, root = state.global_step, Path(args.output_dir)
         tmp = root / f".tmp-checkpoint-{step}-{uuid.uuid4().hex}"
-        try:
-            if frameworks.read_marker(final) is not None:
-                return False
-            self._write_replica(tmp, args, state)
-            if (why := unloadable(tmp)) is not None:
-                raise OSError(f"HF could not resume from it ({why})")
-            if final.exists():  # a partial one (its writer died): replace it
-                shutil.rmtree(final, ignore_errors=True)
-            os.rename(tmp, final)
-            rank = self.env.rank if self.env else 0
-            if frameworks.commit(final, step=step, world_size=args.world_size, rescued_by_rank=rank) is None:
-                return False  # a newer generation started on the directory
-        except OSError as e:  # another survivor placed it first, or the volume failed: the original error matters
-            shutil.rmtree(tmp, ignore_errors=True)
-            log.warning("rescue checkpoint of step %d not written: %s", step, e)
-            return False
-        log.warning("rescue checkpoint: rank %d saved step %d after a peer failed", self.env.rank if self.env else 0,
-                    step)
-        return True
+        return self._place_rescue(step, root / f"checkpoint-{step}", tmp, lambda: self._write_replica(tmp, args, state),
+                                  unloadable, "HF", args.world_size)
 
     def _write_replica(self, directory: Path, args, state) -> None:
         """HF's checkpoint layout (Trainer._save_checkpoint), from any rank and without a collective."""
         directory.mkdir(parents=True)
-        self._write_weights(directory)
+        _write_weights(self._refs["model"], directory)
         torch.save(args, directory / "training_args.bin")
         torch.save(self._refs["optimizer"].state_dict(), directory / "optimizer.pt")
         if self._refs["lr_scheduler"] is not None:
@@ -447,7 +371,7 @@ class DDPJobCallback(TrainerCallback):
         scaler = getattr(getattr(self._trainer, "accelerator", None), "scaler", None)
         if scaler is not None:
             torch.save(scaler.state_dict(), directory / "scaler.pt")  # HF's SCALER_NAME
-        self._write_rng_states(directory, args, state.global_step)
+        _write_rng_states(directory, args, state.global_step)
         # No running loss: the dead rank's is gone, so every rank resumes with HF's fresh one (last logged: this
         # step), which is exact when this step's loss was logged, as with logging_steps=1.
         trainer = self._trainer
@@ -463,49 +387,50 @@ class DDPJobCallback(TrainerCallback):
                         state.stateful_callbacks[name] = cb.state()
         state.save_to_json(str(directory / TRAINER_STATE))
 
-    def _write_weights(self, directory: Path) -> None:
-        """The model as HF's save writes it, from whichever rank: `save_pretrained` writes only on rank 0 of an
-        initialized process group (transformers 5), so this rank is made the writer for this one call."""
-        model = self._refs["model"]
-        if isinstance(model, PreTrainedModel):
-            model.should_save_on_this_rank = lambda is_main_process: True  # (an instance attribute, removed below)
-            try:
-                model.save_pretrained(str(directory), is_main_process=True)
-            finally:
-                with contextlib.suppress(AttributeError):
-                    del model.should_save_on_this_rank
-        elif hasattr(model, "save_pretrained"):  # a PEFT model: its adapter, as HF saves it
-            model.save_pretrained(str(directory), is_main_process=True)
-        if unloadable(directory) == "no model weights":  # a plain nn.Module (or a save that wrote nothing here)
-            import safetensors.torch  # as HF saves a plain nn.Module: its state dict
 
-            state_dict = model.state_dict()
-            try:
-                safetensors.torch.save_file(state_dict, str(directory / SAFE_WEIGHTS_NAME), metadata={"format": "pt"})
-            except RuntimeError:  # shared tensors (tied weights)
-                (directory / SAFE_WEIGHTS_NAME).unlink(missing_ok=True)
-                torch.save(state_dict, directory / WEIGHTS_NAME)
-
-    def _write_rng_states(self, directory: Path, args, step: int) -> None:
-        """Every rank's `rng_state_<rank>.pth`, derived from (seed, step, rank) as `seed_step` makes each rank's
-        streams (the dead rank's history is gone; from the next step on, `on_step_begin` seeds them anyway):
-        HF loads one per rank and warns of lost reproducibility where its own is missing."""
-        own = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
-        cuda = torch.cuda.random.get_rng_state_all() if torch.cuda.is_available() else None
+def _write_weights(model: Any, directory: Path) -> None:
+    """The model as HF's save writes it, from whichever rank: `save_pretrained` writes only on rank 0 of an
+    initialized process group (transformers 5), so this rank is made the writer for this one call."""
+    if isinstance(model, PreTrainedModel):
+        model.should_save_on_this_rank = lambda is_main_process: True  # (an instance attribute, removed below)
         try:
-            for rank in range(args.world_size):
-                frameworks.seed_step(args.seed, step, rank)
-                rng = {"python": random.getstate(), "numpy": np.random.get_state(),
-                       "cpu": torch.random.get_rng_state()}
-                if cuda is not None:
-                    rng["cuda"] = torch.cuda.random.get_rng_state_all()
-                torch.save(rng, directory / (f"rng_state_{rank}.pth" if args.world_size > 1 else "rng_state.pth"))
+            model.save_pretrained(str(directory), is_main_process=True)
         finally:
-            random.setstate(own["python"])
-            np.random.set_state(own["numpy"])
-            torch.random.set_rng_state(own["cpu"])
+            with contextlib.suppress(AttributeError):
+                del model.should_save_on_this_rank
+    elif hasattr(model, "save_pretrained"):  # a PEFT model: its adapter, as HF saves it
+        model.save_pretrained(str(directory), is_main_process=True)
+    if unloadable(directory) == "no model weights":  # a plain nn.Module (or a save that wrote nothing here)
+        import safetensors.torch  # as HF saves a plain nn.Module: its state dict
+
+        state_dict = model.state_dict()
+        try:
+            safetensors.torch.save_file(state_dict, str(directory / SAFE_WEIGHTS_NAME), metadata={"format": "pt"})
+        except RuntimeError:  # shared tensors (tied weights)
+            (directory / SAFE_WEIGHTS_NAME).unlink(missing_ok=True)
+            torch.save(state_dict, directory / WEIGHTS_NAME)
+
+
+def _write_rng_states(directory: Path, args: Any, step: int) -> None:
+    """Every rank's `rng_state_<rank>.pth`, derived from (seed, step, rank) as `seed_step` makes each rank's
+    streams (the dead rank's history is gone; from the next step on, `on_step_begin` seeds them anyway):
+    HF loads one per rank and warns of lost reproducibility where its own is missing."""
+    own = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    cuda = torch.cuda.random.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        for rank in range(args.world_size):
+            frameworks.seed_step(args.seed, step, rank)
+            rng = {"python": random.getstate(), "numpy": np.random.get_state(),
+                   "cpu": torch.random.get_rng_state()}
             if cuda is not None:
-                torch.cuda.random.set_rng_state_all(cuda)
+                rng["cuda"] = torch.cuda.random.get_rng_state_all()
+            torch.save(rng, directory / (f"rng_state_{rank}.pth" if args.world_size > 1 else "rng_state.pth"))
+    finally:
+        random.setstate(own["python"])
+        np.random.set_state(own["numpy"])
+        torch.random.set_rng_state(own["cpu"])
+        if cuda is not None:
+            torch.cuda.random.set_rng_state_all(cuda)
 
 
 def _calling_trainer() -> tuple[Any, str | None]:

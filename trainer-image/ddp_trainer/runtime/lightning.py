@@ -32,7 +32,6 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import os
@@ -49,11 +48,10 @@ from lightning.pytorch import Callback
 
 from . import frameworks
 from .data import batch_size_of
-from .distributed import JobEnv, is_peer_failure
-from .distributed import exit_process
 from .contract import CHECKPOINT_DIR_ENV
-from .progress import REPORT_PACE_S, ProgressReporter, write_result
-from .timing import StepTimer
+from .distributed import exit_process, is_peer_failure
+from .framework_callback import FrameworkCallback, job_env
+from .progress import REPORT_PACE_S, write_result
 from .sampler import ResumableDistributedSampler
 
 __all__ = ["DDPJobCallback", "checkpoint_dir", "exit_process", "resume_from_checkpoint", "trainer_kwargs"]
@@ -84,19 +82,12 @@ def unloadable(checkpoint: str | os.PathLike) -> str | None:
     return None if zipfile.is_zipfile(checkpoint) else "not a torch.save archive"
 
 
-def _env() -> JobEnv | None:
-    try:
-        return JobEnv.from_env()
-    except RuntimeError:
-        return None
-
-
 def resume_from_checkpoint(directory: str | os.PathLike | None = None) -> str | None:
     """The newest complete checkpoint (`step-<N>.ckpt` with its commit marker) for `fit(ckpt_path=...)`, or
     None. Call it before `fit` (no process group yet): every rank reads the same shared directory, rank 0
     after raising its generation fence (`frameworks.start_generation`). An I/O error that outlasts the
     retries ends the process with 75 (`checkpoint volume unreadable: <dir>`)."""
-    env = _env()
+    env = job_env()
     directory = directory if directory is not None else checkpoint_dir()
 
     def look() -> tuple[int, Path, dict] | None:
@@ -113,7 +104,7 @@ def resume_from_checkpoint(directory: str | os.PathLike | None = None) -> str | 
     return str(path)
 
 
-class DDPJobCallback(Callback):
+class DDPJobCallback(Callback, FrameworkCallback):
     """`L.Trainer(callbacks=[DDPJobCallback()])`. `every_steps`/`keep` default to the manifest's
     checkpoint.intervalSteps/keep; `directory` to `checkpoint_dir()`. `exit_on_stop`: after a SIGTERM
     stop, exit 143 once the checkpoint is committed. `steady_timeout_s`: the collective timeout once steps
@@ -124,33 +115,19 @@ class DDPJobCallback(Callback):
     def __init__(self, *, every_steps: int | None = None, keep: int | None = None,
                  directory: str | os.PathLike | None = None, exit_on_stop: bool = True, report_every: int = 1,
                  steady_timeout_s: float = 0.0, seed: int | None = None) -> None:
-        self.env = _env()
+        self._init_job(every_steps=every_steps, exit_on_stop=exit_on_stop, report_every=report_every,
+                       steady_timeout_s=steady_timeout_s)
         # Each optimizer step's random streams come from (seed, step, rank): `L.seed_everything`'s seed by default.
         self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", "0") or 0)
-        self.stop = frameworks.PacedStop()  # in the main thread, before training: a SIGTERM now is not lost
-        # A hung or silent peer, and SIGTERM while blocked in a collective (main thread: signals' wakeup fd).
-        self.guard = frameworks.StallGuard(steady_timeout_s)
         self._rescuing = False
-        self.every_steps = every_steps if every_steps is not None else (self.env.checkpoint_interval_steps
-                                                                        if self.env else 0)
         self.keep = max(2, keep if keep is not None else (self.env.checkpoint_keep if self.env else 2))
         self.directory = Path(directory) if directory is not None else checkpoint_dir()
-        self.exit_on_stop, self.report_every = exit_on_stop, max(1, report_every)
-        self.stopped = False
-        self.last_checkpoint_step: int | None = None
-        self.reporter: ProgressReporter | None = None
         self.sampler: ResumableDistributedSampler | None = None
         self._sampler_state: dict | None = None
-        self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=20)
-        self.timer: StepTimer | None = None  # own time per step (straggler detection)
         self._loss: torch.Tensor | None = None
         self._world_size, self._total_steps = 1, None  # set when training starts
         self._unreported: tuple | None = None  # (step, samples, time, loss, epoch) of a step not reported yet
         self._next_report = 0.0
-
-    @property
-    def exit_code(self) -> int:
-        return self.stop.exit_code if self.stopped else 0
 
     # ---- the sampler's position travels in the checkpoint, as this callback's state ------------
 
@@ -181,7 +158,7 @@ class DDPJobCallback(Callback):
         if batch_idx % max(1, trainer.accumulate_grad_batches) == 0:  # an optimizer step's first micro-batch
             # This step's dropout from (seed, step, rank) alone: the same after a resume from any checkpoint,
             # a rescue included (which holds its survivor's random state only).
-            frameworks.seed_step(self.seed, trainer.global_step, self.env.rank if self.env else 0)
+            frameworks.seed_step(self.seed, trainer.global_step, self.rank)
 
     def on_train_start(self, trainer, pl_module) -> None:
         # Lightning's own SIGTERM handling (a broadcast inside the signal handler, then an exception at the
@@ -189,17 +166,11 @@ class DDPJobCallback(Callback):
         for signum in self.stop._previous:
             signal.signal(signum, self.stop._handle)
         timeout = getattr(trainer.strategy, "_timeout", None)  # DDPStrategy's process group timeout
-        self.guard.start(timeout.total_seconds() if timeout is not None else None)
-        if self.reporter is None:
-            self.reporter = ProgressReporter.from_env()
-        if trainer.is_global_zero:  # (also creates the directory, and the volume's root outside DDPJob)
-            self._guard(lambda: frameworks.start_generation(self.directory), "a generation fence")
-        if trainer.global_step:
-            self.last_checkpoint_step = trainer.global_step
-            frameworks.resumed(self.reporter, trainer.global_step, trainer.is_global_zero)
-        if self.timer is None:  # own time per step, apart from waiting for the others (issue 22)
-            self.timer = StepTimer(pl_module.device)
-            self.timer.watch(pl_module)
+        # The fence on rank 0 also creates the directory (and the volume's root outside DDPJob).
+        self._start_training(timeout_s=timeout.total_seconds() if timeout is not None else None,
+                             fence=self.directory if trainer.is_global_zero else None, model=pl_module,
+                             device=pl_module.device, resumed_step=trainer.global_step,
+                             is_main=trainer.is_global_zero)
         # Fixed for the fit; Lightning computes both from the strategy and the environment on every read,
         # which is a noticeable share of a small step's hook.
         self._world_size = trainer.world_size
@@ -234,10 +205,7 @@ class DDPJobCallback(Callback):
         if self.every_steps and step % self.every_steps == 0:
             with self.timer.waiting() if self.timer is not None else contextlib.nullcontext():  # not training work
                 self._save(trainer, step)
-        # Every rank, once per step: the same answer at the same step (an agreement is a wait, not training work).
-        with self.timer.waiting() if self.timer is not None and self.stop.due else contextlib.nullcontext():
-            stop = self.stop.step()
-        self.guard.step(self.stop)
+        stop = self._agree_stop()
         if stop:
             log.warning("stop requested (signal %s) at step %d: saving a checkpoint", self.stop.signum, step)
             self.stopped = True
@@ -263,14 +231,10 @@ class DDPJobCallback(Callback):
             return
         (step, samples, now, loss, epoch), self._unreported = self._unreported, None
         self._next_report = now + REPORT_PACE_S
-        rate = None
-        if len(self._times) >= 2 and now > self._times[0][0]:
-            rate = samples * self._world_size * (step - self._times[0][1]) / (now - self._times[0][0])
-        self.reporter.report(step=step, total_steps=self._total_steps,
-                             loss=float(loss) if isinstance(loss, torch.Tensor) else None,
-                             epoch=epoch, samples_per_second=rate,
-                             world_size=self._world_size, last_checkpoint_step=self.last_checkpoint_step,
-                             step_seconds=self.timer.take() if self.timer is not None else None)
+        self._send_report(step=step, total_steps=self._total_steps,
+                          loss=float(loss) if isinstance(loss, torch.Tensor) else None, epoch=epoch,
+                          samples_per_second=self._samples_per_second(step, now, samples * self._world_size),
+                          world_size=self._world_size)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self.guard.relax()  # the epoch's end (checkpoints, validation, the end of fit), the next one's data loader
@@ -288,36 +252,18 @@ class DDPJobCallback(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         self._report()
         if self.stopped:
-            self.guard.close()
-            if self.reporter is not None:
-                self.reporter.close()
-            self.stop.close(drain=False)
-            if self.exit_on_stop:
-                exit_process(self.exit_code)  # save_checkpoint's barrier: rank 0's file is committed
+            self._end_after_stop()  # save_checkpoint's barrier: rank 0's file is committed
             return
         mount = os.environ.get(CHECKPOINT_DIR_ENV)
         if trainer.is_global_zero and mount:
             loss = trainer.callback_metrics.get("train_loss", trainer.callback_metrics.get("loss"))
             result = {"status": "completed", "world_size": trainer.world_size, "step": trainer.global_step,
                       **({"loss": float(loss)} if loss is not None else {})}
-            self._guard(lambda: write_result(mount, result), "result.json", mount)
+            self._guard(lambda: write_result(mount, result), mount, "result.json")
         self._close()
 
-    def _close(self) -> None:
-        self.guard.close()
-        if self.reporter is not None:
-            self.reporter.close()
-        self.stop.close(drain=False)
-
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self.guard.rescuing()  # out of the collective: the watchdog waits for this save before exiting
-        self.rescue(trainer, exception)
-        self._report()
-        if self.reporter is not None:
-            self.reporter.flush()  # the last step reached, before the process ends
-        if self.guard.verdict is not None:  # a silent peer: its verdict, not the aborted collective's error
-            self._close()
-            self.guard.leave()
+        self._after_failure(exception, lambda error: self.rescue(trainer, error))
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
@@ -329,17 +275,13 @@ class DDPJobCallback(Callback):
         the commit, and not at all when fenced). A full volume exits 75, as the bundled trainer."""
         path = self._path(step)
         if trainer.is_global_zero:
-            self._guard(lambda: self.directory.mkdir(parents=True, exist_ok=True), path.name)
-        self._guard(lambda: trainer.save_checkpoint(str(path)), path.name)
+            self._guard(lambda: self.directory.mkdir(parents=True, exist_ok=True), self.directory, path.name)
+        self._guard(lambda: trainer.save_checkpoint(str(path)), self.directory, path.name)
         self.last_checkpoint_step = step  # on every rank alike: the stop's save depends on it (a collective)
         if trainer.is_global_zero and self._guard(
-                lambda: frameworks.commit(path, step=step, world_size=trainer.world_size), path.name) is not None:
+                lambda: frameworks.commit(path, step=step, world_size=trainer.world_size), self.directory,
+                path.name) is not None:
             frameworks.prune(path, CHECKPOINT, self.keep)  # (not when fenced: a newer generation started there)
-
-    def _guard(self, write, what: str, directory: str | os.PathLike | None = None) -> Any:
-        """`write()`; a full (or failing) checkpoint volume ends the process with 75, as the bundled trainer."""
-        return frameworks.guard_volume(write, directory if directory is not None else self.directory, what,
-                                       before_exit=self._close)
 
     def rescue(self, trainer, error: BaseException) -> bool:
         """After a collective failed because a peer died: this rank writes its replica as a complete
@@ -349,12 +291,9 @@ class DDPJobCallback(Callback):
             return False
         step = trainer.global_step
         final = self._path(step)
-        if step == 0:
-            return False
         tmp = self.directory / f".tmp-{final.name}-{uuid.uuid4().hex}"
-        try:
-            if frameworks.read_marker(final) is not None:
-                return False
+
+        def write() -> None:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._rescuing = True  # (no relax: the process groups may be aborted)
             try:
@@ -362,17 +301,7 @@ class DDPJobCallback(Callback):
             finally:
                 self._rescuing = False
             torch.save(checkpoint, tmp)
-            if (why := unloadable(tmp)) is not None:
-                raise OSError(f"Lightning could not resume from it ({why})")
-            os.replace(tmp, final)
-            if frameworks.commit(final, step=step, world_size=trainer.world_size,
-                                 rescued_by_rank=self.env.rank if self.env else 0) is None:
-                return False  # a newer generation started on the directory
-        except Exception as e:  # noqa: BLE001 - the peer's failure matters more than this one
-            tmp.unlink(missing_ok=True)
-            log.warning("rescue checkpoint of step %d not written: %s", step, e)
-            return False
-        log.warning("rescue checkpoint: rank %d saved step %d after a peer failed",
-                    self.env.rank if self.env else 0, step)
-        return True
 
+        # Any error is dropped: the peer's failure matters more than this one.
+        return self._place_rescue(step, final, tmp, write, unloadable, "Lightning", trainer.world_size,
+                                  errors=(Exception,))

@@ -1,0 +1,165 @@
+"""`FrameworkCallback`: what DDPJob's Hugging Face and Lightning callbacks share (hf.py, lightning.py), in one
+place that imports neither framework: the stop every rank agrees on at the same step, the stall guard's wiring,
+the generation fence at the start of training, the resume announcement, progress reports with the step timer,
+a rescue checkpoint's placement and commit, and the way out after a failure or a stop. Each framework's callback
+keeps only what its framework's events and checkpoint layout need."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import frameworks
+from .distributed import JobEnv
+from .progress import ProgressReporter
+from .timing import StepTimer
+
+log = logging.getLogger(__name__)
+
+
+def job_env() -> JobEnv | None:
+    """This process's place under torchrun, or None (not under torchrun: a single process)."""
+    try:
+        return JobEnv.from_env()
+    except RuntimeError:
+        return None
+
+
+class FrameworkCallback:
+    """Mixed into a framework's callback class; `_init_job` from its `__init__`."""
+
+    def _init_job(self, *, every_steps: int | None, exit_on_stop: bool, report_every: int,
+                  steady_timeout_s: float) -> None:
+        self.env = job_env()
+        self.stop = frameworks.PacedStop()  # now, in the main thread: a SIGTERM during set-up is not lost
+        # A hung or silent peer, and SIGTERM while blocked in a collective (main thread: signals' wakeup fd).
+        self.guard = frameworks.StallGuard(steady_timeout_s)
+        self.every_steps = every_steps if every_steps is not None else (self.env.checkpoint_interval_steps
+                                                                        if self.env else 0)
+        self.exit_on_stop, self.report_every = exit_on_stop, max(1, report_every)
+        self.stopped = False
+        self.last_checkpoint_step: int | None = None
+        self.reporter: ProgressReporter | None = None
+        self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=20)  # (time, step)
+        self.timer: StepTimer | None = None  # own time per step, apart from waiting for the others (issue 22)
+
+    @property
+    def exit_code(self) -> int:
+        """0, or 128 + the signal after a stop (143 for SIGTERM)."""
+        return self.stop.exit_code if self.stopped else 0
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank if self.env else 0
+
+    # ---- training starts, steps, ends -----------------------------------------------------------
+
+    def _start_training(self, *, timeout_s: float | None, fence: str | os.PathLike | None,
+                        model: torch.nn.Module | None, device: torch.device | None, resumed_step: int,
+                        is_main: bool) -> None:
+        """The stall guard (back to the framework's collective timeout `timeout_s` when relaxed), the reporter,
+        the generation fence on `fence` (the writer's checkpoint directory; None elsewhere), the step timer
+        watching `model`'s gradient all_reduce, and a resume's announcement (its timeline starts)."""
+        self.guard.start(timeout_s)
+        if self.reporter is None:
+            self.reporter = ProgressReporter.from_env()
+        if fence is not None:
+            self._guard(lambda: frameworks.start_generation(fence), fence, "a generation fence")
+        if self.timer is None and model is not None:
+            self.timer = StepTimer(device)
+            self.timer.watch(model)  # the wait for DDP's gradient all_reduce is not this rank's work
+        if resumed_step:
+            self.last_checkpoint_step = resumed_step  # resumed from it
+            frameworks.resumed(self.reporter, resumed_step, is_main)
+
+    def _agree_stop(self) -> bool:
+        """Every rank, once per step: the same answer at the same step (an agreement is a wait, not training
+        work); the stall guard sees the step."""
+        with self.timer.waiting() if self.timer is not None and self.stop.due else contextlib.nullcontext():
+            stop = self.stop.step()
+        self.guard.step(self.stop)
+        return stop
+
+    def _samples_per_second(self, step: int, now: float, samples_per_step: int) -> float | None:
+        """Over the last steps noted in `_times` (None before two)."""
+        if len(self._times) >= 2 and now > self._times[0][0]:
+            return samples_per_step * (step - self._times[0][1]) / (now - self._times[0][0])
+        return None
+
+    def _send_report(self, *, step: int, total_steps: int | None, loss: float | None, epoch: int,
+                     samples_per_second: float | None, world_size: int) -> None:
+        self.reporter.report(step=step, total_steps=total_steps, loss=loss, epoch=epoch,
+                             samples_per_second=samples_per_second, world_size=world_size,
+                             last_checkpoint_step=self.last_checkpoint_step,
+                             step_seconds=self.timer.take() if self.timer is not None else None)
+
+    def _report(self) -> None:
+        """Send what is not reported yet (a callback that paces its reports); nothing by default."""
+
+    def _guard(self, write: Callable[[], Any], directory: str | os.PathLike, what: str) -> Any:
+        """`write()`; a full (or failing) checkpoint volume ends the process with 75, as the bundled trainer."""
+        return frameworks.guard_volume(write, directory, what, before_exit=self._close)
+
+    def _close(self) -> None:
+        self.guard.close()
+        if self.reporter is not None:
+            self.reporter.close()
+        self.stop.close(drain=False)
+
+    def _end_after_stop(self) -> None:
+        """Training stopped on a signal, the checkpoint committed: close, and exit 128+N where asked to."""
+        self._close()
+        if self.exit_on_stop:
+            frameworks.exit_process(self.exit_code)
+
+    def _after_failure(self, error: BaseException, rescue: Callable[[BaseException], object]) -> None:
+        """Training raised `error`: `rescue(error)` (it decides whether it was a peer's failure), the last step
+        reported, and a silent peer's verdict (not the aborted collective's error) ends the process."""
+        self.guard.rescuing()  # out of the collective: the watchdog waits for this save before exiting
+        rescue(error)
+        self._report()
+        if self.reporter is not None:
+            self.reporter.flush()  # the last step reached, before the process ends
+        if self.guard.verdict is not None:
+            self._close()
+            self.guard.leave()
+
+    # ---- a rescue checkpoint --------------------------------------------------------------------
+
+    def _place_rescue(self, step: int, final: Path, tmp: Path, write: Callable[[], None],
+                      unloadable: Callable[[Path], str | None], framework: str, world_size: int,
+                      errors: tuple[type[BaseException], ...] = (OSError,)) -> bool:
+        """A survivor's replica as the complete checkpoint `final` of `step`: `write()` puts it at `tmp`, which
+        replaces `final` (a partial one, its writer died) only if `framework` can load it, and is committed.
+        Any surviving rank may (the first to commit wins); a step already complete is left alone. No collective.
+        An error of `errors` is logged and dropped: the peer's failure matters more than this one."""
+        if step == 0:
+            return False
+        try:
+            if frameworks.read_marker(final) is not None:
+                return False
+            write()
+            if (why := unloadable(tmp)) is not None:
+                raise OSError(f"{framework} could not resume from it ({why})")
+            if final.is_dir() and not final.is_symlink():
+                shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            if frameworks.commit(final, step=step, world_size=world_size, rescued_by_rank=self.rank) is None:
+                return False  # a newer generation started on the directory
+        except errors as e:
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
+            log.warning("rescue checkpoint of step %d not written: %s", step, e)
+            return False
+        log.warning("rescue checkpoint: rank %d saved step %d after a peer failed", self.rank, step)
+        return True
