@@ -12,7 +12,11 @@ is submitted at the same instant. Measured, on the emulator's clock (its own wri
 - first pod: from the new leader taking the Lease to the new job's first pod (the goal: within 10 s);
 - INFO lines: what the new leader logged from its start until it went quiet (every job resynced),
   and how many of those were kopf's per-event "Handler ... succeeded." lines;
-- memory: each new replica's VmRSS (and VmHWM, its peak) once quiet.
+- memory: each new replica's VmRSS (and VmHWM, its peak) once quiet;
+- the Lease under that load (issue 38): the new leader's renewals in the `--lease-seconds` (60) from its
+  takeover (its first passes, then every job's resync, each 30 s), as the emulator saw them: the gaps between them (median, max: a renewal is due every retry period, 2 s, and
+  the leader stops acting 10 s after the start of its last successful one), how often it logged "could not
+  renew Lease", and how often the Lease changed hands after the takeover (lost Leases).
 
     .venv/bin/python bench/operator_restart_at_scale.py [--jobs 1000] [--baseline DIR]
         --baseline DIR: run the replicas from the ddpjob_operator package in DIR (first on their
@@ -26,6 +30,7 @@ import asyncio
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,14 +74,16 @@ async def wait_until(check: Callable[[], Any], what: str, timeout: float, every:
 
 
 class LeaseNotingCluster(Cluster):
-    """The emulator, noting when the Lease changes hands (at its own write)."""
+    """The emulator, noting when the Lease changes hands (at its own write), and every write of it."""
 
     holders: list[tuple[float, str]] = []  # (perf_counter, holder) at each change
+    writes: list[tuple[float, str]] = []  # (perf_counter, holder) at each write
 
     async def _commit(self, key: Any, obj: Any, type_: str) -> Any:
         stored = await super()._commit(key, obj, type_)
         if key[0] == LEASES:
             holder = ((stored or {}).get("spec") or {}).get("holderIdentity") or ""
+            self.writes.append((time.perf_counter(), holder))
             if not self.holders or self.holders[-1][1] != holder:
                 self.holders.append((time.perf_counter(), holder))
         return stored
@@ -164,13 +171,20 @@ class Bench:
         for process, _ in old.values():
             await asyncio.to_thread(process.wait, 60)
         quiet_at = await self.quiet(timeout=600)
+        await asyncio.sleep(max(0.0, taken + self.args.lease_seconds - time.perf_counter()))
+        watched_until = time.perf_counter()
         rss = {name: memory_mib(self.replicas[name][0].pid) for name in fresh}
         lines = self.replicas[leader][1].read_text(errors="replace").splitlines()
         info = [line for line in lines if " INFO " in line or " WARNING " in line or " ERROR " in line]
         per_event = [line for line in info if "Handler '" in line and "succeeded" in line]
         listing = next((line.split(": ", 1)[1] for line in info if " listed " in line), "")
         standby = next(n for n in fresh if n != leader)
-        return {"lease_s": taken - restarted, "first_pod_s": created - taken, "from_restart_s": created - restarted,
+        renewals = [t for t, h in LeaseNotingCluster.writes if taken <= t <= watched_until and h == leader]
+        gaps = [b - a for a, b in zip(renewals, renewals[1:])] or [0.0]
+        return {"renewals": len(renewals), "gap_median_s": statistics.median(gaps), "gap_max_s": max(gaps),
+                "could_not_renew": sum("could not renew Lease" in line for line in lines),
+                "lost_leases": sum(1 for t, h in self.lease_holders if taken < t <= watched_until and h != leader),
+                "watched_s": watched_until - taken,"lease_s": taken - restarted, "first_pod_s": created - taken, "from_restart_s": created - restarted,
                 "resynced_s": quiet_at - taken, "info_lines": len(info), "per_event_lines": len(per_event),
                 "leader_rss": rss[leader][0], "leader_hwm": rss[leader][1],
                 "standby_rss": rss[standby][0], "standby_hwm": rss[standby][1], "load": load[0], "listing": listing}
@@ -211,6 +225,11 @@ async def main(args: argparse.Namespace) -> None:
           f"{r['resynced_s']:.0f} | {r['info_lines']:.0f} ({r['per_event_lines']:.0f}) | "
           f"{r['leader_rss']:.0f} ({r['leader_hwm']:.0f}) / {r['standby_rss']:.0f} ({r['standby_hwm']:.0f}) |")
     print(f"new leader: {r['listing']}")
+    print("\n| jobs (Pending pods) | renewals in the s after the Lease | gap between renewals median / max s "
+          "| 'could not renew Lease' lines | lost Leases |")
+    print("| --- | --- | --- | --- | --- |")
+    print(f"| {args.jobs} ({3 * args.jobs}) | {r['renewals']} in {r['watched_s']:.0f} | {r['gap_median_s']:.2f} / "
+          f"{r['gap_max_s']:.2f} | {r['could_not_renew']} | {r['lost_leases']} |")
 
 
 if __name__ == "__main__":
@@ -218,4 +237,6 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--baseline", default="", help="a directory holding an older ddpjob_operator package")
     parser.add_argument("--logs", default="", help="a directory to copy every replica's log to")
+    parser.add_argument("--lease-seconds", type=float, default=60.0,
+                        help="how long after the takeover the new leader's renewals are watched")
     asyncio.run(main(parser.parse_args()))
