@@ -140,12 +140,27 @@ def report(text, closed=True, generation=None):
     path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG_PATH)
     mark = " " + GENERATION_MARK.format(generation=generation) if generation is not None else ""
     mark += " " + RENDEZVOUS_CLOSED_MARK if closed else ""
-    data = text.encode("utf-8", "replace")[:TERMINATION_MESSAGE_LIMIT - len(mark)] + mark.encode()
+    data = fit_message(text, TERMINATION_MESSAGE_LIMIT - len(mark.encode())).encode() + mark.encode()
     try:
         with open(path, "wb") as log:
             log.write(data)
     except OSError:
         pass  # no termination log here (not in a container): the log has the same story
+
+
+def fit_message(text, limit):
+    # At most `limit` bytes of UTF-8: the trainer's message ends with its fix ("Fix: ..."), which the
+    # operator keeps whole (decisions.common.short_message), so the middle gives way, never the end, and a
+    # character is never split.
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    cut = " ... "
+    tail = max(limit - len(cut), 0) // 2
+    head = max(limit - len(cut) - tail, 0)
+    start = data[:head].decode("utf-8", "ignore")
+    end = data[len(data) - tail:].decode("utf-8", "ignore") if tail else ""
+    return start + cut + end if limit >= len(cut) else start
 
 
 def flag(args, name):
