@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the launcher runs torchrun: the trainer's dependencies")
 import torch.distributed as dist  # noqa: E402
 
-from ddpjob_operator import launch, validation  # noqa: E402
+from ddpjob_operator import agent, launch, validation  # noqa: E402
 from ddpjob_operator.agent import contract  # noqa: E402
 
 SCRIPT = "import os\nprint('RUN_ID=' + os.environ.get('TORCHELASTIC_RUN_ID', '-'), flush=True)\n"
@@ -37,7 +37,7 @@ def test_a_foreign_pet_standalone_is_ignored_and_the_operators_rendezvous_is_use
            "PET_STANDALONE": "1", "TORCHELASTIC_MAX_RESTARTS": "100",  # what an unprefixed envFrom could bring
            contract.TERMINATION_LOG_ENV: str(tmp_path / "termination-log")}
     argv = launch.worker_command(spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr="127.0.0.1",
-                                 python=sys.executable)
+                                 python=sys.executable, agent_dir=agent.DIRECTORY)
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"RUN_ID={rdzv_id}" in done.stdout, done.stdout  # standalone would have made up its own id
