@@ -247,12 +247,12 @@ class Elector:
     async def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                await self._round()
+                await self.run_round()
                 self.withdrawn_since, self._warned_withdrawn = None, False
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # an API error: try again next period; fencing holds meanwhile
-                self._round_failed(exc)
+                self.round_failed(exc)
             if self._stopping.is_set():
                 return
             self._wake.clear()
@@ -261,7 +261,8 @@ class Elector:
             except asyncio.TimeoutError:
                 pass
 
-    def _round_failed(self, exc: Exception) -> None:
+    def round_failed(self, exc: Exception) -> None:
+        """What the loop does with a round's error (public: a test drives rounds without the thread)."""
         if not permission_withdrawn(exc):
             self.withdrawn_since = None
             logger.warning("leader election round failed: %s", exc)
@@ -277,7 +278,9 @@ class Elector:
                            "replica's Role or RoleBinding is missing", self.namespace, self.name,
                            now - self.withdrawn_since, exc)
 
-    async def _round(self) -> None:
+    async def run_round(self) -> None:
+        """One round of the loop: read the Lease unless we hold it, then create, renew or take it over
+        when `decide` says so. Raises the API client's errors (the loop hands them to `round_failed`)."""
         if not (self._lease is not None and self.leading() and self._lease.holder == self.identity):
             await self._read()  # the holder renews on what it last wrote; a 409 sends it back here
         now = self.clock()

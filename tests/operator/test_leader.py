@@ -112,6 +112,11 @@ async def test_fenced_client_sends_no_write_once_the_renew_deadline_passed():
     sent: list[tuple[str, str]] = []
 
     async def record(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        if "/leases" in request.path:  # the election's own calls: no Lease yet, then the one it creates
+            if request.method == "GET":
+                return aiohttp.web.json_response({"kind": "Status", "reason": "NotFound"}, status=404)
+            return aiohttp.web.json_response({**await request.json(), "metadata": {"resourceVersion": "1"}},
+                                             status=201)
         sent.append((request.method, request.path))
         return aiohttp.web.json_response({"kind": "Status", "items": []})
 
@@ -128,7 +133,9 @@ async def test_fenced_client_sends_no_write_once_the_renew_deadline_passed():
     try:
         with pytest.raises(leader.NotLeader):  # never renewed
             await api.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "n"}})
-        elector._renewed_at = 95.0  # renewed 5 s ago: may act
+        now[0] = 95.0
+        await elector.run_round()  # renewed (created) 5 s before the calls below: may act
+        now[0] = 100.0
         await api.delete(kube.PODS, "n", "p")
         await api.patch_status("n", "j", {"phase": "Running"})
         now[0] = 105.0  # paused: 10 s since the renewal began
@@ -138,6 +145,7 @@ async def test_fenced_client_sends_no_write_once_the_renew_deadline_passed():
             await api.delete(kube.PODS, "n", "p")
         await api.latest_event_message("n", "uid", "FailedMount")  # reads are harmless
     finally:
+        await elector.stop(release=False)
         await api.close()
         await runner.cleanup()
     assert [method for method, _ in sent] == ["DELETE", "PATCH", "GET"], sent
@@ -169,14 +177,14 @@ async def test_a_refused_renewal_stops_acting_at_once_even_when_the_lease_cannot
     elector = leader.Elector(kube.Kube(connection), "ops", "lease", "me", T)
     api = leader.FencedKube(connection, elector)
     try:
-        await elector._round()  # no Lease yet: created, held
+        await elector.run_round()  # no Lease yet: created, held
         assert elector.leading()
         answers["PUT"] = (409, {"kind": "Status", "reason": "Conflict", "message": "the object has been modified"})
         answers["GET"] = (503, {"kind": "Status", "reason": "ServiceUnavailable", "message": "overloaded"})
-        await elector._round()  # the renewal is refused: someone else wrote the Lease
+        await elector.run_round()  # the renewal is refused: someone else wrote the Lease
         assert not elector.leading()
         with pytest.raises(kube.ApiError):  # the next round cannot read the Lease: still not acting
-            await elector._round()
+            await elector.run_round()
         assert not elector.leading()
         with pytest.raises(leader.NotLeader):
             await api.delete(kube.PODS, "n", "p")
@@ -632,14 +640,14 @@ async def test_two_replicas_racing_for_the_lease_one_wins_and_the_other_takes_th
                                   Timing(LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD))
         a, b, c = elector("op-a"), elector("op-b"), elector("op-c")
         try:
-            await asyncio.gather(a._round(), b._round())
+            await asyncio.gather(a.run_round(), b.run_round())
             assert sorted(emulator.answers) == [("POST", 201), ("POST", 409)], emulator.answers
             [winner] = [e for e in (a, b) if e.leading()]
             loser = b if winner is a else a
             assert emulator.get(LEASES, OPERATOR_NAMESPACE, LEASE_NAME)["spec"]["holderIdentity"] == winner.identity
             await winner.stop(release=True)  # SIGTERM: the Lease is released (an empty holder)
             emulator.answers.clear()
-            await asyncio.gather(loser._round(), c._round())
+            await asyncio.gather(loser.run_round(), c.run_round())
             assert sorted(emulator.answers) == [("PUT", 200), ("PUT", 409)], emulator.answers
             [taker] = [e for e in (loser, c) if e.leading()]
             lease = emulator.get(LEASES, OPERATOR_NAMESPACE, LEASE_NAME)["spec"]

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import sys
+import time
 import uuid
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -49,7 +50,9 @@ class Endpoint:
         async def counted(token, audiences):
             self.calls.append(token)
             return await review(token, audiences)
-        self.reviewer = progress.TokenReviewer(counted, AUDIENCE, **(budgets or {}))
+        self.skipped = 0.0  # seconds pass_time() moved the reviewer's clock on
+        self.reviewer = progress.TokenReviewer(counted, AUDIENCE, lambda: time.monotonic() + self.skipped,
+                                               **(budgets or {}))
         workers = {"w-0": 0, "w-1": 1}
         self.server = progress.ProgressServer(
             self.tracker, self.reviewer,
@@ -59,6 +62,10 @@ class Endpoint:
             count=lambda r: self.counts.__setitem__(r, self.counts.get(r, 0) + 1),
             clock=lambda: datetime.now(timezone.utc), **server_args)
         self.server.refused = lambda ns, name: self.refusals.append((ns, name))
+
+    def pass_time(self, seconds: float) -> None:
+        """The reviewer's caches and budgets see `seconds` more pass (its cached reviews expire)."""
+        self.skipped += seconds
 
     async def __aenter__(self) -> "Endpoint":
         await self.server.start(0, "127.0.0.1")
@@ -196,7 +203,7 @@ async def test_review_rate_limit_failed_review_and_negative_cache():
         assert endpoint.refusals == []
         # A failed review is 503 (retry later), and is a refusal: the stall clock holds.
         failing[0] = True
-        endpoint.reviewer._valid.clear()  # its cached review expired: a re-review, which fails
+        endpoint.pass_time(progress.TOKEN_CACHE_SECONDS)  # its cached review expired: a re-review, which fails
         before = len(endpoint.refusals)
         status, text = await endpoint.post("w-1")
         assert status == 503 and "retry" in text and endpoint.refusals == [("ns", "job")] * (before + 1)

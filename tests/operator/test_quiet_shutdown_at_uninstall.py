@@ -111,7 +111,7 @@ async def test_a_replica_refused_long_after_warns_once_its_role_is_missing(caplo
 async def test_other_failures_of_a_round_still_warn(caplog):
     caplog.set_level(logging.INFO, logger="ddpjob_operator")
     elector = leader.Elector(kube.Kube(kube.Connection(server="http://127.0.0.1:9")), "ops", "lease", "op-2", FAST)
-    elector._round_failed(kube.ApiError(500, "InternalError", "etcd timed out"))
+    elector.round_failed(kube.ApiError(500, "InternalError", "etcd timed out"))
     assert warnings(caplog) == ["leader election round failed: HTTP 500 InternalError: etcd timed out"]
     assert elector.withdrawn_since is None
     await elector.api.close()

@@ -8,6 +8,8 @@ from datetime import timedelta
 import aiohttp
 import pytest
 
+from ddpjob_operator import progress
+
 from .test_decisions import T0, decide, job, running_status
 from .test_progress_decisions import DEADLINE, observed, report, stall_spec
 from .test_progress_hardening import Endpoint, review_workers
@@ -44,24 +46,27 @@ async def review_or_fail(token, audiences):
 OPEN = {"reviews_per_second": 1000, "rereviews_per_second": 1000, "source_per_second": 1000, "source_burst": 1000}
 
 
-@pytest.mark.parametrize("budgets, before, token, code, refused", [
+# expired: the reviews cached for `before` expire first (the reviewer's clock moves on by the cache time, which
+# also refills the budgets: only where the case's budgets do not refill).
+@pytest.mark.parametrize("budgets, before, token, code, refused, expired", [
     # A made-up token over the per-source budget (its first one went to review: 401).
-    (dict(OPEN, source_per_second=0, source_burst=1), ["junk-1"], "junk-2", 429, False),
+    (dict(OPEN, source_per_second=0, source_burst=1), ["junk-1"], "junk-2", 429, False, False),
     # A made-up token over the shared budget of unknown tokens (burst 4 x 0.25 = 1).
-    (dict(OPEN, reviews_per_second=0.25), ["junk-1"], "junk-2", 429, False),
+    (dict(OPEN, reviews_per_second=0.25), ["junk-1"], "junk-2", 429, False, False),
     # A made-up token the API server refuses: 401, the client's fault.
-    (OPEN, [], "junk-1", 401, False),
+    (OPEN, [], "junk-1", 401, False, False),
     # The job's worker, whose cached review expired, over the re-review budget: the operator's silence.
-    (dict(OPEN, rereviews_per_second=0), ["w-1"], "w-1", 429, True),
+    (dict(OPEN, rereviews_per_second=0), ["w-1"], "w-1", 429, True, True),
     # A token once valid, for a pod that is not this job's worker: not the job's report.
-    (dict(OPEN, rereviews_per_second=0), ["w-9"], "w-9", 429, False),
+    (dict(OPEN, rereviews_per_second=0), ["w-9"], "w-9", 429, False, True),
     # The review itself failed (the API server): nobody's reports can be taken.
-    (OPEN, [], "api-down", 503, True),
+    (OPEN, [], "api-down", 503, True, False),
 ])
-async def test_only_reports_a_worker_could_have_sent_hold_the_stall(budgets, before, token, code, refused):
+async def test_only_reports_a_worker_could_have_sent_hold_the_stall(budgets, before, token, code, refused, expired):
     async with Endpoint(review_or_fail, budgets) as endpoint:
         for earlier in before:
             await endpoint.post(earlier)
-        endpoint.reviewer._valid.clear()  # cached reviews expired: the next one is reviewed again
+        if expired:  # the next one is reviewed again
+            endpoint.pass_time(progress.TOKEN_CACHE_SECONDS)
         assert (await endpoint.post(token))[0] == code
         assert endpoint.refusals == ([("ns", "job")] if refused else [])

@@ -45,7 +45,7 @@ def test_evaluation_batches_after_a_stop_keep_it_waiting_for_the_next_step_and_a
     clock = Clock()
     dog = StallWatchdog(lambda: 0.0, clock=clock, exit=lambda code: None)
     dog.close()  # the rules only: no thread
-    dog._stop_at = clock.now  # SIGTERM during an evaluation
+    dog.stop_requested()  # SIGTERM during an evaluation
     for _ in range(20):
         clock.now += 1
         dog.alive()  # an evaluation batch: not blocked, the stop waits for the next step's checkpoint
@@ -60,7 +60,7 @@ def test_a_stop_during_a_save_waits_for_it_and_counts_its_grace_from_its_end():
     dog = StallWatchdog(lambda: 0.0, clock=clock, exit=lambda code: None)
     dog.close()  # the rules only: no thread
     dog.busy()  # a framework's synchronous save starts
-    dog._stop_at = clock.now  # SIGTERM during it
+    dog.stop_requested()  # SIGTERM during it
     clock.now += 60  # a save far longer than the stop's grace: the process is not ended in its middle
     assert dog.check(clock.now) is None
     dog.alive()  # saved
@@ -69,11 +69,16 @@ def test_a_stop_during_a_save_waits_for_it_and_counts_its_grace_from_its_end():
     clock.now += 1  # then blocked (a collective) for the grace: it exits
     code, message = dog.check(clock.now)
     assert code == 143 and "stopped by SIGTERM while blocked" in message
-    dog.busy()
-    dog.step()  # a step ends the busy work too
-    dog._stop_at = clock.now  # a later SIGTERM, then blocked past the grace (3 x the recent step here)
-    clock.now += 3 * 65 + 1
-    assert dog.check(clock.now)[0] == 143
+    later = StallWatchdog(lambda: 0.0, clock=clock, exit=lambda code: None)
+    later.close()
+    later.busy()
+    clock.now += 65
+    later.step()  # a step ends the busy work too
+    later.stop_requested()  # a SIGTERM after it, then blocked past the grace (3 x the recent step here)
+    clock.now += 3 * 65 - 1
+    assert later.check(clock.now) is None
+    clock.now += 2
+    assert later.check(clock.now)[0] == 143
 
 
 def test_the_guard_relaxes_without_shortening_the_first_steps():

@@ -49,7 +49,7 @@ def steps(dog: StallWatchdog, clock: Clock, seconds: float, n: int = 5) -> None:
 
 def test_a_stop_with_no_step_after_it_exits_after_the_grace():
     dog, clock = watchdog()
-    dog._stop_at = clock.now
+    dog.stop_requested()
     clock.now += 4.9
     assert dog.check(clock.now) is None
     clock.now += 0.2
@@ -59,7 +59,7 @@ def test_a_stop_with_no_step_after_it_exits_after_the_grace():
 
 def test_a_step_after_the_stop_means_the_trainer_is_not_blocked():
     dog, clock = watchdog()
-    dog._stop_at = clock.now
+    dog.stop_requested()
     clock.now += 1
     dog.step()  # it reached the step boundary: the stop is being handled (final checkpoint)
     clock.now += 60
@@ -69,7 +69,7 @@ def test_a_step_after_the_stop_means_the_trainer_is_not_blocked():
 def test_the_grace_grows_with_slow_steps():
     dog, clock = watchdog()
     steps(dog, clock, 10)
-    dog._stop_at = clock.now
+    dog.stop_requested()
     clock.now += 29
     assert dog.check(clock.now) is None  # 3 steps' time
     clock.now += 2

@@ -132,6 +132,12 @@ class StallWatchdog:
                        f"after {steady:.0f} s: a peer went silent (frozen, or its node lost)")
         return None
 
+    def stop_requested(self, signum: int = signal.SIGTERM) -> None:
+        """A SIGTERM or SIGINT arrived (the thread reads it from the signal pipe): the first one starts the
+        stop's grace, now by the injected clock."""
+        if self._stop_at is None:
+            self._stop_at, self._signum = self._clock(), signum
+
     def release(self) -> None:
         """The main thread is out of its collective after the abort (it writes its rescue checkpoint now)."""
         self._released.set()
@@ -141,8 +147,8 @@ class StallWatchdog:
             ready, _, _ = select.select([self._read_fd], [], [], 0.5)
             if ready:
                 for byte in os.read(self._read_fd, 64):
-                    if byte in (signal.SIGTERM, signal.SIGINT) and self._stop_at is None:
-                        self._stop_at, self._signum = self._clock(), byte
+                    if byte in (signal.SIGTERM, signal.SIGINT):
+                        self.stop_requested(byte)
             if self._closed.is_set():
                 return
             verdict = self.check(self._clock())
