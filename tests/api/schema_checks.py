@@ -2,8 +2,8 @@
 
 Defaulting, strict unknown-field rejection, OpenAPI keywords (via jsonschema) and the
 x-kubernetes-validations CEL rules, evaluated by default with the CEL runtime the model uses, or
-with `independent_cel` (another CEL implementation, `common-expression-language`): the oracle that
-judges the CRD's rules must not be the code under test. The e2e suite repeats the corpus against a
+with `independent_cel` (another CEL implementation, celpy: the model uses `common-expression-language`): the oracle
+that judges the CRD's rules must not be the code under test. The e2e suite repeats the corpus against a
 real API server where a cluster is reachable.
 """
 
@@ -13,7 +13,7 @@ import copy
 import functools
 from typing import Any, Callable
 
-import cel
+import celpy
 import jsonschema
 
 from ddpjob_operator import model
@@ -39,15 +39,20 @@ class RuleDoesNotCompile(ValueError):
 def independent_program(rule: str) -> Any:
     """The rule compiled by a CEL implementation the product does not use (RuleDoesNotCompile: the API
     server, whose cel-go has the same grammar, would refuse the CRD)."""
+    env = celpy.Environment()
     try:
-        return cel.compile(rule)
-    except Exception as exc:  # noqa: BLE001 - the library raises plain exceptions for parse errors
+        return env.program(env.compile(rule))
+    except celpy.CELParseError as exc:
         raise RuleDoesNotCompile(f"{rule}: {exc}") from None
 
 
 def independent_cel(rule: str, value: Any) -> bool:
-    """A rule that does not compile raises RuleDoesNotCompile: the API server would refuse the CRD."""
-    return bool(independent_program(rule).execute({"self": value}))
+    """A rule that does not compile raises RuleDoesNotCompile: the API server would refuse the CRD. One that fails
+    to evaluate (no such key) refuses the object, as the API server's does."""
+    try:
+        return bool(independent_program(rule).evaluate({"self": celpy.json_to_cel(value)}))
+    except celpy.CELEvalError:
+        return False
 
 
 def api_server_errors(schema: dict[str, Any], obj: dict[str, Any],

@@ -107,7 +107,8 @@ def qualified_names_rule(field: str, key: str, what: str) -> dict[str, str]:
                f"g.{key}.matches({cel_string(k8s.QUALIFIED_NAME_PREFIX_LENGTH)}))",
                f"{what} is an optional DNS subdomain prefix and '/' and a name of at most 63 letters, digits, '-', "
                f"'_' and '.' that starts and ends with a letter or digit (such as example.com/ready): fix it",
-               f".{field}")
+               f".{field}", offline=lambda obj: all(
+                   key in g and k8s.is_qualified_name(g[key]) for g in obj.get(field, [])))
 
 
 class PodSpecOverrides(APIModel):
@@ -353,7 +354,8 @@ def qualified_keys_rule(field: str, what: str) -> dict[str, str]:
                f"k.matches({cel_string(k8s.QUALIFIED_NAME_PREFIX_LENGTH)}))",
                f"{field}: every {what} key is an optional DNS subdomain prefix and '/' and a name of at most 63 "
                f"letters, digits, '-', '_' and '.' that starts and ends with a letter or digit (such as "
-               f"example.com/team): rename the key", f".{field}")
+               f"example.com/team): rename the key", f".{field}",
+               offline=lambda obj: all(k8s.is_qualified_name(k) for k in obj.get(field, {})))
 
 
 def mount_path_rules(path: str, where: str) -> list[dict[str, str]]:
@@ -459,7 +461,9 @@ class PodTemplate(APIModel):
             f"(t.key.matches({cel_string(k8s.QUALIFIED_NAME)}) && "
             f"t.key.matches({cel_string(k8s.QUALIFIED_NAME_PREFIX_LENGTH)})))",
             "tolerations: a key is a label key (an optional DNS subdomain prefix and '/', then a name such as "
-            "nvidia.com/gpu): fix the key", ".tolerations"),
+            "nvidia.com/gpu): fix the key", ".tolerations", offline=lambda template: all(
+                "key" not in t or t["key"] == "" or k8s.is_qualified_name(t["key"])
+                for t in template.get("tolerations", []))),
         cel("!has(self.tolerations) || self.tolerations.all(t, (has(t.key) && t.key != '') || "
             "(has(t.operator) && t.operator == 'Exists'))",
             "tolerations: an entry without key must use operator: Exists (it tolerates every taint): add key or "

@@ -3,7 +3,7 @@ run policies (the pod template's pass-through fields are in kubernetes.py)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -279,6 +279,16 @@ class RunPolicy(APIModel):
         "Kueue admits and preempts it through suspend.)"))
 
 
+def _mounts_name_volumes(spec: dict[str, Any], mounts: list[dict[str, Any]]) -> bool:
+    """The verdict of the rules below that every mount names a volume, in linear time. Names are strings here: the
+    CRD's schema (maxLength of a string) is checked before any rule."""
+    template = spec.get("template", {})
+    known = {v["name"] for v in template.get("volumes", []) if "name" in v} | {SHM_VOLUME}
+    if "checkpoint" in spec:
+        known.add(CHECKPOINT_VOLUME)
+    return all("name" not in m or m["name"] in known for m in mounts)
+
+
 class DDPJobSpec(APIModel):
     replicas: int = Field(ge=1, le=1024, description=(
         "Desired number of worker pods (torchrun nodes), at most 1024. `kubectl scale` changes it within "
@@ -337,14 +347,18 @@ class DDPJobSpec(APIModel):
             f"!has(m.name) || m.name == '{SHM_VOLUME}' || (has(self.checkpoint) && m.name == '{CHECKPOINT_VOLUME}') || "
             "(has(self.template.volumes) && self.template.volumes.exists(v, has(v.name) && v.name == m.name)))",
             "a volumeMount's name must be a volume of template.volumes (or dshm, or checkpoints with spec.checkpoint): "
-            "add the volume to template.volumes or fix the name", ".template.volumeMounts"),
+            "add the volume to template.volumes or fix the name", ".template.volumeMounts",
+            offline=lambda spec: _mounts_name_volumes(spec, spec.get("template", {}).get("volumeMounts", []))),
         cel("!has(self.template) || !has(self.template.podSpec) || !has(self.template.podSpec.initContainers) || "
             "self.template.podSpec.initContainers.all(c, !has(c.volumeMounts) || c.volumeMounts.all(m, "
             f"!has(m.name) || m.name == '{SHM_VOLUME}' || (has(self.checkpoint) && m.name == '{CHECKPOINT_VOLUME}') || "
             "(has(self.template.volumes) && self.template.volumes.exists(v, has(v.name) && v.name == m.name))))",
             "an init container's volumeMount names a volume of template.volumes (or dshm, or checkpoints with "
             "spec.checkpoint): add the volume to template.volumes or fix the name",
-            ".template.podSpec.initContainers"),
+            ".template.podSpec.initContainers",
+            offline=lambda spec: _mounts_name_volumes(spec, [
+                m for c in spec.get("template", {}).get("podSpec", {}).get("initContainers", [])
+                for m in c.get("volumeMounts", [])])),
         # A conditional, not `||`: celpy evaluates both sides of `||`, and an absent checkpoint's error in every
         # entry of all() nests exponentially (cel-go short-circuits; both evaluate a conditional lazily).
         cel("has(self.checkpoint) && has(self.template) && has(self.template.volumeMounts) ? "
