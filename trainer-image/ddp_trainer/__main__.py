@@ -85,9 +85,10 @@ class _RankOfJob(logging.Filter):
         self.job: Job | None = None
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.job is None:
-            record.rank = f"rank{os.environ['RANK']}" if "RANK" in os.environ else "start"
-            return True
+        if self.job is None:  # Job.start has not returned: torchrun's RANK, INFO on rank 0 only
+            rank = os.environ.get("RANK")
+            record.rank = f"rank{rank}" if rank is not None else "start"
+            return record.levelno >= logging.WARNING or rank in (None, "0")
         env = self.job.env if self.job.seated else None
         record.rank = f"rank{env.rank}" if env is not None else "spare"
         return record.levelno >= logging.WARNING or env is None or env.is_main
