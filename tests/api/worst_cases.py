@@ -120,15 +120,11 @@ def _values(node: Any) -> int:
     return 1
 
 
-def unknown_root_keys_text(size: int = 3 * 1024 * 1024 - 4096) -> str:
-    """Hostile: a manifest whose root holds as many unknown keys as fit in `size` bytes."""
-    head = yaml.safe_dump(legal_manifest("env"), sort_keys=False)
-    lines, used, i = [head], len(head), 0
-    while used < size:
-        line = f"unknownField{i:x}: 0\n"
-        lines.append(line)
-        used, i = used + len(line), i + 1
-    return "".join(lines[:-1])
+def unknown_root_keys_text() -> str:
+    """Hostile: a manifest whose root holds as many unknown keys as the file's value budget takes."""
+    doc = legal_manifest("env")
+    count = (validation.MAX_YAML_NODES - _values(doc)) // 2 - 1
+    return legal_text("env") + "".join(f"unknownField{i:x}: 0\n" for i in range(count))
 
 
 def many_documents_text(shape: str) -> str:
