@@ -33,7 +33,7 @@ import kmock  # noqa: E402
 
 from ddpjob_operator import naming  # noqa: E402
 from tests.operator.conftest import FAST, NAMESPACE, Harness, OperatorProcess  # noqa: E402
-from tests.operator.emulator import Cluster  # noqa: E402
+from tests.kube_emulator import Cluster  # noqa: E402
 
 AUDIENCE = "progress.elastic.ddp.dev"
 SAMPLE = re.compile(r'^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? ([-+.\deEinfNa]+)$')

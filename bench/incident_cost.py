@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from ddpjob_operator import model, naming  # noqa: E402
 from operator_latency import OPERATOR_NAMESPACE, cpu_model, start_operator_process, wait_until  # noqa: E402
-from tests.operator.emulator import DDPJOBS, PODS, Cluster  # noqa: E402
+from tests.kube_emulator import DDPJOBS, PODS, Cluster  # noqa: E402
 
 
 def spec(workers: int, scope: str) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def pods_of(cluster: Cluster, job: str) -> list[dict[str, Any]]:
 
 
 def history(cluster: Cluster, job: str, kind: str) -> int:
-    return sum(1 for c in cluster._history[PODS] if c.type == kind
+    return sum(1 for c in cluster.history(PODS) if c.type == kind
                and c.obj["metadata"].get("labels", {}).get(naming.LABEL_JOB_NAME) == job)
 
 

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ddpjob_operator import model, naming  # noqa: E402
-from tests.operator.emulator import LEASES, PODS, Cluster  # noqa: E402
+from tests.kube_emulator import LEASES, PODS, Cluster  # noqa: E402
 
 from operator_replicas import LEASE_NAME, OPERATOR_NAMESPACE, cpu_model, replica_env, write_kubeconfig  # noqa: E402
 
@@ -84,7 +84,7 @@ class Bench:
         return ((lease or {}).get("spec") or {}).get("holderIdentity") or ""
 
     def watches(self, plural: str) -> int:
-        return sum(1 for r in self.cluster._in_flight if r.resource is not None and r.resource.plural == plural
+        return sum(1 for r in self.cluster.in_flight() if r.resource is not None and r.resource.plural == plural
                    and r.params.get("watch"))
 
     async def two_replicas(self) -> tuple[str, str]:

@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from ddpjob_operator import job_manifests, model, naming  # noqa: E402
 from ddpjob_operator.kube import PODS, Connection, Kube  # noqa: E402
-from tests.operator.emulator import PODS as POD_RESOURCE  # noqa: E402
-from tests.operator.emulator import Cluster  # noqa: E402
+from tests.kube_emulator import PODS as POD_RESOURCE  # noqa: E402
+from tests.kube_emulator import Cluster  # noqa: E402
 
 FLOOR_NAMESPACE, OPERATOR_NAMESPACE = "floor", "operator"  # the operator watches only its own
 WORKERS = 4

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ddpjob_operator import model, naming  # noqa: E402
-from tests.operator.emulator import DDPJOBS, OPERATOR_AGENTS, PODS, Cluster  # noqa: E402
+from tests.kube_emulator import DDPJOBS, OPERATOR_AGENTS, PODS, Cluster  # noqa: E402
 
 NAMESPACE = "bench"
 EXAMPLE = ROOT / "examples" / "cpu-digits.yaml"
@@ -139,11 +139,11 @@ class CountingCluster(Cluster):
     operator_requests = 0
     operator_watches = 0
 
-    def _record(self, request: Any) -> None:
+    def record(self, request: Any) -> None:
         if request.headers.get("User-Agent", "").startswith(OPERATOR_AGENTS):
             type(self).operator_requests += 1
             type(self).operator_watches += request.action == enums.action.WATCH
-        super()._record(request)
+        super().record(request)
 
 
 def rss_kib(pid: int) -> dict[str, int]:

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ddpjob_operator import model, naming  # noqa: E402
-from tests.operator.emulator import LEASES, PODS, Cluster  # noqa: E402
+from tests.kube_emulator import LEASES, PODS, Cluster  # noqa: E402
 
 from operator_replicas import cpu_model, replica_env, write_kubeconfig  # noqa: E402
 
@@ -79,8 +79,8 @@ class LeaseNotingCluster(Cluster):
     holders: list[tuple[float, str]] = []  # (perf_counter, holder) at each change
     writes: list[tuple[float, str]] = []  # (perf_counter, holder) at each write
 
-    async def _commit(self, key: Any, obj: Any, type_: str) -> Any:
-        stored = await super()._commit(key, obj, type_)
+    async def commit(self, key: Any, obj: Any, type_: str) -> Any:
+        stored = await super().commit(key, obj, type_)
         if key[0] == LEASES:
             holder = ((stored or {}).get("spec") or {}).get("holderIdentity") or ""
             self.writes.append((time.perf_counter(), holder))

@@ -93,7 +93,7 @@ async def operator_bench(a: argparse.Namespace) -> None:
 
     from ddpjob_operator import naming
     from tests.operator.conftest import FAST, NAMESPACE, Harness, OperatorProcess, eventually
-    from tests.operator.emulator import Cluster
+    from tests.kube_emulator import Cluster
 
     import socket
     with socket.socket() as s:

@@ -19,7 +19,7 @@ from ddpjob_operator.kube import Connection
 from ddpjob_operator.run import run_operator
 from ddpjob_operator.settings import Settings
 
-from .emulator import DDPJOBS, PODS, Cluster
+from tests.kube_emulator import DDPJOBS, PODS, Cluster
 
 NAMESPACE = "team-a"
 FAST = Settings(health_port=0, metrics_port=0, resync_seconds=0.5, stuck_terminating_seconds=2.0,

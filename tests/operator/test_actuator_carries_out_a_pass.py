@@ -14,7 +14,7 @@ from ddpjob_operator import decisions, kube, model, naming, observations
 
 from .conftest import FAST, NAMESPACE, Harness, eventually
 from .controller_rooms import Rooms
-from .emulator import PODS, api_error
+from tests.kube_emulator import PODS, api_error
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 FIRST_PODS = (decisions.CreateStore(), decisions.CreateWorker(0, 0, 0), decisions.CreateWorker(1, 0, 0))

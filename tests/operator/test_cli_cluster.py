@@ -16,7 +16,7 @@ from ddpjob_operator import cli, client, naming
 from ddpjob_operator.kube import Connection
 
 from .conftest import NAMESPACE, eventually
-from .emulator import DDPJOBS, api_error
+from tests.kube_emulator import DDPJOBS, api_error
 from .test_client import cluster, manifest  # noqa: F401 - the emulated cluster serving pod logs
 
 DDPJOB = Path(sys.executable).with_name("ddpjob")
@@ -160,14 +160,14 @@ async def test_an_expired_token_is_read_again_once(kubeconfig, cluster):  # noqa
     """An exec plugin's token expires: a 401 reads the kubeconfig again and retries once; a token that is
     still refused is an error with the fix."""
     emulator, _ = cluster
-    serve = emulator._serve
+    serve = emulator.serve
 
     async def refusing(request):  # an API server that no longer accepts the first token
         if request.headers.get("Authorization") == "Bearer my-token":
-            return emulator._failure(api_error(401, "Unauthorized", "Unauthorized"))
+            return emulator.failure(api_error(401, "Unauthorized", "Unauthorized"))
         return await serve(request)
 
-    emulator._serve = refusing
+    emulator.serve = refusing
     api = client.Client()
     assert api.connection.token == "my-token"
     config = yaml.safe_load(kubeconfig.read_text())

@@ -25,8 +25,8 @@ from ddpjob_operator import cli, client, function_job, model, naming, validation
 from ddpjob_operator.kube import Connection
 
 from .conftest import NAMESPACE, eventually
-from .emulator import DDPJOBS, PODS
-from .log_emulator import LogCluster
+from tests.kube_emulator import DDPJOBS, PODS
+from tests.kube_emulator import LogCluster
 
 CONFIG_MAPS = kmock.resource("", "v1", "configmaps")
 MANIFEST = {"apiVersion": model.API_VERSION, "kind": model.KIND, "metadata": {"name": "fit"},

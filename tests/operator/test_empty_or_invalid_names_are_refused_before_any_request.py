@@ -24,8 +24,8 @@ from ddpjob_operator import client, kube, object_names
 from ddpjob_operator.kube import Connection
 
 from .conftest import NAMESPACE
-from .emulator import DDPJOBS
-from .log_emulator import LogCluster
+from tests.kube_emulator import DDPJOBS
+from tests.kube_emulator import LogCluster
 from .test_cli_cluster import DDPJOB, ddpjob, kubeconfig, write  # noqa: F401 - the CLI as a user runs it
 from .test_client import CONFIG_MAPS, manifest
 
@@ -41,10 +41,10 @@ class RecordingCluster(LogCluster):
     def sent(self) -> list[str]:
         return self.__dict__.setdefault("_sent", [])
 
-    async def _serve(self, request: Any) -> Any:
+    async def serve(self, request: Any) -> Any:
         if request.resource is not None and request.resource.plural:
             self.sent.append(f"{request.method.value} {request.url.raw_path}")
-        return await super()._serve(request)
+        return await super().serve(request)
 
 
 @pytest_asyncio.fixture()

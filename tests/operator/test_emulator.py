@@ -45,7 +45,6 @@ fields but the phase out.
 from __future__ import annotations
 
 import asyncio
-import collections
 import datetime
 import json
 import os
@@ -57,7 +56,7 @@ import pytest
 from ddpjob_operator import crd, model
 
 from .conftest import eventually
-from .emulator import (CLAIMS, DDPJOBS, NODES, PODS, SERVICES, UNREACHABLE_TAINT, NodeUnreachable)
+from tests.kube_emulator import (CLAIMS, DDPJOBS, NODES, PODS, SERVICES, UNREACHABLE_TAINT, NodeUnreachable)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -423,7 +422,7 @@ async def test_watch_resumes_from_a_resource_version_and_streams_live(harness):
         ("ADDED", "w1"), ("ADDED", "w2"), ("MODIFIED", "w1"), ("DELETED", "w1")]
     assert rv(events[-1]["object"]) > rv(events[-2]["object"])  # a deletion has a version of its own
     # A version older than the kept history (compacted) is 410 Gone, as an ERROR event.
-    harness.cluster._history[PODS] = collections.deque(list(harness.cluster._history[PODS])[-2:], maxlen=2)
+    harness.cluster.compact(PODS, keep=2)
     [error] = await watch(harness, POD_LIST, lambda e: True, resourceVersion=first["metadata"]["resourceVersion"])
     assert error["type"] == "ERROR" and error["object"]["code"] == 410 and error["object"]["reason"] == "Expired"
     # A watch ends after timeoutSeconds, as on a real server.

@@ -10,7 +10,6 @@ wait for the first listings."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import time
 from typing import Any, AsyncIterator
@@ -27,7 +26,7 @@ from ddpjob_operator.metrics import Metrics
 
 from .conftest import FAST, NAMESPACE, Harness, OperatorProcess, assert_within_permissions, eventually, reconcile_passes, \
     started
-from .emulator import DDPJOBS, PODS, Cluster
+from tests.kube_emulator import DDPJOBS, PODS, Cluster
 
 JOB_A = naming.JobRef("a", NAMESPACE, "uid-a")
 JOB_B = naming.JobRef("b", NAMESPACE, "uid-b")
@@ -183,7 +182,7 @@ async def test_it_lists_every_pod_before_it_says_synced_then_watches_from_the_li
         assert (NAMESPACE, rig.b.uid) not in rig.view.index and rig.view.index.pods() == 2
         assert rig.changes == []  # the first listing names no job: the job events and a new leader do
         await eventually(lambda: rig.watches, what="the watch")
-        assert rig.watches[0]["resourceVersion"] == str(rig.cluster._resource_version)
+        assert rig.watches[0]["resourceVersion"] == str(rig.cluster.resource_version)
         assert rig.watches[0]["allowWatchBookmarks"] == "true"
 
         await rig.write("a-worker-0", {"phase": "Running"})
@@ -204,7 +203,7 @@ async def test_it_lists_every_pod_before_it_says_synced_then_watches_from_the_li
 
 
 async def test_a_resource_version_too_old_to_resume_from_is_listed_again_and_swapped_in(rig):
-    rig.cluster._history[PODS] = collections.deque(maxlen=4)  # an etcd compacted down to 4 revisions
+    rig.cluster.compact(PODS, keep=4)  # an etcd compacted down to 4 revisions
     await rig.create(pod(rig.a, 0))
     await rig.create(pod(rig.a, 1))
     task = await running(rig.informer)
@@ -263,7 +262,7 @@ async def test_a_bookmark_moves_the_version_a_watch_resumes_from_and_an_http_410
     task = await running(rig.informer)
     try:
         await eventually(lambda: len(asked) == 3, 5, "a watch from the bookmark, then one after the re-list")
-        listed = str(rig.cluster._resource_version)
+        listed = str(rig.cluster.resource_version)
         assert asked == [listed, "900", listed] and rig.informer.lists == 2
         assert rig.phases(rig.a) == {"a-worker-0": "Pending"}
     finally:
@@ -290,7 +289,7 @@ class Recorded:
 
 
 async def test_the_job_informer_hands_listings_and_events_to_its_view_and_lists_again_after_410(rig):
-    rig.cluster._history[DDPJOBS] = collections.deque(maxlen=2)
+    rig.cluster.compact(DDPJOBS, keep=2)
     view = Recorded()
     informer = Informer(rig.api, kube.DDPJOBS, (NAMESPACE,), view, watch_seconds=1, backoff=(0.05, 0.2))
     task = await running(informer)
@@ -375,10 +374,10 @@ async def test_jobs_of_namespaces_listed_at_the_same_time_are_all_kept(rig):
 class SlowPodListing(Cluster):
     """The emulator, answering a LIST of pods only once `pods_listed` is set."""
 
-    async def _list(self, request: Any) -> Any:
+    async def serve_list(self, request: Any) -> Any:
         if request.resource == PODS:
             await self.pods_listed.wait()
-        return await super()._list(request)
+        return await super().serve_list(request)
 
 
 async def test_no_pass_runs_before_every_pod_is_listed_so_no_listed_job_is_taken_as_having_lost_its_pods():

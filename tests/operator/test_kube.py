@@ -2,7 +2,7 @@
 
 from ddpjob_operator import kube
 
-from .emulator import PODS
+from tests.kube_emulator import PODS
 
 
 def _pod(name: str) -> dict:

@@ -10,7 +10,7 @@ import pytest_asyncio
 
 from ddpjob_operator import kube, object_names
 
-from .emulator import PODS
+from tests.kube_emulator import PODS
 
 
 @pytest_asyncio.fixture()

@@ -29,7 +29,7 @@ from ddpjob_operator.leader import Action, LeaseRecord, Timing, Verb, decide, fe
 
 from ..support import wait_for
 from .conftest import NAMESPACE, Harness, assert_within_permissions, eventually, started
-from .emulator import LEASES, PODS, Cluster
+from tests.kube_emulator import LEASES, PODS, Cluster
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -258,9 +258,9 @@ class RecordingCluster(Cluster):
 
     log: list[Request] = attrs.field(factory=list, init=False)
 
-    async def _serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+    async def serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         arrived = time.monotonic()
-        response = await super()._serve(request)
+        response = await super().serve(request)
         self.log.append(Request(arrived, request.headers.get("User-Agent", ""), str(request.method.value
                                 if hasattr(request.method, "value") else request.method).upper(),
                                 request.url.path + ("?dryRun=All" if request.params.get("dryRun") else ""),
@@ -358,7 +358,7 @@ class Pair:
                          "both replicas to watch DDPJobs and pods")
 
     def watching(self, kind: str) -> list[rendering.Request]:
-        return [r for r in self.emulator._in_flight if r.resource is not None and r.resource.plural == kind
+        return [r for r in self.emulator.in_flight() if r.resource is not None and r.resource.plural == kind
                 and r.params.get("watch")]
 
     async def running_job(self, name: str = "train") -> dict[str, Any]:
@@ -431,7 +431,7 @@ async def test_graceful_stop_hands_the_lease_over_at_once(pair):
     # Handed over, not expired: op-a's release (an empty holder) was written, and op-b's takeover came
     # right after it (the order of the API server's history, not a time). op-a renews until it releases: its
     # election runs on its own while the controller stops.
-    holders = [(change.obj.get("spec") or {}).get("holderIdentity") or "" for change in pair.emulator._history[LEASES]]
+    holders = [(change.obj.get("spec") or {}).get("holderIdentity") or "" for change in pair.emulator.history(LEASES)]
     assert holders[holders.index("op-b") - 1:holders.index("op-b") + 1] == ["", "op-b"], holders
     lease_puts = [r for r in pair.emulator.log if r.at >= stopped and r.method == "PUT" and "/leases/" in r.path
                   and r.status == 200]
@@ -610,7 +610,7 @@ class BothReadFirst(Cluster):
     answers: list[tuple[str, int]] = attrs.field(factory=list, init=False)
     pending: list[asyncio.Event] = attrs.field(factory=list, init=False)
 
-    async def _serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+    async def serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         method = str(getattr(request.method, "value", request.method)).upper()
         lease = "/leases" in request.url.path
         if lease and method == "GET":
@@ -621,7 +621,7 @@ class BothReadFirst(Cluster):
                     event.set()
                 self.pending.clear()
             await asyncio.wait_for(arrived.wait(), 10)
-        response = await super()._serve(request)
+        response = await super().serve(request)
         if lease and method != "GET":
             self.answers.append((method, response.status))
         return response

@@ -31,7 +31,7 @@ from kmock._internal import rendering
 from ddpjob_operator import decisions, model, reconciler
 
 from .conftest import FAST, NAMESPACE, OperatorProcess, eventually
-from .emulator import DDPJOBS, LEASES, Cluster
+from tests.kube_emulator import DDPJOBS, LEASES, Cluster
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,12 +51,12 @@ class LeaseFirst(Cluster):
 
     writes: list[tuple[float, str]]
 
-    def _unavailable(self, request: rendering.Request) -> bool:
+    def unavailable(self, request: rendering.Request) -> bool:
         return time.monotonic() < self.unavailable_until and request.resource != LEASES \
             and request.method in ("POST", "PUT", "PATCH", "DELETE")
 
-    async def _commit(self, key: Any, obj: Any, type_: str) -> Any:
-        stored = await super()._commit(key, obj, type_)
+    async def commit(self, key: Any, obj: Any, type_: str) -> Any:
+        stored = await super().commit(key, obj, type_)
         if key[0] == LEASES:
             self.writes.append((time.monotonic(), ((stored or {}).get("spec") or {}).get("holderIdentity") or ""))
         return stored
@@ -68,11 +68,10 @@ async def fill(cluster: Cluster, jobs: int) -> None:
     first = await cluster.create(DDPJOBS, NAMESPACE, {"apiVersion": f"{model.GROUP}/{model.VERSION}",
                                                       "kind": model.KIND, "metadata": {"name": "job-0"},
                                                       "spec": SPEC})
-    async with cluster._lock:
-        for i in range(1, jobs):
-            job = copy.deepcopy(first)
-            job["metadata"].update(name=f"job-{i}", uid=str(uuid.uuid4()))
-            await cluster._commit((DDPJOBS, NAMESPACE, f"job-{i}"), job, "ADDED")
+    for i in range(1, jobs):
+        job = copy.deepcopy(first)
+        job["metadata"].update(name=f"job-{i}", uid=str(uuid.uuid4()))
+        await cluster.store((DDPJOBS, NAMESPACE, f"job-{i}"), job)
 
 
 async def test_the_leader_keeps_its_lease_while_it_takes_over_1000_jobs(monkeypatch, caplog):

@@ -11,7 +11,7 @@ import pytest
 from ddpjob_operator import model, naming
 
 from .conftest import NAMESPACE, eventually, passes, reconcile_passes, started
-from .emulator import DDPJOBS, PODS
+from tests.kube_emulator import DDPJOBS, PODS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -110,7 +110,7 @@ async def test_success_stops_the_rest_and_honours_ttl(harness, operator):
     # The operator stopped the running worker 1 before the TTL deleted the job (the API server's order:
     # resourceVersions), not the garbage collector after it; the succeeded worker 0 was left to the TTL.
     def first_rv(resource, name: str, happened) -> int:
-        return next(c.rv for c in harness.cluster._history[resource]
+        return next(c.rv for c in harness.cluster.history(resource)
                     if c.obj["metadata"]["name"] == name and happened(c))
     deleting = lambda c: c.type == "DELETED" or c.obj["metadata"].get("deletionTimestamp")  # noqa: E731
     job_deleted = first_rv(DDPJOBS, "done", deleting)

@@ -13,7 +13,7 @@ from ddpjob_operator import model, naming, observations, progress
 from ddpjob_operator.settings import AUTO_PORT
 
 from .conftest import FAST, NAMESPACE, eventually, operator_fixture, started
-from .emulator import PODS
+from tests.kube_emulator import PODS
 
 pytestmark = pytest.mark.timeout(90)
 AUDIENCE = progress.DEFAULT_AUDIENCE

@@ -22,7 +22,7 @@ import pytest
 from ddpjob_operator import naming, progress
 
 from .conftest import FAST, eventually
-from .emulator import DDPJOBS
+from tests.kube_emulator import DDPJOBS
 from .test_decisions import T0
 from .test_scenarios import NS, nodes, operator, reconciled_past, started  # noqa: F401
 from .test_spares import AUDIENCE, PROGRESS, rank, serving, warm_job
@@ -225,7 +225,7 @@ async def test_a_job_turns_succeeded_with_its_final_step_in_the_same_status_writ
     for pod in ("done-worker-0", "done-worker-1"):
         await nodes.exit(pod, 0, reason="Completed")
     await harness.wait_phase("done", "Succeeded")
-    jobs = [c.obj for c in harness.cluster._history[DDPJOBS] if c.obj["metadata"]["name"] == "done"]
+    jobs = [c.obj for c in harness.cluster.history(DDPJOBS) if c.obj["metadata"]["name"] == "done"]
     first = next(j for j in jobs if (j.get("status") or {}).get("phase") == "Succeeded")
     assert (first["status"]["progress"]["step"], first["status"]["progress"]["percent"]) == (1000, 100)
 

@@ -17,7 +17,7 @@ from ddpjob_operator.settings import AUTO_PORT
 from ddpjob_operator.side_tasks import SideTasks
 
 from .conftest import FAST, eventually
-from .emulator import PODS
+from tests.kube_emulator import PODS
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 SYSTEM = "ddpjob-system"

@@ -12,7 +12,7 @@ from ddpjob_operator import progress_router
 from ddpjob_operator.settings import AUTO_PORT
 
 from .conftest import FAST, OperatorProcess, assert_within_permissions, eventually
-from .emulator import PODS
+from tests.kube_emulator import PODS
 
 pytestmark = pytest.mark.timeout(90)
 SYSTEM = "ddpjob-system"

@@ -29,7 +29,7 @@ from ddpjob_operator.agent import contract
 
 from . import conftest
 from .conftest import FAST, NAMESPACE, Harness, OperatorProcess, eventually, operator_fixture, passes
-from .emulator import NODES, PODS, NodeUnreachable, api_error
+from tests.kube_emulator import NODES, PODS, NodeUnreachable, api_error
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,7 +72,7 @@ class Nodes:
             node = "node-3"  # off the workers' nodes, as its preferred anti-affinity asks
         else:
             node = f"node-{labels[naming.LABEL_REPLICA_INDEX]}"
-        return SPARE_NODE if node in self.c._unreachable else node
+        return SPARE_NODE if node in self.c.unreachable_nodes else node
 
     async def start(self, *names: str) -> None:
         """The scheduler binds each pod and its kubelet starts it."""
@@ -156,7 +156,7 @@ async def started(harness: Harness, nodes: Nodes, name: str, **spec: Any) -> dic
 
 def creations(harness: Harness, job: str) -> collections.Counter[str]:
     """How many times each pod name of the job was created (every ADDED the API server stored)."""
-    return collections.Counter(c.obj["metadata"]["name"] for c in harness.cluster._history[PODS]
+    return collections.Counter(c.obj["metadata"]["name"] for c in harness.cluster.history(PODS)
                                if c.type == "ADDED" and c.obj["metadata"].get("labels", {})
                                .get(naming.LABEL_JOB_NAME) == job)
 
@@ -164,7 +164,7 @@ def creations(harness: Harness, job: str) -> collections.Counter[str]:
 def deletions(harness: Harness, name: str) -> list[int | None]:
     """The grace periods of every deletion mark the pod name got (0: a force delete)."""
     seen, marks = set(), []
-    for change in harness.cluster._history[PODS]:
+    for change in harness.cluster.history(PODS):
         meta = change.obj["metadata"]
         if meta["name"] != name or not meta.get("deletionTimestamp") or meta["uid"] in seen:
             continue
@@ -178,7 +178,7 @@ def grace_marks(harness: Harness, name: str) -> list[int | None]:
     graceful deletion that someone then cut short with grace 0 (a kubelet confirming, or a force delete)."""
     marks: list[int | None] = []
     first = None
-    for change in harness.cluster._history[PODS]:
+    for change in harness.cluster.history(PODS):
         meta = change.obj["metadata"]
         if meta["name"] != name or (first is not None and meta["uid"] != first):
             continue

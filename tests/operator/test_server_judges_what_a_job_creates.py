@@ -13,7 +13,7 @@ import pytest
 from ddpjob_operator import client, kube, model, naming, server_fields
 
 from .conftest import NAMESPACE, Harness, eventually
-from .emulator import CLAIMS, PODS, SERVICES, api_error
+from tests.kube_emulator import CLAIMS, PODS, SERVICES, api_error
 from .test_cli_cluster import ddpjob, kubeconfig, write  # noqa: F401 - kubeconfig is a fixture
 from .test_scenarios import creations, nodes, started  # noqa: F401 - nodes is a fixture
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def _added(harness: Harness, resource: Any, job: str) -> list[str]:
     """Every object of `resource` the server ever stored for the job (ADDED), dry runs never among them."""
-    return [c.obj["metadata"]["name"] for c in harness.cluster._history[resource]
+    return [c.obj["metadata"]["name"] for c in harness.cluster.history(resource)
             if c.type == "ADDED" and c.obj["metadata"]["name"].startswith(f"{job}-")]
 
 

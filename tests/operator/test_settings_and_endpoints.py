@@ -15,7 +15,7 @@ from ddpjob_operator import informer, job_manifests, kube, naming, settings
 from ddpjob_operator.validation import parse_job
 
 from .conftest import FAST, OperatorProcess, assert_within_permissions, eventually
-from .emulator import labels_match, parse_label_selector
+from tests.kube_emulator import labels_match, parse_label_selector
 
 ROOT = Path(__file__).resolve().parents[2]
 

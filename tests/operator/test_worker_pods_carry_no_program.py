@@ -15,7 +15,7 @@ import trustme
 from ddpjob_operator import agent, job_manifests, launch, naming, validation
 
 from .conftest import NAMESPACE, eventually, passes, started
-from .emulator import PODS
+from tests.kube_emulator import PODS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("**/*.yaml"))

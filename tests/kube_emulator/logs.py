@@ -12,7 +12,9 @@ from typing import Any
 import aiohttp.web
 from kmock._internal import rendering
 
-from .emulator import PODS, Cluster, api_error, not_found
+from .cluster import Cluster
+from .resources import PODS
+from .rules import api_error, not_found
 
 
 class LogCluster(Cluster):
@@ -35,22 +37,22 @@ class LogCluster(Cluster):
         async with self._changed():
             self._changed().notify_all()
 
-    async def _commit(self, key: Any, obj: Any, type_: str) -> dict[str, Any]:
-        stored = await super()._commit(key, obj, type_)
+    async def commit(self, key: Any, obj: Any, type_: str) -> dict[str, Any]:
+        stored = await super().commit(key, obj, type_)
         if key[0] == PODS:  # a container that terminated ends its followers
             async with self._changed():
                 self._changed().notify_all()
         return stored
 
-    async def _serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+    async def serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.resource == PODS and request.subresource == "log" and request.method == "GET":
             try:
                 return await self._serve_log(request)
             except Exception as exc:  # KubernetesError: the server's Status
                 if hasattr(exc, "status") and hasattr(exc, "reason"):
-                    return self._failure(exc)  # type: ignore[arg-type]
+                    return self.failure(exc)  # type: ignore[arg-type]
                 raise
-        return await super()._serve(request)
+        return await super().serve(request)
 
     def _container_state(self, pod: dict[str, Any], container: str) -> tuple[str, str]:
         for status in (pod.get("status") or {}).get("containerStatuses") or ():
