@@ -25,7 +25,8 @@ real v1.36 cluster: tests/operator/test_emulator.py):
   a pod the scheduler cannot place;
 - faults a test sets: a validating admission step for pods (`admit_pods`: Pod Security, quota, a
   webhook), and an API server that answers the operator 503 for a while (`unavailable_until`);
-- a record of every (API group, resource, verb) the operator calls.
+- a record of every (API group, resource, verb) the operator calls;
+- a public inspection API and hooks for tests and benches (docs/testing.md): they reach nothing private.
 
 Not emulated (so a test must not rely on them): PodDisruptionBudgets (every eviction is allowed),
 strategic-merge and server-side-apply patches (415), Foreground and Orphan propagation (501),
