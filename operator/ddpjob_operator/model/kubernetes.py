@@ -15,7 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from .. import k8s_fields as k8s
 from ..agent.contract import FORK_TRAINER_ENV
-from .base import DNS_1123_SUBDOMAIN_PATTERN, QUANTITY_PATTERN, APIModel, cel, cel_string, free_form
+from .base import DNS_1123_SUBDOMAIN_PATTERN, QUANTITY_PATTERN, APIModel, cel, cel_string, distinct, free_form
 from .group import GROUP
 
 ENV_NAME_PATTERN = k8s.ENV_NAME
@@ -236,7 +236,8 @@ class PodSpecOverrides(APIModel):
         qualified_names_rule("schedulingGates", "name", "schedulingGates: every name"),
         cel("!has(self.schedulingGates) || self.schedulingGates.all(g, "
             "!has(g.name) || self.schedulingGates.exists_one(h, has(h.name) && h.name == g.name))",
-            "schedulingGates: names must be unique: remove the duplicate gate", ".schedulingGates"),
+            "schedulingGates: names must be unique: remove the duplicate gate", ".schedulingGates",
+            offline=lambda pod_spec: distinct(pod_spec.get("schedulingGates", []), "name")),
         cel("!has(self.dnsPolicy) || self.dnsPolicy != 'None' || (has(self.dnsConfig) && "
             "has(self.dnsConfig.nameservers) && size(self.dnsConfig.nameservers) > 0)",
             "dnsPolicy None takes the pod's DNS servers from dnsConfig only: add dnsConfig.nameservers (the "
@@ -448,7 +449,8 @@ class PodTemplate(APIModel):
             f"(/dev/shm, the checkpoint claim, the progress token): rename the volume", ".volumes"),
         cel("!has(self.volumes) || self.volumes.all(v, !has(v.name) || "
             "self.volumes.exists_one(w, has(w.name) && w.name == v.name))",
-            "volumes: names must be unique: rename or remove the duplicate volume", ".volumes"),
+            "volumes: names must be unique: rename or remove the duplicate volume", ".volumes",
+            offline=lambda template: distinct(template.get("volumes", []), "name")),
         cel("!has(self.volumeMounts) || self.volumeMounts.all(m, has(m.name) && has(m.mountPath))",
             "volumeMounts: every mount needs name (a volume of template.volumes) and mountPath", ".volumeMounts"),
         *[dict(rule, rule="!has(self.volumeMounts) || self.volumeMounts.all(m, !has(m.mountPath) || "
@@ -456,7 +458,8 @@ class PodTemplate(APIModel):
           for rule in mount_path_rules("m.mountPath", "volumeMounts")],
         cel("!has(self.volumeMounts) || self.volumeMounts.all(m, !has(m.mountPath) || "
             "self.volumeMounts.exists_one(n, has(n.mountPath) && n.mountPath == m.mountPath))",
-            "volumeMounts: mountPath must be unique: mount the duplicate elsewhere or remove it", ".volumeMounts"),
+            "volumeMounts: mountPath must be unique: mount the duplicate elsewhere or remove it", ".volumeMounts",
+            offline=lambda template: distinct(template.get("volumeMounts", []), "mountPath")),
         cel("!has(self.tolerations) || self.tolerations.all(t, !has(t.key) || t.key == '' || "
             f"(t.key.matches({cel_string(k8s.QUALIFIED_NAME)}) && "
             f"t.key.matches({cel_string(k8s.QUALIFIED_NAME_PREFIX_LENGTH)})))",

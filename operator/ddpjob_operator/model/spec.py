@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from .. import k8s_fields as k8s
 from .. import pod_rules
-from .base import DNS_1123_SUBDOMAIN_PATTERN, QUANTITY_PATTERN, APIModel, CelRuleError, cel
+from .base import DNS_1123_SUBDOMAIN_PATTERN, QUANTITY_PATTERN, APIModel, CelRuleError, cel, distinct
 from .kubernetes import (CHECKPOINT_VOLUME, SHM_VOLUME, EnvVar, LabelValue, PodTemplate, Toleration,
                          mount_path_rules, qualified_keys_rule)
 
@@ -331,7 +331,9 @@ class DDPJobSpec(APIModel):
             "replicas must be <= maxReplicas: lower replicas (kubectl scale) or raise maxReplicas",
             ".replicas"),
         cel("self.env.all(e, self.env.exists_one(f, f.name == e.name))",
-            "env names must be unique: remove the duplicate entry", ".env"),
+            "env names must be unique: remove the duplicate entry", ".env",
+            offline=lambda spec: "env" in spec and all("name" in e for e in spec["env"]) and distinct(spec["env"],
+                                                                                                  "name")),
         cel("!has(self.resources) || !has(self.resources.gpuCount) "
             "|| self.resources.gpuCount >= self.nprocPerNode",
             "resources.gpuCount must be >= nprocPerNode (every training process needs its own GPU): "
