@@ -81,13 +81,11 @@ class APIModel(BaseModel):
     def _check_cel_rules(self) -> "APIModel":
         # First what the CRD declares for pass-through objects (maxLength of a volume's name, ...): the
         # model's types do not check it, the API server does, and the rules below rely on it.
-        for name, field in type(self).model_fields.items():
-            value, declared = getattr(self, name), field.json_schema_extra
-            if value is None or not isinstance(declared, dict):
+        for name, key, declared, declared_items in _declared_schemas(type(self)):
+            value = getattr(self, name)
+            if value is None:
                 continue
-            key = field.alias or name
-            problem = k8s.schema_problem({k: v for k, v in declared.items() if k != "type"} if isinstance(
-                value, list) else declared, value, key)
+            problem = k8s.schema_problem(declared_items if isinstance(value, list) else declared, value, key)
             if problem:
                 raise CelRuleError({"rule": "", "message": f"{problem[0]}: {problem[1]}", "fieldPath": f".{key}"})
         if self.cel_rules:
@@ -96,8 +94,7 @@ class APIModel(BaseModel):
             wire = self.model_dump(by_alias=True, exclude_none=True, mode="json")
             for rule in self.cel_rules:
                 pruned = _prune(wire, _fields_read(rule["rule"]))
-                offline = OFFLINE_CHECKS.get(rule["rule"])
-                if not (offline(pruned) if offline else evaluate_cel(rule["rule"], pruned)):
+                if not (_holds(rule["rule"], pruned) if pruned else _holds_without_fields(rule["rule"])):
                     raise CelRuleError(rule)
         return self
 
@@ -105,6 +102,25 @@ class APIModel(BaseModel):
         """The object as the API server stores it (camelCase, no nulls)."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
+
+
+@functools.lru_cache(maxsize=None)
+def _declared_schemas(model_cls: type[APIModel]) -> tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...]:
+    """(name, key, schema, schema of a list) of each field whose CRD schema the model's types do not check."""
+    return tuple((name, field.alias or name, field.json_schema_extra,
+                  {k: v for k, v in field.json_schema_extra.items() if k != "type"})
+                 for name, field in model_cls.model_fields.items() if isinstance(field.json_schema_extra, dict))
+
+
+def _holds(rule: str, value: Any) -> bool:
+    offline = OFFLINE_CHECKS.get(rule)
+    return offline(value) if offline else evaluate_cel(rule, value)
+
+
+@functools.lru_cache(maxsize=None)
+def _holds_without_fields(rule: str) -> bool:
+    """The verdict where none of the fields the rule reads is set (most rules, on most objects): judged once."""
+    return _holds(rule, {})
 
 
 class StatusModel(APIModel):
