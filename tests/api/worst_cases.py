@@ -84,6 +84,7 @@ def _env_from(doc: dict) -> None:
 
 
 SHAPES: dict[str, tuple[Callable[[dict], None], ...]] = {
+    "minimal": (),  # many of them in one file: the most documents a file's budgets take
     "env": (_env,),
     "args": (_args,),
     "volumes-and-mounts": (_volumes_and_mounts,),
