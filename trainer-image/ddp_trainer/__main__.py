@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
-import time
-from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -20,27 +16,11 @@ from .trainer import Trainer
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
-    except CheckpointVolumeError as e:  # full or unreadable: the volume's fault, not a bug (exit 75)
-        logging.getLogger(__name__).error("exiting with code %d: %s", e.exit_code, e, exc_info=True)
-        return e.record()  # the message, not a traceback, goes to torchrun (and the termination message)
-    except CheckpointDirError as e:  # the user's configuration (a link, a bad name, no write access): no retry helps
-        logging.getLogger(__name__).error("exiting with code %d: %s", CONFIGURATION_EXIT_CODE, e)
-        _record_for_torchrun(e)
-        return CONFIGURATION_EXIT_CODE
-
-
-# A checkpoint directory the trainer refuses: a permanent failure, unlike the volume's 75 (which is retried).
-CONFIGURATION_EXIT_CODE = 1
-
-
-def _record_for_torchrun(error: Exception) -> None:
-    """The message alone in torchrun's error file: its failure summary and the pod's termination message quote it
-    (no `py_callstack`: torchrun would show that instead, and a configuration error has no stack worth reading)."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if path:
-        data = {"message": {"message": str(error), "extraInfo": {"timestamp": str(int(time.time()))}}}
-        with contextlib.suppress(OSError):
-            Path(path).write_text(json.dumps(data))
+    except (CheckpointVolumeError, CheckpointDirError) as e:
+        # The volume's fault (75, retried) or the user's configuration (1, permanent): an expected end, one line
+        # naming the path and the fix, and the message alone for torchrun (the pod's termination message).
+        logging.getLogger(__name__).error("exiting with code %d: %s", e.exit_code, e)
+        return e.record()
 
 
 def _main(argv: list[str] | None) -> int:

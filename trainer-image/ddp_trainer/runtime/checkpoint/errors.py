@@ -19,8 +19,30 @@ CHECKPOINT_VOLUME_FULL_PREFIX = "checkpoint volume full:"
 CHECKPOINT_VOLUME_UNREADABLE_PREFIX = "checkpoint volume unreadable:"
 
 
+def record_for_torchrun(error: BaseException, *, when: float, stack: bool) -> None:
+    """Write `error` where torchrun reads a failed trainer's error (`$TORCHELASTIC_ERROR_FILE`, as torch's `@record`
+    does), its message first, so torchrun's failure summary and the pod's termination message quote it; with
+    `stack` False no `py_callstack` (torchrun would show that instead of the message)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    info = {"timestamp": str(int(when))}
+    if stack:
+        info["py_callstack"] = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    with contextlib.suppress(OSError):
+        Path(path).write_text(json.dumps({"message": {"message": str(error), "extraInfo": info}}))
+
+
 class CheckpointDirError(RuntimeError):
-    """The checkpoint directory cannot be used; the message names the path and the fix."""
+    """The checkpoint directory cannot be used (a link, a name that is no path component, no write access): the
+    user's configuration, which no retry mends. The message names the path and the fix; `record()` hands it alone
+    to torchrun and returns `exit_code` (1: a permanent failure, unlike the volume's 75)."""
+
+    exit_code = 1
+
+    def record(self) -> int:
+        record_for_torchrun(self, when=time.time(), stack=False)
+        return self.exit_code
 
 
 class CheckpointFenceError(CheckpointDirError):
@@ -62,13 +84,7 @@ class CheckpointVolumeError(OSError):
                 code = e.record()
             exit_process(code)
         """
-        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if path:
-            stack = "".join(traceback.format_exception(type(self), self, self.__traceback__))
-            data = {"message": {"message": str(self), "extraInfo": {"py_callstack": stack,
-                                                                     "timestamp": str(int(self.time))}}}
-            with contextlib.suppress(OSError):
-                Path(path).write_text(json.dumps(data))
+        record_for_torchrun(self, when=self.time, stack=True)
         return self.exit_code
 
 
