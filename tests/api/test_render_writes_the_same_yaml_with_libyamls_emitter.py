@@ -17,20 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 
-class PurePythonDumper(yaml.emitter.Emitter, yaml.serializer.Serializer, yaml.representer.SafeRepresenter,
-                       kubeyaml._DumpResolver):
-    """The writer render used before: PyYAML's emitter, kubeyaml's choice of quoting."""
+class PurePythonDumper(kubeyaml.Dumper):
+    """The writer render used before: PyYAML's emitter, kubeyaml's choice of quoting, each text analysed anew."""
 
-    def __init__(self, stream, default_style=None, default_flow_style=False, canonical=None, indent=None,
-                 width=None, allow_unicode=None, line_break=None, encoding=None, explicit_start=None,
-                 explicit_end=None, version=None, tags=None, sort_keys=True):
-        yaml.emitter.Emitter.__init__(self, stream, canonical=canonical, indent=indent, width=width,
-                                      allow_unicode=allow_unicode, line_break=line_break)
-        yaml.serializer.Serializer.__init__(self, encoding=encoding, explicit_start=explicit_start,
-                                            explicit_end=explicit_end, version=version, tags=tags)
-        yaml.representer.SafeRepresenter.__init__(self, default_style=default_style,
-                                                  default_flow_style=default_flow_style, sort_keys=sort_keys)
-        kubeyaml._DumpResolver.__init__(self)
+    analyze_scalar = yaml.emitter.Emitter.analyze_scalar
 
 
 def assert_written_as_before(documents: list) -> None:
