@@ -610,13 +610,33 @@ class FastDumper(CEmitter, yaml.representer.SafeRepresenter, _DumpResolver):
         _DumpResolver.__init__(self)
 
 
-def _holds_escaped_string(node: Any) -> bool:
-    """Whether a string here has a character outside printable ASCII (a line break, a tab, é): such a string is
-    written double-quoted, and libyaml folds a long one at other places than PyYAML."""
+def _printable(text: str) -> bool:
+    return text.isascii() and text.isprintable()
+
+
+def _literal_block(text: str) -> bool:
+    """A multi-line value written as a literal block (`|`), as go-yaml v2 writes one (kubectl's `-o yaml` of a
+    ConfigMap's files): lines of printable ASCII without spaces at their ends, which both emitters write alike
+    (a literal block is never folded) and read back as the same string."""
+    lines = text.split("\n")
+    return len(lines) > 1 and bool(lines[0]) and not text[0].isspace() and all(
+        _printable(line) and line == line.rstrip() for line in lines)
+
+
+def _represent_str(representer: Any, text: str) -> Any:
+    if _literal_block(text):
+        return representer.represent_scalar(_TAG + "str", text, style="|")
+    return yaml.representer.SafeRepresenter.represent_str(representer, text)
+
+
+def _holds_escaped_string(node: Any, key: bool = False) -> bool:
+    """Whether a string here has a character outside printable ASCII (a line break, a tab, é) and is no literal
+    block (a key never is one): such a string is written double-quoted, and libyaml folds a long one at other
+    places than PyYAML."""
     if isinstance(node, str):
-        return not (node.isascii() and node.isprintable())
+        return not (_printable(node) or (not key and _literal_block(node)))
     if isinstance(node, dict):
-        return any(_holds_escaped_string(k) or _holds_escaped_string(v) for k, v in node.items())
+        return any(_holds_escaped_string(k, True) or _holds_escaped_string(v) for k, v in node.items())
     if isinstance(node, list):
         return any(_holds_escaped_string(v) for v in node)
     return False
@@ -627,3 +647,7 @@ def dump_all(documents: list[Any], **options: Any) -> str:
     PyYAML's where a string would be folded differently, so the text is the same either way."""
     return "".join(yaml.dump(document, Dumper=Dumper if _holds_escaped_string(document) else FastDumper,
                              explicit_start=index > 0, **options) for index, document in enumerate(documents))
+
+
+for _dumper in (Dumper, FastDumper):
+    _dumper.add_representer(str, _represent_str)

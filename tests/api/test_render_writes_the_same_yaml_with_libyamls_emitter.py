@@ -70,3 +70,15 @@ def test_strings_of_every_kind_at_any_depth_are_written_as_before(depth):
         documents.append(node)
     documents.append({"f": 1.5, "i": 10**20, "b": True, "z": None, "neg": -1, "big": 1e300, "small": 1e-7})
     assert_written_as_before(documents)
+
+
+def test_a_multi_line_value_is_a_literal_block_that_reads_back_as_written():
+    """The agent ConfigMap's files, as go-yaml v2 (kubectl -o yaml) writes a multi-line string: a `|` block that a
+    user reads as the file, and kubectl reads back as the same string; a line with spaces at its end stays quoted."""
+    job = validation.load_jobs(EXAMPLES[0])[0]
+    documents = _rendered([job]) + [{"k": text, "multi\nkey": text} for text in STRINGS]
+    text = kubeyaml.dump_all(documents, sort_keys=False, width=120)
+    assert list(kubeyaml.load_all(text, max_values=10**7, max_depth=64)) == documents
+    config_map = kubeyaml.dump_all([m for m in documents if m.get("kind") == "ConfigMap"], sort_keys=False, width=120)
+    assert "  worker.py: |\n" in config_map
+    assert '"trail \\nx"' in kubeyaml.dump_all([{"k": "trail \nx"}])
