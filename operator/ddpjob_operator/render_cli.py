@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import job_manifests, kubeyaml, model, naming, validation
+from . import job_manifests, kubeyaml, model, naming, object_names, validation
 from .settings import Settings
 
 # Where the operator's progress Service is, known to the operator (its settings), not to the manifest.
 PROGRESS_URL_PLACEHOLDER = "<progress-url>"
+# Every job renders about 50 KB (the agent's files in its ConfigMap), 70 times a minimal job's manifest: a 3 MiB file
+# of 5,800 jobs would print 300 MB. A preview of this many is answered within 2 s of CPU (issue 38, item 15).
+MAX_RENDERED_JOBS = 64
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -28,6 +31,18 @@ def cmd_render(args: argparse.Namespace) -> int:
         for error in exc.errors:
             print(f"{args.file}: {error}", file=sys.stderr)
         return validation.EXIT_INVALID
+    if len(jobs) > MAX_RENDERED_JOBS:
+        print(f"{args.file}: holds {len(jobs)} DDPJobs; render prints every object of each (about 50 KB a job, the "
+              f"agent's files included). Fix: render at most {MAX_RENDERED_JOBS} at a time (split the file); "
+              "`ddpjob validate` checks any number", file=sys.stderr)
+        return validation.EXIT_INVALID
+    if args.namespace is not None:
+        try:
+            object_names.check(args.namespace, object_names.NAMESPACE, "--namespace")
+        except object_names.InvalidName:
+            print(f"--namespace {args.namespace!r} is not a namespace the API server accepts. "
+                  f"Fix: {object_names.NAMESPACE.fix()}", file=sys.stderr)
+            return validation.EXIT_INVALID
     ca = ""
     if args.progress_ca:
         try:  # as the operator reads its DDPJOB_OPERATOR_PROGRESS_CA_FILE (progress_router.read_ca)

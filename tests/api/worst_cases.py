@@ -144,5 +144,5 @@ def child_cpu_seconds(command: list[str], out: Path) -> tuple[int, float]:
     return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
 
 
-def ddpjob(command: str, path: Path, out: Path) -> tuple[int, float]:
-    return child_cpu_seconds([sys.executable, "-m", "ddpjob_operator.cli", command, str(path)], out)
+def ddpjob(command: str, path: Path, out: Path, *options: str) -> tuple[int, float]:
+    return child_cpu_seconds([sys.executable, "-m", "ddpjob_operator.cli", command, str(path), *options], out)
