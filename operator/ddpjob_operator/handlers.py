@@ -79,7 +79,7 @@ class Controller:
         self.router = progress_router.ProgressRouter(
             settings, self.progress, self.cache, metrics,
             progress.TokenReviewer(api.token_review, settings.progress_audience),
-            clock=clock, leading=self.leading, requeue=self.requeue, elector=elector)
+            clock=clock, leading=self.leading, requeue=self.requeue, elector=elector, labeler=self.reader)
         self.progress_server = self.router.server
         self._resync: asyncio.TimerHandle | None = None
         metrics.registry.register(progress.TrackerCollector(self.progress, clock))

@@ -55,9 +55,12 @@ def endpoint(settings: Settings) -> job_manifests.ProgressEndpoint | None:
 class ProgressRouter:
     def __init__(self, settings: Settings, tracker: progress.ProgressTracker, cache: JobCache, metrics: Metrics,
                  reviews: progress.TokenReviewer, *, clock: Callable[[], datetime], leading: Callable[[], bool],
-                 requeue: Callable[[JobKey, float], None], elector: leader.Elector | None):
+                 requeue: Callable[[JobKey, float], None], elector: leader.Elector | None, labeler: kube.Kube):
         self.settings, self.tracker, self.cache, self.clock = settings, tracker, cache, clock
         self.leading, self.requeue, self.elector = leading, requeue, elector
+        # Unfenced, so a fenced replica still removes its label; on this loop (the elector's own client lives
+        # on the election's thread, and an aiohttp session serves only the loop it was made on).
+        self.labeler = labeler
         self.server = progress.ProgressServer(
             tracker, reviews,
             find_worker=lambda ns, name, who: progress.find_worker_in(cache.pods, cache.jobs, ns, name, who,
@@ -131,8 +134,7 @@ class ProgressRouter:
 
     async def _route(self, elector: leader.Elector, wake: asyncio.Event) -> None:
         """Keep this replica's pod labeled PROGRESS_LEADER_LABEL exactly while it leads (woken by the
-        elector's callbacks, retried every Lease retry period). The unfenced Lease client writes it, so a
-        fenced replica still removes its label."""
+        elector's callbacks, retried every Lease retry period)."""
         while True:
             want = self.leading()
             if want != self._labeled:
@@ -156,6 +158,6 @@ class ProgressRouter:
             wake.clear()
 
     async def _label_own_pod(self, elector: leader.Elector, leading: bool) -> None:
-        await elector.api.patch_pod_labels(self.settings.lease_namespace, self.settings.identity,
-                                           {PROGRESS_LEADER_LABEL: "true" if leading else None})
+        await self.labeler.patch_pod_labels(self.settings.lease_namespace, self.settings.identity,
+                                            {PROGRESS_LEADER_LABEL: "true" if leading else None})
         self._labeled = leading

@@ -37,7 +37,7 @@ class Rig:
                                      progress.TokenReviewer(self.api.token_review, self.settings.progress_audience),
                                      clock=lambda: NOW, leading=lambda: self.leads,
                                      requeue=lambda key, delay: self.requeued.append((key, delay)),
-                                     elector=self.elector)
+                                     elector=self.elector, labeler=self.api)
 
     async def close(self) -> None:
         await self.api.close()
