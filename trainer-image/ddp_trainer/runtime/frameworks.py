@@ -47,12 +47,12 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import (CheckpointVolumeError, CorruptCheckpoint, adopt_legacy_job_directory, atomic_write_json,
-                         check_archive, job_key, newer_generation, prune_fences, raise_fence, read_marker_json,
+                         check_archive, newer_generation, prune_fences, raise_fence, read_marker_json,
                          refuse_impossible_fence, refuse_link, rendezvous_generation, retry_reads, volume_full)
 from .contract import CHECKPOINT_DIR_ENV, INPROCESS_ENV, JOB_NAME_ENV, JOB_NAMESPACE_ENV, job_root
 from .distributed import CollectiveTimeout, StopRequest, abort_process_groups, exit_process
 from .inprocess import enabled as inprocess_enabled
-from .progress import ProgressReporter, recovery_field
+from .progress import ProgressReporter, job_directory, recovery_field
 from .watchdog import StallWatchdog
 
 log = logging.getLogger(__name__)
@@ -63,13 +63,12 @@ T = TypeVar("T")
 
 def job_dir(subdir: str, default: str | os.PathLike | None = None) -> Path | None:
     """`<DDPJOB_CHECKPOINT_DIR>/<DDPJOB_NAMESPACE>.<DDPJOB_NAME>/<subdir>` under DDPJob (the job's own directory
-    on the volume, next to the runtime's `checkpoints/`; `contract.job_root`), else `default`. A name or namespace
+    on the volume, next to the runtime's `checkpoints/`; `progress.job_directory`), else `default`. A name or namespace
     that is not one path component: CheckpointDirError."""
     mount = os.environ.get(CHECKPOINT_DIR_ENV)
     if not mount:
         return Path(default) if default is not None else None
-    job_key(os.environ.get(JOB_NAME_ENV, ""), os.environ.get(JOB_NAMESPACE_ENV, ""))
-    return job_root(mount) / subdir
+    return job_directory(mount) / subdir
 
 
 def _own_job_dir(directory: Path) -> None:
