@@ -168,7 +168,8 @@ class TrainConfig:
     max_steps: int = 0  # stop (as completed) after this many optimizer steps in total; 0: no cap
     log_every: int = 10
     device: str = "auto"  # auto: cuda:<LOCAL_RANK> when available, else cpu
-    record_samples: str | None = None  # debug: each rank appends "epoch index" lines to <path>.rank<r>
+    # debug: each seat's trained samples as "epoch index" lines in <path>.rank<seat>, each step's loss in <path>.loss
+    record_samples: str | None = None
     fault: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:
@@ -223,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
            "job's collectives in this time (0: --dist-timeout throughout)")
     a("--log-every", type=int, default=10)
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    a("--record-samples", default=None, metavar="PATH", help="debug: log consumed sample indices per rank")
+    a("--record-samples", default=None, metavar="PATH",
+      help="debug: log the sample indices trained per seat (PATH.rank<seat>) and each step's loss (PATH.loss)")
     f = p.add_argument_group("fault injection (tests only: fail on purpose to exercise restarts)")
     f.add_argument("--fault-at-step", type=int, default=0, metavar="N",
                    help="fail right after optimizer step N, before its checkpoint, or after the first step of a "
