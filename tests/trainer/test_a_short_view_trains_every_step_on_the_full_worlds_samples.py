@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_trainer.runtime.views import View
-from ddp_trainer.step_data import Shards
+from ddp_trainer.runtime.shards import Shards
 
 
 def step_samples(view: View, epoch: int, consumed: int, *, length: int = 101, batch: int = 3, accum: int = 2,

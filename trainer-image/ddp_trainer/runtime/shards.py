@@ -1,5 +1,11 @@
 """The micro-batches of each optimizer step, for every seat this process trains (runtime/views.py).
 
+    shards = Shards(len(train_set), seed, shuffle, drop_last, batch_size, grad_accum,
+                    job.view.world, job.view.coverage(job.seat))
+    for micro_batches in step_batches(train_set, shards, epoch, epoch_samples, ...):   # one optimizer step
+        ... each micro-batch's loss / (len(micro_batches) // len(shards.coverage)) * job.view.loss_scale ...
+    # after should_stop() with job.regrouped True (or a recover()): build them again for the new view
+
 In a whole view a process trains its own seat's shard. In a short one it also trains the shards of the missing
 seats it covers: each seat's micro-batches come from that seat's own sampler (the one an undisturbed run gives
 the process in that seat), so the step's global batch and the epoch's sample order do not depend on who is alive.
@@ -13,8 +19,8 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
-from .runtime import ResumableDistributedSampler, worker_init_fn
-from .runtime.data import iter_with_stop_signals_held
+from .data import iter_with_stop_signals_held, worker_init_fn
+from .sampler import ResumableDistributedSampler
 
 MicroBatch = tuple[list[int], Any]  # (sample indices, collated batch)
 
