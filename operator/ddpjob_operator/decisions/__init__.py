@@ -12,7 +12,7 @@ generation with every exit it causes. The concerns live in their own modules: `a
 (incidents and the budget), `generations` (fresh rendezvous, replacement, scaling, suspend),
 `completion` (success, deadlines, pods that cannot start, refused objects, finished jobs), `warnings`
 (what the trainer's reports say about the script: a foreign world size, no reports or checkpoints),
-`recovery` (each incident's recovery timeline).
+`recovery` (each incident's recovery timeline), `degraded` (training short: fewer ranks than a whole world).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .accounting import (account_incident, backoff_seconds, classify_exit, rende
 from .common import (FIX_LIMIT, MESSAGE_LIMIT, Plan, new_incidents, parse_time, rfc3339, set_condition,
                      short_message)
 from .completion import cannot_start, deadline_passed, finished, invalid_spec, rejected, succeeded
+from .degraded import degraded
 from . import spares
 from .generations import replace_and_create, resized, store_lost, suspend
 from .recovery import follow_recovery, recovered, unix_time
@@ -70,6 +71,8 @@ def decide(job: JobView, observed: Observed, options: Options = Options()) -> De
         _active(plan, job.spec)
         not_reporting(plan, job.spec)
         avoid_nodes(plan)
+    if job.spec is not None:
+        degraded(plan, job.spec)  # the reports' world: the condition, worldSize, and no Running while none trains
     spares.keep_pool(plan, job.spec)
     follow_recovery(plan)  # last: it reads what every concern recorded and did in this pass
     return _finish(plan)

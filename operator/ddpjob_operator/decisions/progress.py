@@ -61,10 +61,21 @@ def record_progress(plan: Plan) -> None:
     plan.status.progress = progress_status(p, plan.status.phase in TERMINAL_PHASES)
 
 
+def reports_in_use(plan: Plan, p: ProgressObservation) -> bool:
+    """The reports tell of the training in use: of the generation in use, or of an older one whose survivors
+    train on in place (elastic in place: they keep the generation they started in while their pods serve the
+    next, whose replacement may be Pending for hours). A trainer of an older generation that does not say so is
+    one left behind, still stopping."""
+    if p.generation == plan.status.generation:
+        return True
+    carried = any(plan.served_generation(w) > w.generation for w in plan.current() if w.live)
+    return p.in_place and p.generation < plan.status.generation and carried
+
+
 def stalled(plan: Plan, spec: model.DDPJobSpec) -> bool:
     """Hang detection. True when the job was stalled in this pass (restarting or failed)."""
     status, p = plan.status, plan.observed.progress
-    if p is None or p.generation != status.generation:
+    if p is None or not reports_in_use(plan, p):
         return False  # nothing reported yet in the generation in use: its clock has not started
     previous = condition(status, CONDITION_STALLED)
     since = parse_time(previous.last_transition_time) if previous is not None else None

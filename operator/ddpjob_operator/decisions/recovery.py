@@ -13,6 +13,13 @@ operator restart neither loses nor repeats one):
   generation resumed from, at least 0.
 - seconds: failureSeenTime to firstStepTime (at least 0), with the one Normal `Recovered` event; the
   operator observes it once in ddpjob_recovery_seconds (`recovered`: the status before and after its write).
+- steps (elastic in place): the survivors' regroup without the lost rank (`Shrink`: they train on short at
+  once) and the replacement's later `Join`, each once, with rank 0's time and world size, from its `recovery`
+  reports of kind Shrink and Join. Those keep the generation the survivors started in (the incident's own, or
+  an older one), so they are matched by time: a Shrink to the oldest incident without one, of a generation no
+  older than the report's, within the clock bounds of its failure; a Join to the oldest incident that shrank
+  before it and has not been joined. The Shrink is also the incident's recovery (path, rendezvousTime,
+  firstStepTime, seconds, stepsLost): training goes on from it.
 
 A second failure during the hand-over (the next generation fails before it trains) leaves the first
 incident open: it and the second one are both filled from the generation that finally trains, so each
@@ -25,6 +32,7 @@ import math
 from datetime import datetime, timedelta, timezone
 
 from .. import model
+from ..model.status import RecoveryStep
 from .common import Plan, incident_key, parse_time, promoted_to
 from .types import REASON_RECOVERED, TERMINAL_PHASES, CreateWorker, RecoveryReport
 
@@ -61,6 +69,7 @@ def follow_recovery(plan: Plan) -> None:
     """Fill the timelines this pass can tell (called last, once every concern has acted)."""
     _open(plan)
     _replacements(plan)
+    _regroups(plan)
     for incident in plan.status.incidents:
         if incident.recovery is not None:
             _reported(plan, incident, incident.recovery)
@@ -91,10 +100,56 @@ def _replacements(plan: Plan) -> None:
             recovery.replacement_time, recovery.spare = precise_time(plan.now), spare
 
 
-def _report_for(plan: Plan, incident: model.Incident) -> RecoveryReport | None:
-    """The first generation after the incident whose rank 0 said how it came back."""
+def _plausible(plan: Plan, recovery: model.IncidentRecovery, moment: datetime | None) -> bool:
+    """A trainer's time within the clock bounds of the incident's failure and the operator's now."""
+    seen, skew = _time(recovery.failure_seen_time), timedelta(seconds=CLOCK_SKEW_SECONDS)
+    return moment is not None and seen is not None and seen - skew <= moment <= plan.now + skew
+
+
+def _regroups(plan: Plan) -> None:
+    """Shrink and Join reports -> the steps of the incidents they belong to, each report once."""
     p = plan.observed.progress
-    later = [r for r in (p.recoveries if p is not None else ()) if r.generation > incident.generation]
+    reports = sorted((r for r in (p.recoveries if p is not None else ()) if r.kind and r.rendezvous_time),
+                     key=lambda r: r.rendezvous_time)  # type: ignore[arg-type, return-value]
+    taken = {(s.kind, s.time) for i in plan.status.incidents if i.recovery is not None for s in i.recovery.steps}
+    for report in reports:
+        assert report.rendezvous_time is not None
+        step = RecoveryStep(kind=report.kind, time=precise_time(report.rendezvous_time), world_size=report.world_size)
+        if (step.kind, step.time) in taken:
+            continue
+        incident = next((i for i in plan.status.incidents if _takes(plan, i, report, step)), None)
+        if incident is not None and incident.recovery is not None:
+            incident.recovery.steps.append(step)
+            taken.add((step.kind, step.time))
+
+
+def _takes(plan: Plan, incident: model.Incident, report: RecoveryReport, step: RecoveryStep) -> bool:
+    recovery = incident.recovery
+    if recovery is None or not _plausible(plan, recovery, report.rendezvous_time):
+        return False
+    kinds = {s.kind: s.time for s in recovery.steps}
+    if step.kind == "Shrink":
+        return "Shrink" not in kinds and incident.generation >= report.generation
+    return "Shrink" in kinds and "Join" not in kinds and kinds["Shrink"] <= step.time
+
+
+def _shrink_of(plan: Plan, recovery: model.IncidentRecovery) -> RecoveryReport | None:
+    """The Shrink report the incident's survivors regrouped in (its step on record), while it is still kept."""
+    shrink = next((s.time for s in recovery.steps if s.kind == "Shrink"), None)
+    p = plan.observed.progress
+    return next((r for r in (p.recoveries if p is not None else ()) if r.kind == "Shrink" and r.rendezvous_time
+                 and precise_time(r.rendezvous_time) == shrink), None) if shrink else None
+
+
+def _report_for(plan: Plan, incident: model.Incident) -> RecoveryReport | None:
+    """The Shrink its survivors trained on from, else the first generation after the incident whose rank 0 said
+    how it came back."""
+    assert incident.recovery is not None
+    shrink = _shrink_of(plan, incident.recovery)
+    if shrink is not None:
+        return shrink if shrink.path in PATHS else None
+    p = plan.observed.progress
+    later = [r for r in (p.recoveries if p is not None else ()) if r.generation > incident.generation and not r.kind]
     first = min(later, key=lambda r: r.generation, default=None)
     return first if first is not None and first.path in PATHS else None
 
@@ -125,10 +180,11 @@ def _reported(plan: Plan, incident: model.Incident, recovery: model.IncidentReco
         how = recovery.path + (f" ({recovery.fallback_reason})" if recovery.fallback_reason else "")
         lost = "steps lost unknown" if recovery.steps_lost is None else \
             f"{recovery.steps_lost} step{'' if recovery.steps_lost == 1 else 's'} lost"
+        who = (f"the survivors trained on short ({report.world_size} ranks), not waiting for the replacement"
+               if report.kind == "Shrink" else f"rendezvous generation {report.generation} trained its first step")
         plan.event("Normal", REASON_RECOVERED,
                    f"recovered from the incident of rendezvous generation {incident.generation} "
-                   f"({incident.reason or incident.cause}) in {recovery.seconds:g}s: rendezvous generation "
-                   f"{report.generation} trained its first step; path {how}; {lost}")
+                   f"({incident.reason or incident.cause}) in {recovery.seconds:g}s: {who}; path {how}; {lost}")
 
 
 def recovered(old: model.DDPJobStatus, new: model.DDPJobStatus) -> list[model.IncidentRecovery]:

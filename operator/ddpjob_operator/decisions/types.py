@@ -69,6 +69,11 @@ REASON_NO_PROGRESS_REPORTS = "NoProgressReports"  # running a while with a check
 REASON_NO_CHECKPOINTS = "NoCheckpointsReported"  # reports, steps past two intervals, no checkpoint
 REASON_REPORTING = "Reporting"
 REASON_RECOVERED = "Recovered"  # an incident's recovery completed: the next generation trained its first step
+# Elastic in place (decisions/degraded.py): the survivors train on short while a lost rank's replacement comes.
+REASON_TRAINING_SHORT = "TrainingShort"  # fewer ranks train than a whole world has
+REASON_WAITING_FOR_RANKS = "WaitingForRanks"  # below minReplicas: nobody trains until more ranks come
+REASON_WHOLE = "Whole"  # every rank of a whole world trains again
+REASON_NOT_TRAINING = "NotTraining"  # the job ended or was suspended while short: nothing trains any more
 
 # Container waiting reasons that never clear by themselves (a wrong image, a missing secret); a pod
 # stuck in one past Options.cannot_start_seconds fails the job instead of leaving it Pending forever.
@@ -98,6 +103,8 @@ CONDITION_STRAGGLER = "Straggler"
 CONDITION_WORLD_SIZE_MISMATCH = "WorldSizeMismatch"
 # True while a job with a checkpoint interval runs without reports or checkpoints (decisions/warnings.py).
 CONDITION_NOT_REPORTING = "ProgressNotReported"
+# True while fewer ranks train than a whole world has, or none while below minReplicas (decisions/degraded.py).
+CONDITION_DEGRADED = "Degraded"
 # Pod phases of a worker that has stopped on its own.
 EXITED = ("Succeeded", "Failed")
 MISSING = "Missing"
@@ -226,10 +233,14 @@ class RecoveryReport:
 
     generation: int  # the generation that reported it (attributed like every report)
     path: str  # "InProcess" or "Restart"; anything else makes the report unusable
+    # A regroup within the generation (elastic in place): "Shrink" (the survivors train on short) or "Join" (a
+    # rank joined them live); None: the generation's own start after the incident, as before.
+    kind: str | None = None
     reason: str = ""  # why Restart where InProcess was asked for
     resumed_step: int | None = None  # the step the generation trains from
     rendezvous_time: datetime | None = None  # its process group was complete
     first_step_time: datetime | None = None  # its first optimizer step finished
+    world_size: int | None = None  # ranks training, in the report that carried it
 
 
 @dataclass(frozen=True)
@@ -251,7 +262,16 @@ class ProgressObservation:
     ranks: tuple[RankReport, ...] = ()  # per worker; empty where reports carry no worker (local runs)
     last_refused: datetime | None = None  # the operator last could not take one of the job's reports
     timings: tuple[RankTimings, ...] = ()  # per worker, as last published (straggler detection)
-    recoveries: tuple[RecoveryReport, ...] = ()  # the newest per recent generation, oldest first (not rate limited)
+    recoveries: tuple[RecoveryReport, ...] = ()  # the newest per recent generation and kind, oldest first (not rate limited)
+    # The live view rank 0 reports (issue 36): a whole world's ranks, the global ranks missing from it, since
+    # when it trains short, and how many more ranks it waits for while below minReplicas and not training.
+    desired_world_size: int | None = None
+    missing_ranks: tuple[int, ...] = ()
+    short_since: datetime | None = None
+    waiting_for_ranks: int | None = None
+    # The newest report's trainers train on in place (short, or joined after a shrink): their generation is the
+    # one they started in, which may be older than the operator's while a replacement is on its way.
+    in_place: bool = False
 
 
 @dataclass(frozen=True)

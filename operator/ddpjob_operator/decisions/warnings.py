@@ -59,8 +59,8 @@ def refuse_foreign_world_size(plan: Plan, spec: model.DDPJobSpec) -> None:
     """Before record_progress: a report whose world size no rendezvous of the job has is dropped from this
     pass's observation (not progress, not a step for hang detection) and flagged."""
     p = plan.observed.progress
-    if p is None or p.world_size is None:
-        return
+    if p is None or p.world_size is None or p.waiting_for_ranks:
+        return  # waiting below minReplicas (decisions/degraded.py): short by its own word, not a foreign world
     sizes = world_sizes(spec)
     if plan.status.phase in TERMINAL_PHASES:
         if p.world_size not in sizes:  # after the end too: the last report that agreed stays shown

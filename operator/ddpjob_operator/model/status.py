@@ -14,7 +14,9 @@ PHASES: tuple[str, ...] = ("Pending", "Running", "Restarting", "Suspended", "Suc
 
 
 class Condition(StatusModel):
-    type: str = Field(description="Created, Running, Restarting, Suspended, Succeeded or Failed.")
+    type: str = Field(description=(
+        "Created, Running, Restarting, Suspended, Succeeded, Failed, Degraded (fewer ranks train than a whole "
+        "world has), Stalled, ..."))
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="CamelCase reason.")
     message: str = Field(default="", description="Human readable detail.")
@@ -67,6 +69,15 @@ class Progress(StatusModel):
         "When the operator last received a report (RFC 3339); at most about 10 s old while training runs."))
 
 
+class RecoveryStep(StatusModel):
+    """One regroup of the training in place after the incident (elastic in place): the survivors trained on
+    short (Shrink), or a rank joined them live (Join)."""
+
+    kind: Literal["Shrink", "Join"] = Field(description="Shrink or Join.")
+    time: str = Field(description="When its process group was complete, as rank 0 reported (RFC 3339).")
+    world_size: int | None = Field(default=None, ge=0, description="Ranks training after it, as rank 0 reported.")
+
+
 class IncidentRecovery(StatusModel):
     """The timeline of one incident's recovery (docs/operator.md, "Recovery timeline")."""
 
@@ -90,6 +101,9 @@ class IncidentRecovery(StatusModel):
     steps_lost: int | None = Field(default=None, description=(
         "Steps trained again: the step last reported before the failure minus the step the next "
         "generation resumed from (0 when nothing was lost)."))
+    steps: list[RecoveryStep] = Field(default_factory=list, max_length=2, description=(
+        "Training in place: the survivors' shrink (they trained on short at once) and the later join of the "
+        "replacement, each with its time; neither is charged."))
 
 
 class Incident(StatusModel):
@@ -156,7 +170,10 @@ class DDPJobStatus(StatusModel):
                                                            "x-kubernetes-list-map-keys": ["type"]})
     replicas: int = Field(default=0, description="Worker pods that exist.")
     ready_replicas: int = Field(default=0, description="Worker pods that are Ready.")
-    world_size: int = Field(default=0, description="replicas x nprocPerNode of running workers.")
+    world_size: int = Field(default=0, description=(
+        "Ranks training (the WORLD column): as rank 0 reports it while the job runs, else running workers x "
+        "nprocPerNode; below desiredWorldSize while the job trains short (condition Degraded)."))
+    desired_world_size: int = Field(default=0, description="Ranks of a whole world: replicas x nprocPerNode.")
     restarts: int = Field(default=0, description="Budget spent: restarts charged to failurePolicy.maxRestarts.")
     disruptions: int = Field(default=0, description="Replacements after evictions or node loss (not charged).")
     generation: int = Field(default=0, description="Rendezvous generation (bumped by gang restarts).")

@@ -15,6 +15,8 @@ from typing import Any
 MAX_STEP = 10**12  # beyond any real run; a larger step would freeze the stall clock (refused, 422)
 MAX_JSON_DEPTH = 8  # a report is a flat object; deeper nesting is refused before parsing (400)
 RECOVERY_PATHS = ("InProcess", "Restart")
+RECOVERY_KINDS = ("Shrink", "Join")  # a regroup within a generation: the survivors train short, or a rank joins
+MAX_RANKS = 4096  # missing_ranks: a list of global ranks, never longer than any real world (bounds the work)
 MAX_REASON_CHARS = 512
 MAX_UNIX_TIME = 1e10  # the year 2286: a later time is wrong, not late
 
@@ -36,6 +38,7 @@ class Recovery:
     rendezvous_time: float  # its process group was complete
     first_step_time: float | None = None  # its first optimizer step finished; None until then
     reason: str = ""  # why Restart where InProcess was asked for
+    kind: str | None = None  # RECOVERY_KINDS: the survivors regrouped short (Shrink) or a rank joined them (Join)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,19 @@ class Report:
     # generation the report is attributed to (attributed_generation), never raises it.
     generation: int | None = None
     recovery: Recovery | None = None  # sticky on every report of a generation that resumed after an incident
+    # The live view (issue 36, elastic in place): a whole world's ranks, the ranks missing from it (global
+    # ranks, ascending), since when it has trained short (unix time), and, while below minReplicas and not
+    # training, how many more ranks it waits for.
+    desired_world_size: int | None = None
+    missing_ranks: tuple[int, ...] | None = None
+    short_since: float | None = None
+    waiting_for_ranks: int | None = None
+
+    @property
+    def in_place(self) -> bool:
+        """Its trainer trains on in a live view (short, or joined after a shrink): its generation is the one
+        it started in, older than the operator's once a lost rank's replacement was asked for."""
+        return bool(self.missing_ranks) or (self.recovery is not None and self.recovery.kind is not None)
 
     def attributed_to(self, served: int) -> int:
         """The generation this report counts for, given the one its sender serves by the operator's (or the
@@ -62,7 +78,8 @@ class Report:
         return served if self.generation is None else min(served, self.generation)
 
 
-_INTS = ("total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "generation")
+_INTS = ("total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "generation", "desired_world_size",
+         "waiting_for_ranks")
 _FLOATS = ("loss", "samples_per_second", "step_seconds")
 MAX_STEP_SECONDS = 86400.0  # one step of a day: beyond it a report is wrong, not slow
 MAX_INT = 2**53
@@ -146,9 +163,39 @@ def report_from(body: dict[str, Any]) -> Report:
         if key == "step_seconds" and not 0 <= value <= MAX_STEP_SECONDS:
             raise BadReport(422, f"{key} must be from 0 to {MAX_STEP_SECONDS:g} seconds or null, got {value!r}")
         values[key] = float(value)
+    if body.get("missing_ranks") is not None:
+        values["missing_ranks"] = parse_ranks("missing_ranks", body["missing_ranks"])
+        desired = values.get("desired_world_size")
+        if desired is not None and values["missing_ranks"] and values["missing_ranks"][-1] >= desired:
+            raise BadReport(422, f"missing_ranks holds rank {values['missing_ranks'][-1]}, but desired_world_size is "
+                                 f"{desired}: a missing rank is one of 0..desired_world_size-1")
+    if body.get("short_since") is not None:
+        values["short_since"] = parse_time("short_since", body["short_since"])
     if body.get("recovery") is not None:
         values["recovery"] = parse_recovery(body["recovery"])
     return Report(**values)
+
+
+def parse_ranks(key: str, value: Any) -> tuple[int, ...]:
+    """A list of distinct global ranks -> ascending tuple; BadReport(422) naming the field."""
+    example = f"{key} must be a list of at most {MAX_RANKS} distinct whole numbers from 0 to {MAX_INT - 1}, " \
+              "such as [2], or null"
+    if not isinstance(value, list) or len(value) > MAX_RANKS:
+        raise BadReport(422, f"{example}, got {_shown(value)}")
+    for rank in value:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < MAX_INT:
+            raise BadReport(422, f"{example}, got {_shown(rank)} in it")
+    if len(set(value)) != len(value):
+        raise BadReport(422, f"{example}, got a rank twice in {_shown(value)}")
+    return tuple(sorted(value))
+
+
+def parse_time(key: str, value: Any, optional: bool = True) -> float:
+    """A unix time in seconds (time.time()); BadReport(422) naming the field (`optional`: it may be null)."""
+    if not _finite(value) or not 0 <= value <= MAX_UNIX_TIME:
+        raise BadReport(422, f"{key} must be a unix time in seconds (time.time()){' or null' if optional else ''}, "
+                             f"got {_shown(value)}")
+    return float(value)
 
 
 def parse_recovery(value: Any) -> Recovery:
@@ -168,18 +215,13 @@ def parse_recovery(value: Any) -> Recovery:
     step = value.get("resumed_step")
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
         raise BadReport(422, f"recovery.resumed_step must be a whole number from 0 to {MAX_STEP}, got {_shown(step)}")
-    times = {}
-    for key in ("rendezvous_time", "first_step_time"):
-        moment = value.get(key)
-        if moment is None and key == "first_step_time":
-            times[key] = None
-            continue
-        if not _finite(moment) or not 0 <= moment <= MAX_UNIX_TIME:
-            optional = " or null" if key == "first_step_time" else ""
-            raise BadReport(422, f"recovery.{key} must be a unix time in seconds (time.time()){optional}, "
-                                 f"got {_shown(moment)}")
-        times[key] = float(moment)
-    return Recovery(path=path, resumed_step=step, reason=reason, **times)
+    kind = value.get("kind")
+    if kind is not None and kind not in RECOVERY_KINDS:
+        raise BadReport(422, f"recovery.kind must be one of {', '.join(RECOVERY_KINDS)} or absent, got {_shown(kind)}")
+    first_step = value.get("first_step_time")
+    return Recovery(path=path, resumed_step=step, reason=reason, kind=kind,
+                    rendezvous_time=parse_time("recovery.rendezvous_time", value.get("rendezvous_time"), optional=False),
+                    first_step_time=None if first_step is None else parse_time("recovery.first_step_time", first_step))
 
 
 def _finite(value: Any) -> bool:

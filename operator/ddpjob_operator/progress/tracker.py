@@ -15,7 +15,7 @@ from .reports import Report
 
 RANK0_CLAIM_SECONDS = 15.0  # a pod's claim to rank 0 lapses after this long without its reports
 RATE_WINDOW_SECONDS = 120.0  # the step rate behind the ETA is measured over about this long
-RECOVERY_GENERATIONS = 8  # recovery reports kept: the newest per generation, for the last this many generations
+RECOVERY_GENERATIONS = 8  # recovery reports kept: the newest per generation and kind, for the last this many generations
 
 
 @dataclass
@@ -41,7 +41,8 @@ class JobProgress:
     rank0_claimed: datetime | None = None  # that pod's newest report saying rank 0
     last_refused: datetime | None = None  # the operator last could not take a report for this job
     timings: decisions.TimingHistory = field(default_factory=decisions.TimingHistory)  # straggler detection
-    recoveries: dict[int, decisions.RecoveryReport] = field(default_factory=dict)  # rank 0's, by generation
+    # rank 0's, by generation and kind (a generation that trains on in place reports a shrink, then a join)
+    recoveries: dict[tuple[int, str], decisions.RecoveryReport] = field(default_factory=dict)
 
 
 class ProgressTracker:
@@ -65,8 +66,10 @@ class ProgressTracker:
                 job.ranks[index] = _Rank(generation, report.step, now)
             if report.step_seconds is not None:
                 self.step_time(uid, index, generation, report.step, report.step_seconds, now)
-        if generation < job.generation:
-            return  # a pod of a generation left behind (still stopping): its rank's silence is all it tells
+        if generation < job.generation and not report.in_place:
+            # A pod of a generation left behind (still stopping): its rank's silence is all it tells. A trainer
+            # that trains on in place keeps the generation it started in while the next one's ranks join it.
+            return
         if generation > job.generation:
             job.generation, job.step, job.last_advance, job.latest = generation, -1, None, None
             job.rank0_index = job.rank0_claimed = None
@@ -139,7 +142,10 @@ class ProgressTracker:
                 total_steps=latest.total_steps, epoch=latest.epoch, loss=latest.loss,
                 samples_per_second=latest.samples_per_second, last_checkpoint_step=latest.last_checkpoint_step,
                 world_size=latest.world_size, steps_per_second=self._rate(job), updated_at=job.received_at,
-                timings=job.timings.snapshot())
+                timings=job.timings.snapshot(), desired_world_size=latest.desired_world_size,
+                missing_ranks=latest.missing_ranks or (), waiting_for_ranks=latest.waiting_for_ranks,
+                short_since=None if latest.short_since is None else decisions.unix_time(latest.short_since),
+                in_place=latest.in_place)
             job.published_at, job.dirty = now, False
         if job.published is None:
             return None
@@ -169,11 +175,12 @@ def _keep_recovery(job: JobProgress, generation: int, report: Report) -> None:
     apart from the rate-limited values: decisions/recovery.py reads it in the pass that sees it."""
     given = report.recovery
     assert given is not None
-    job.recoveries[generation] = decisions.RecoveryReport(
+    job.recoveries[(generation, given.kind or "")] = decisions.RecoveryReport(
         generation=generation, path=given.path, reason=given.reason, resumed_step=given.resumed_step,
-        rendezvous_time=decisions.unix_time(given.rendezvous_time),
+        rendezvous_time=decisions.unix_time(given.rendezvous_time), kind=given.kind, world_size=report.world_size,
         first_step_time=None if given.first_step_time is None else decisions.unix_time(given.first_step_time))
-    for old in sorted(job.recoveries)[:-RECOVERY_GENERATIONS]:
+    kept = {g for g, _ in job.recoveries}
+    for old in [key for key in job.recoveries if key[0] in sorted(kept)[:-RECOVERY_GENERATIONS]]:
         del job.recoveries[old]
 
 
