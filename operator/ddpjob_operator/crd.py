@@ -146,7 +146,9 @@ def build_crd() -> dict[str, Any]:
                     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
                     {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
                     {"name": "World", "type": "integer", "jsonPath": ".status.worldSize",
-                     "description": "Training processes (workers x nprocPerNode)."},
+                     "description": "Ranks training now (status.worldSize): below a whole world's (DESIRED x "
+                                    "nprocPerNode, status.desiredWorldSize) while the job trains short (condition "
+                                    "Degraded)."},
                     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
                     {"name": "Progress%", "type": "integer", "jsonPath": ".status.progress.percent",
                      "description": "Percent of the planned steps done (status.progress.percent)."},

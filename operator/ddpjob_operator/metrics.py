@@ -1,5 +1,5 @@
-"""Prometheus metrics: jobs by phase, restarts, disruptions, recovery time, reconcile latency, errors and queue depth,
-leadership.
+"""Prometheus metrics: jobs by phase, ranks training and desired per job, restarts, disruptions, recovery time,
+reconcile latency, errors and queue depth, leadership.
 
 Each operator instance has its own registry (tests run several in one process).
 """
@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
-from .model import IncidentRecovery, PHASES
+from .model import DDPJobStatus, IncidentRecovery, PHASES
 
 # An in-process recovery takes seconds; a restart that reads a large checkpoint back, minutes.
 RECOVERY_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800)
@@ -50,19 +50,34 @@ class Metrics:
         self.queue_depth = Gauge("ddpjob_reconcile_queue_depth", "Jobs whose reconcile pass is queued or running "
                                  "(waiting for one of DDPJOB_OPERATOR_MAX_CONCURRENT_RECONCILES slots, or in one)",
                                  registry=self.registry)
+        # Per job, from the status each pass decides: WORLD below DESIRED while it trains short (docs/operator.md).
+        self.ranks_training = Gauge("ddpjob_ranks_training", "Ranks a DDPJob trains with now (status.worldSize while "
+                                    "Running, else 0)", ["namespace", "name"], registry=self.registry)
+        self.ranks_desired = Gauge("ddpjob_ranks_desired", "Ranks of a DDPJob's whole world (status.desiredWorldSize)",
+                                   ["namespace", "name"], registry=self.registry)
         self._phase_of: dict[str, str] = {}
+        self._name_of: dict[str, tuple[str, str]] = {}  # uid -> (namespace, name): the world gauges' labels
         for phase in PHASES:
             self.jobs.labels(phase=phase).set(0)
         self._server: Any = None
 
     def job_phase(self, uid: str, phase: str | None) -> None:
-        """Move one job between phase gauges (None: the job is gone)."""
+        """Move one job between phase gauges (None: the job is gone, and its world gauges with it)."""
         old = self._phase_of.pop(uid, None)
         if old is not None:
             self.jobs.labels(phase=old).dec()
         if phase is not None:
             self._phase_of[uid] = phase
             self.jobs.labels(phase=phase).inc()
+        elif (labels := self._name_of.pop(uid, None)) is not None:
+            self.ranks_training.remove(*labels)
+            self.ranks_desired.remove(*labels)
+
+    def job_world(self, uid: str, namespace: str, name: str, status: DDPJobStatus) -> None:
+        """One job's ranks training (none unless Running: a job restarting or waiting trains nothing) and desired."""
+        self._name_of[uid] = (namespace, name)
+        self.ranks_training.labels(namespace, name).set(status.world_size if status.phase == "Running" else 0)
+        self.ranks_desired.labels(namespace, name).set(status.desired_world_size)
 
     def recovered(self, timelines: list[IncidentRecovery]) -> None:
         """Observe the timelines a status write completed (decisions.recovered(old, new))."""

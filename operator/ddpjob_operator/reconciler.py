@@ -164,6 +164,7 @@ class Reconciler:
         else:
             await asyncio.gather(self.actuator.write_status(job, view.status, decision.status, patch), actions)
         self.metrics.job_phase(uid, decision.status.phase)
+        self.metrics.job_world(uid, view.namespace, view.name, decision.status)
         if decision.requeue_after is not None:
             self.requeue(key, decision.requeue_after)
 

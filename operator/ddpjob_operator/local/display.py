@@ -37,7 +37,10 @@ def snapshot(runner: RunView, now: datetime) -> Snapshot:
                     loss=progress.get("loss"), world_size=progress.get("world_size"),
                     last_checkpoint_step=progress.get("last_checkpoint_step"), workers=tuple(rows),
                     percent=shown.percent if shown else None, eta=shown.eta if shown else None,
-                    stalled=_stalled_message(runner.status))
+                    stalled=_raised(runner.status, decisions.CONDITION_STALLED),
+                    desired_world_size=runner.status.desired_world_size or None,
+                    degraded=_raised(runner.status, decisions.CONDITION_DEGRADED))
+
 
 def summary(runner: RunView) -> Summary:
     """What is printed once the run ended: how it ended, what it cost, where its checkpoints and logs are."""
@@ -72,7 +75,7 @@ def summary(runner: RunView) -> Summary:
                    newest_checkpoint=(newest[0], str(newest[1])) if newest is not None else None)
 
 
-def _stalled_message(status: model.DDPJobStatus) -> str | None:
-    """The Stalled condition's message while it is True (hang detection)."""
-    condition = next((c for c in status.conditions if c.type == decisions.CONDITION_STALLED), None)
+def _raised(status: model.DDPJobStatus, type_: str) -> str | None:
+    """A condition's message while it is True (Stalled: hang detection; Degraded: training short)."""
+    condition = next((c for c in status.conditions if c.type == type_), None)
     return condition.message if condition is not None and condition.status == "True" else None

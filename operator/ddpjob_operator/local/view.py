@@ -45,6 +45,8 @@ class Snapshot:
     percent: int | None = None  # status.progress.percent / eta, as `kubectl get ddpj` shows them
     eta: str | None = None
     stalled: str | None = None  # the Stalled condition's message while it is True
+    desired_world_size: int | None = None  # status.desiredWorldSize: world_size below it while training short
+    degraded: str | None = None  # the Degraded condition's message while it is True
 
 
 @dataclass(frozen=True)
@@ -191,8 +193,12 @@ class PlainView(ConsoleOutput):
 
 def _progress_text(snap: Snapshot) -> str:
     done = f" ({snap.percent}%, ETA {snap.eta or '-'})" if snap.percent is not None else ""
-    text = (f"progress: step {snap.step}{done} loss {_num(snap.loss)} world_size {snap.world_size or '-'} "
+    world = snap.world_size or "-"
+    if snap.desired_world_size and snap.world_size is not None and snap.world_size < snap.desired_world_size:
+        world = f"{snap.world_size} of {snap.desired_world_size}"  # training short, as kubectl's WORLD and DESIRED
+    text = (f"progress: step {snap.step}{done} loss {_num(snap.loss)} world_size {world} "
             f"last checkpoint step {_num(snap.last_checkpoint_step, 'd')}")
+    text += f"\nDEGRADED: {snap.degraded}" if snap.degraded else ""
     return text + (f"\nSTALLED: {snap.stalled}" if snap.stalled else "")
 
 

@@ -70,8 +70,7 @@ class Progress(StatusModel):
 
 
 class RecoveryStep(StatusModel):
-    """One regroup of the training in place after the incident (elastic in place): the survivors trained on
-    short (Shrink), or a rank joined them live (Join)."""
+    """One regroup of the training in place after an incident: the survivors trained on short, or a rank joined."""
 
     kind: Literal["Shrink", "Join"] = Field(description="Shrink or Join.")
     time: str = Field(description="When its process group was complete, as rank 0 reported (RFC 3339).")
