@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime
-from typing import Callable
+from typing import Any, Callable
 
 from . import job_manifests, kube, leader, model, naming, progress
 from .job_cache import JobCache, JobKey
@@ -61,13 +61,15 @@ class ProgressRouter:
         # Unfenced, so a fenced replica still removes its label; on this loop (the elector's own client lives
         # on the election's thread, and an aiohttp session serves only the loop it was made on).
         self.labeler = labeler
+        def spec_of(body: dict[str, Any]) -> Any:
+            return cache.parsed_spec(body["metadata"].get("uid", ""), body)[0]
         self.server = progress.ProgressServer(
             tracker, reviews,
             find_worker=lambda ns, name, who: progress.find_worker_in(cache.pods, cache.jobs, ns, name, who,
                                                                       naming.ROLE_WORKER),
-            assignment=lambda ns, name, who: progress.assignment_in(
-                cache.pods, cache.jobs, ns, name, who,
-                lambda body: cache.parsed_spec(body["metadata"].get("uid", ""), body)[0]),
+            assignment=lambda ns, name, who: progress.assignment_in(cache.pods, cache.jobs, ns, name, who, spec_of),
+            generation=lambda ns, name, who: progress.generation_in(cache.pods, cache.jobs, ns, name, who,
+                                                                    naming.ROLE_WORKER, spec_of),
             leading=leading, accepted=self.accepted,
             count=lambda result: metrics.progress_reports.labels(result=result).inc(), clock=clock,
             refused=self.refused)

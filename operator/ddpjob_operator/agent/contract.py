@@ -49,6 +49,12 @@ GENERATION_MARK_PATTERN = r"\[generation (\d+)\]"
 SPARE_ENV = "DDPJOB_SPARE"
 ASSIGNMENT_FILE_ENV = "DDPJOB_ASSIGNMENT_FILE"
 ASSIGNMENT_PATH = "assignment"  # replaces the last segment ("progress") of the progress URL
+# With INPROCESS_ENV=1 a worker's agent asks the same endpoint (path GENERATION_PATH) every GENERATION_POLL_SECONDS
+# for the generation the operator carried its pod into, and publishes it in the job's store (GENERATION_KEY, NNODES_KEY),
+# where the trainers look for a newer one at every step boundary: an in-place scale down starts no pod whose agent
+# would publish it (the operator's decisions/scaling.py).
+GENERATION_PATH = "generation"
+GENERATION_POLL_SECONDS = 2.0
 PROGRESS_URL_ENV = "DDPJOB_PROGRESS_URL"
 PROGRESS_TOKEN_ENV = "DDPJOB_PROGRESS_TOKEN_FILE"
 PROGRESS_CA_ENV = "DDPJOB_PROGRESS_CA"  # PEM: the CA the client verifies an https endpoint with

@@ -30,7 +30,7 @@ from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
 from .contract import (ASSIGNMENT_FILE_ENV, ASSIGNMENT_PATH, FORK_TRAINER_ENV, INPROCESS_ENV, GENERATION_KEY, GENERATION_MARK,
-                       GPU_DEVICE_FILES, NNODES_KEY, PEER_FAILURE_PATTERN, PRELOAD_ENV, PROGRESS_CA_ENV,
+                       GENERATION_PATH, GENERATION_POLL_SECONDS, GPU_DEVICE_FILES, NNODES_KEY, PEER_FAILURE_PATTERN, PRELOAD_ENV, PROGRESS_CA_ENV,
                        PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV, REJOIN_FAILED_PREFIX, REJOIN_TIMEOUT_ENV,
                        REJOIN_TIMEOUT_SECONDS, RENDEZVOUS_CLOSED_MARK, RENDEZVOUS_FAILED_PREFIX,
                        SPARE_BUILT_KEY, SPARE_COMPLAINT_SECONDS, SPARE_ENV, SPARE_PLACE_ENV, SPARE_PLACE_KEY,
@@ -258,6 +258,55 @@ def stop_watching():
 AFTER_START = []  # what runs once the trainers are started (a thread must not be copied into a forked trainer)
 
 
+def checked_generation(given, uid):
+    # The operator's answer to GENERATION_PATH: (generation, nnodes) of this job, or ValueError naming what is wrong.
+    generation, nnodes = given.get("generation") if isinstance(given, dict) else None, None
+    if isinstance(generation, int) and not isinstance(generation, bool) and generation >= 0:
+        nnodes = given.get("nnodes")
+        ok = isinstance(nnodes, str) and re.fullmatch(r"[1-9][0-9]{0,3}:[1-9][0-9]{0,3}", nnodes) is not None \
+            and given.get("rdzvId") == f"{uid}-g{generation}"
+        if ok:
+            return generation, nnodes
+    raise ValueError(f"not {{generation, nnodes MIN:MAX, rdzvId {uid}-g<generation>}}: {str(given)[:200]}")
+
+
+def follow_operator(generations, generation, stop):
+    # DDPJOB_INPROCESS=1: the generation the operator carried this pod into, published in the job's store, where the
+    # trainers look for a newer one at every step boundary. Why the survivors' agents ask the operator: an in-place
+    # scale down starts no pod whose agent would publish the smaller generation, and a departing pod's agent is no
+    # channel (it leaves, and would have to ask just the same). Every survivor asks and publishes (the newest wins in
+    # the store), so one survivor slow or gone delays nobody. A failure is said once, until an answer comes again.
+    known, trouble = generation, None
+    while not stop.wait(GENERATION_POLL_SECONDS):
+        given, why = ask_operator(GENERATION_PATH, timeout=GENERATION_POLL_SECONDS)
+        try:
+            if given is not None:
+                newer, nnodes = checked_generation(given, generations.uid)
+                if newer > known:
+                    generations.publish(newer, nnodes)
+                    print(f"the operator carried this pod into rendezvous generation {newer} ({nnodes} nodes): "
+                          "published in the job's store", file=sys.stderr, flush=True)
+                    known = newer
+        except Exception as error:  # a bad answer, or the store being replaced: the next answer is published
+            why = f"{type(error).__name__}: {error}"
+        if why is not None and trouble is None:
+            print(f"cannot follow the operator's rendezvous generation: {why}", file=sys.stderr, flush=True)
+        elif why is None and trouble is not None:
+            print("following the operator's rendezvous generation again", file=sys.stderr, flush=True)
+        trouble = why
+
+
+def start_following(generations, generation):
+    # After the trainers are started (a forked trainer must not copy this thread): stopped with the generation's
+    # watchers (stop_watching), before the next fork. Its requests time out within GENERATION_POLL_SECONDS, so
+    # stopping it costs at most that.
+    stop = threading.Event()
+    thread = threading.Thread(target=follow_operator, args=(generations, generation, stop),
+                              name="ddpjob-follow-operator", daemon=True)
+    WATCHING.append((thread, stop))
+    thread.start()
+
+
 def unwatched_start(start_workers):
     def start(self, worker_group):
         stop_watching()
@@ -306,6 +355,10 @@ def run_generation(args, generation, generations):
         thread = threading.Thread(target=watch, args=(generations, generation, stop, superseded), daemon=True)
         WATCHING.append((thread, stop))
         thread.start()
+    follow = None
+    if generations is not None and os.environ.get(INPROCESS_ENV) == "1" and os.environ.get(PROGRESS_URL_ENV):
+        follow = lambda: start_following(generations, generation)  # noqa: E731
+        AFTER_START.append(follow)
     try:
         torchrun.main(torchrun_args(args))
         finish(0)
@@ -343,6 +396,8 @@ def run_generation(args, generation, generations):
         report(f"torchrun failed: {type(error).__name__}: {error}", generation=generation)
         raise
     finally:
+        if follow in AFTER_START:  # the trainers never started
+            AFTER_START.remove(follow)
         stop_watching()
 
 
@@ -359,11 +414,23 @@ def assignment():
             return None, None  # not written yet (the runner writes it whole, by rename)
         except (OSError, ValueError) as error:
             return None, f"cannot read {path}: {type(error).__name__}: {error}"
-    import ssl, urllib.error, urllib.request
+    given, why = ask_operator(ASSIGNMENT_PATH, timeout=10)
+    if given is None:
+        return None, why
+    try:
+        return checked_assignment(given), None
+    except ValueError as error:
+        return None, f"the operator's {ASSIGNMENT_PATH} route answered 200 with no valid assignment: {error}"
+
+
+def ask_operator(path, timeout):
+    # GET <the progress URL's directory>/<path> with the pod's progress token: (the JSON answer, None), (None, None)
+    # for 204 (nothing to tell), (None, why) when the operator could not be asked.
+    import json, ssl, urllib.error, urllib.request
     url = os.environ.get(PROGRESS_URL_ENV, "")
     if not url:
-        return None, f"{PROGRESS_URL_ENV} is empty: the operator has no progress endpoint to answer a spare"
-    target = url.rsplit("/", 1)[0] + "/" + ASSIGNMENT_PATH
+        return None, f"{PROGRESS_URL_ENV} is empty: the operator has no progress endpoint to answer"
+    target = url.rsplit("/", 1)[0] + "/" + path
     try:
         with open(os.environ.get(PROGRESS_TOKEN_ENV, "")) as file:
             token = file.read().strip()
@@ -373,16 +440,16 @@ def assignment():
         context = ssl.create_default_context(cadata=os.environ[PROGRESS_CA_ENV]) \
             if os.environ.get(PROGRESS_CA_ENV) else None
         request = urllib.request.Request(target, headers={"Authorization": f"Bearer {token}"})
-        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             if response.status == 204:
                 return None, None
             if response.status != 200:
                 return None, f"{target} answered {response.status}"
             body = response.read(65536)
         try:
-            return checked_assignment(json.loads(body)), None
+            return json.loads(body), None
         except ValueError as error:
-            return None, f"{target} answered 200 with no valid assignment: {error}"
+            return None, f"{target} answered 200 with no JSON: {error}"
     except urllib.error.HTTPError as error:  # 401 no valid token, 503 a standby replica, ...
         detail = error.read(200).decode("utf-8", "replace").strip() if error.fp is not None else ""
         return None, f"{target} answered {error.code} {error.reason}" + (f": {detail}" if detail else "")

@@ -18,6 +18,10 @@ worker of the job in the URL, in the operator's pod index, which holds only pods
 progress. The report is attributed to the pod's replica index and generation (its labels), never to
 what the body claims.
 
+A worker's agent asks `GET .../<job>/generation` for the generation the operator carried its pod into (200
+{"generation", "nnodes", "rdzvId"}, 204 none to tell: pods.generation_in), a warm spare `GET .../<job>/assignment`
+for the place it takes (pods.assignment_in); both with the same token.
+
 Answers: 204 accepted; 400 malformed or too deeply nested JSON; 401 no or invalid token (counted); 403
 a token of a pod that is not a worker of this job (counted); 404 unknown path; 408 body too slow; 413
 body over 4 KiB; 422 invalid fields; 429 over the per-pod rate or a review budget; 503 this replica is
@@ -44,7 +48,7 @@ their siblings, never this package's names, so this file only gathers what the r
 from .auth import (DEFAULT_AUDIENCE, POD_NAME_KEY, POD_UID_KEY, SOURCE_REVIEW_BURST, TOKEN_CACHE_SECONDS,
                    Identity, RateLimited, TokenBucket, TokenReviewer, Unauthenticated)
 from .collector import TrackerCollector
-from .pods import Worker, assignment_in, attributed_generation, find_worker_in, served_generation
+from .pods import Worker, assignment_in, attributed_generation, find_worker_in, generation_in, served_generation
 from .reports import MAX_STEP, BadReport, Recovery, Report, parse_report, report_from
 from .server import BURST_PER_POD, MAX_BODY_BYTES, RATE_PER_POD, RESULTS, ProgressServer
 from .tls import ServerCertificate
@@ -55,4 +59,4 @@ __all__ = ["BURST_PER_POD", "DEFAULT_AUDIENCE", "MAX_BODY_BYTES", "MAX_STEP", "P
            "TOKEN_CACHE_SECONDS", "BadReport", "Identity", "JobProgress", "ProgressServer", "ProgressTracker",
            "RateLimited", "Recovery", "Report", "ServerCertificate", "TokenBucket", "TokenReviewer",
            "TrackerCollector", "Unauthenticated", "Worker", "assignment_in", "attributed_generation",
-           "find_worker_in", "parse_report", "report_from", "served_generation"]
+           "find_worker_in", "generation_in", "parse_report", "report_from", "served_generation"]

@@ -81,6 +81,28 @@ def assignment_in(pods: Mapping[tuple[str, str], Any], jobs: Mapping[tuple[str, 
             "rdzvId": naming.rendezvous_id(body["metadata"]["uid"], generation)}
 
 
+def generation_in(pods: Mapping[tuple[str, str], Any], jobs: Mapping[tuple[str, str], Mapping[str, Any]],
+                  namespace: str, name: str, identity: Identity, worker_role: str,
+                  spec_of: Callable[[Mapping[str, Any]], Any]) -> dict[str, Any] | None:
+    """What a worker's agent is told (agent.worker.follow_operator): the generation in use, its rendezvous id and
+    node range, when the operator carried this worker into it (a scale down starts no pod whose agent would
+    publish it). None while the pod does not serve the generation in use, or the status was decided under an
+    older spec (the node range is the spec's: that of a generation decided before a new `replicas` is not)."""
+    body = jobs.get((namespace, name))
+    worker = find_worker_in(pods, jobs, namespace, name, identity, worker_role)
+    if body is None or worker is None:
+        return None
+    status = body.get("status") or {}
+    if worker.generation != status.get("generation") or status.get("observedGeneration") is None \
+            or status.get("observedGeneration") != body["metadata"].get("generation"):
+        return None
+    spec = spec_of(body)
+    if spec is None:
+        return None
+    return {"generation": worker.generation, "nnodes": naming.nnodes(spec),
+            "rdzvId": naming.rendezvous_id(worker.uid, worker.generation)}
+
+
 def served_generation(job: Mapping[str, Any], index: int, pod_uid: str, label_generation: int) -> int:
     """A survivor's pod serves the generation the operator carried it into (status.ranks[].uid and
     .generation, the operator's own record), not only the one its label names."""

@@ -59,9 +59,10 @@ class ProgressServer:
                  clock: Callable[[], datetime], refused: Callable[[str, str], None] = lambda ns, name: None, *,
                  header_seconds: float = HEADER_SECONDS, body_seconds: float = BODY_SECONDS,
                  max_connections: int = MAX_CONNECTIONS,
-                 assignment: Callable[[str, str, Identity], dict[str, Any] | None] = lambda ns, name, who: None):
+                 assignment: Callable[[str, str, Identity], dict[str, Any] | None] = lambda ns, name, who: None,
+                 generation: Callable[[str, str, Identity], dict[str, Any] | None] = lambda ns, name, who: None):
         self.tracker, self.reviewer, self.find_worker = tracker, reviewer, find_worker
-        self.assignment = assignment
+        self.assignment, self.generation = assignment, generation
         self.leading, self.accepted, self.count, self.clock = leading, accepted, count, clock
         self.refused = refused
         self.header_seconds, self.body_seconds, self.max_connections = header_seconds, body_seconds, max_connections
@@ -70,6 +71,8 @@ class ProgressServer:
         self.app.router.add_post("/v1/namespaces/{namespace}/ddpjobs/{name}/progress", self.handle)
         # A warm spare asks which rank's place it takes (contract.ASSIGNMENT_PATH): 200 with it, 204 not yet.
         self.app.router.add_get("/v1/namespaces/{namespace}/ddpjobs/{name}/assignment", self.handle_assignment)
+        # A worker's agent asks which generation the operator carried its pod into (contract.GENERATION_PATH).
+        self.app.router.add_get("/v1/namespaces/{namespace}/ddpjobs/{name}/generation", self.handle_generation)
         self.app.router.add_get("/healthz", self.healthz)
         self._runner: aiohttp.web.AppRunner | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -127,13 +130,21 @@ class ProgressServer:
             logger.exception("recording a refused progress report failed")
 
     async def handle_assignment(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        return await self._tell(request, self.assignment, "assignment")
+
+    async def handle_generation(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        return await self._tell(request, self.generation, "generation")
+
+    async def _tell(self, request: aiohttp.web.Request,
+                    lookup: Callable[[str, str, Identity], dict[str, Any] | None], what: str) -> aiohttp.web.Response:
+        """200 with what `lookup` tells the token's pod, 204 when it has nothing to tell."""
         try:
             identity = await self._identify(request)
             if isinstance(identity, aiohttp.web.Response):
                 return identity
-            given = self.assignment(request.match_info["namespace"], request.match_info["name"], identity)
+            given = lookup(request.match_info["namespace"], request.match_info["name"], identity)
         except Exception:  # noqa: BLE001 - a client must never crash the operator
-            logger.exception("assignment request failed")
+            logger.exception("%s request failed", what)
             return self._answer(500, "unavailable", "internal error")
         if given is None:
             return aiohttp.web.Response(status=204)
