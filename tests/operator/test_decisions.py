@@ -462,7 +462,7 @@ def test_finished_job_stays_finished():
 # ---------------------------------------------------------------- scale, suspend, deadline, stuck pods
 
 def test_scale_up_adds_highest_indices():
-    s = spec(replicas=4, minReplicas=1, maxReplicas=4)
+    s = spec(replicas=4, minReplicas=1, maxReplicas=4, failurePolicy={"recovery": "Restart"})
     out = decide(job(s, running_status(ranks=[{"index": 0, "pod": "a", "phase": "Running"},
                                                 {"index": 1, "pod": "b", "phase": "Running"}]), generation=2),
                    seen(w(0), w(1)))
@@ -472,8 +472,9 @@ def test_scale_up_adds_highest_indices():
 
 def test_scale_down_restarts_the_gang_gracefully_at_the_new_size_without_charging():
     """Departing peers would break the survivors' next collective: a fresh generation, all stopped with
-    SIGTERM (they checkpoint), restarted at the new size."""
-    s = spec(replicas=1, minReplicas=1, maxReplicas=3)
+    SIGTERM (they checkpoint), restarted at the new size (recovery Restart; InProcess:
+    test_scale_in_place_decisions.py)."""
+    s = spec(replicas=1, minReplicas=1, maxReplicas=3, failurePolicy={"recovery": "Restart"})
     out = decide(job(s, running_status()), seen(w(0), w(1), w(2)))
     assert of(out, d.DeleteWorker) == [d.DeleteWorker(f"j-worker-{i}", d.REASON_OLD_GENERATION) for i in range(3)]
     st = out.status

@@ -504,8 +504,8 @@ async def test_node_back_before_the_taint_manager_acts_is_an_uncharged_disruptio
 # ---------------------------------------------------------------- 6. scale, suspend
 
 async def test_scale_up_restarts_every_worker_gracefully_at_the_new_size(harness, operator, nodes):
-    """Every agent of a generation gets --nnodes=minReplicas:replicas: a new size is a new generation."""
-    await started(harness, nodes, "grow", minReplicas=1, maxReplicas=4)
+    """Restart recovery (in place: test_scale_in_place_on_the_api.py). Every agent of a generation gets --nnodes=minReplicas:replicas: a new size is a new generation."""
+    await started(harness, nodes, "grow", minReplicas=1, maxReplicas=4, failurePolicy={"recovery": "Restart"})
     code, body = await harness.scale("grow", 3)
     assert code == 200, body
     await eventually(lambda: harness.status("grow").get("generation") == 1, what="generation 1")
@@ -519,7 +519,8 @@ async def test_scale_up_restarts_every_worker_gracefully_at_the_new_size(harness
 
 
 async def test_scale_down_stops_every_worker_gracefully_for_a_new_generation(harness, operator, nodes):
-    await started(harness, nodes, "shrink", replicas=3, minReplicas=1, maxReplicas=4)
+    await started(harness, nodes, "shrink", replicas=3, minReplicas=1, maxReplicas=4,
+                  failurePolicy={"recovery": "Restart"})
     code, body = await harness.scale("shrink", 1)
     assert code == 200, body
     await eventually(lambda: harness.status("shrink").get("generation") == 1, what="generation 1")
@@ -537,7 +538,7 @@ async def test_scale_down_stops_every_worker_gracefully_for_a_new_generation(har
 
 
 async def test_scaling_a_static_job_starts_a_new_generation(harness, operator, nodes):
-    await started(harness, nodes, "static")
+    await started(harness, nodes, "static", failurePolicy={"recovery": "Restart"})
     code, body = await harness.scale("static", 3)
     assert code == 200, body
     await eventually(lambda: harness.status("static").get("generation") == 1, what="generation 1")

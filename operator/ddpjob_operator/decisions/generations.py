@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from .. import model, naming
+from . import scaling
 from .accounting import backoff_seconds
 from .common import Plan, force_stuck, promoted_to, rfc3339, set_condition, set_phase, short_message, update_counts
 from .types import (CONDITION_UNSCHEDULABLE, DISRUPTION, REASON_OLD_GENERATION, REASON_RANGE_CHANGED, REASON_REPLACE,
@@ -57,7 +58,10 @@ def store_lost(plan: Plan, spec: model.DDPJobSpec) -> bool:
 def resized(plan: Plan, spec: model.DDPJobSpec) -> bool:
     """Every agent of a generation must agree on `--nnodes` (minReplicas:replicas), and a shrinking gang
     loses its departing peers mid-collective: any new size starts a fresh generation, the old workers
-    stopping gracefully (they checkpoint)."""
+    stopping gracefully (they checkpoint). With in-process recovery the survivors stay (decisions/scaling.py)."""
+    if scaling.in_place(spec):
+        scaling.scale_in_place(plan, spec)
+        return False  # the pass goes on: a scale up's new pods are created in it
     live = [w for w in plan.current() if w.live]
     wanted = naming.node_range(spec)
     if any(w.index >= spec.replicas for w in live):
