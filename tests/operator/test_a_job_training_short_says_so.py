@@ -35,10 +35,15 @@ def live_view(step: int, seconds: float, *, world: int = 2, missing=(2,), kind: 
         recoveries=recoveries)
 
 
+def running(s, replicas: int) -> model.DDPJobStatus:
+    """The status of a job whose workers all run (its ranks listed, as every pass after the first has them)."""
+    return decide(job(s, running_status()), seen(*(w(i) for i in range(replicas)), now=at(-60))).status
+
+
 def lost_worker_2():
     """Worker 2 killed at T0: one charged incident, the survivors carried into generation 1, its replacement asked."""
     before = d.ProgressObservation(generation=0, step=12, last_advance=at(0), world_size=3, desired_world_size=3)
-    out = decide(job(SHORT, running_status()), d.Observed(workers=(w(0), w(1), failed(2, 137)), store=seen().store,
+    out = decide(job(SHORT, running(SHORT, 3)), d.Observed(workers=(w(0), w(1), failed(2, 137)), store=seen().store,
                                                           now=at(0), progress=before))
     assert (out.status.generation, out.status.restarts) == (1, 1)
     return out.status
@@ -103,13 +108,13 @@ def test_whole_again_turns_it_false_and_a_job_never_short_gets_no_condition():
     assert (whole.world_size, whole.desired_world_size, whole.phase) == (3, 3, "Running")
     # An undisturbed job that reports its whole world has no Degraded condition at all.
     calm = d.ProgressObservation(generation=0, step=5, last_advance=at(1), world_size=3, desired_world_size=3)
-    out = short_pass(running_status(), calm, w(0), w(1), w(2))
+    out = short_pass(running(SHORT, 3), calm, w(0), w(1), w(2))
     assert degraded(out.status) is None and out.status.world_size == 3
 
 
 def test_below_min_replicas_and_not_training_is_never_running():
     s = spec(replicas=2, minReplicas=2, failurePolicy={"backoff": {"initialSeconds": 0, "maxSeconds": 0}})
-    lost = decide(job(s, running_status()), seen(w(0), failed(1, 137), now=at(0))).status
+    lost = decide(job(s, running(s, 2)), seen(w(0), failed(1, 137), now=at(0))).status
     # The replacement's pod runs (so every pod counts as running) but its trainer is still being built: rank 0
     # says it waits for one more rank and trains nothing.
     waiting = d.ProgressObservation(generation=0, step=12, last_advance=at(0), world_size=1, desired_world_size=2,
@@ -127,7 +132,7 @@ def test_below_min_replicas_and_not_training_is_never_running():
 def test_the_stall_clock_runs_on_the_survivors_steps_while_short():
     s = spec(replicas=3, minReplicas=1, runPolicy={"progressDeadlineSeconds": 60},
              failurePolicy={"backoff": {"initialSeconds": 0, "maxSeconds": 0}})
-    lost = decide(job(s, running_status()), seen(w(0), w(1), failed(2, 137), now=at(0))).status
+    lost = decide(job(s, running(s, 3)), seen(w(0), w(1), failed(2, 137), now=at(0))).status
     # Advancing: no verdict however long the replacement is Pending.
     fresh = d.Observed(workers=(*survivors(), unschedulable()), store=seen().store, now=at(3600),
                        progress=live_view(9000, 3600, advanced=3590))
