@@ -504,7 +504,8 @@ async def test_node_back_before_the_taint_manager_acts_is_an_uncharged_disruptio
 # ---------------------------------------------------------------- 6. scale, suspend
 
 async def test_scale_up_restarts_every_worker_gracefully_at_the_new_size(harness, operator, nodes):
-    """Restart recovery (in place: test_scale_in_place_on_the_api.py). Every agent of a generation gets --nnodes=minReplicas:replicas: a new size is a new generation."""
+    """Restart recovery (in place: test_scale_in_place_on_the_api.py). Every agent of a generation gets
+    --nnodes=minReplicas:replicas: a new size is a new generation."""
     await started(harness, nodes, "grow", minReplicas=1, maxReplicas=4, failurePolicy={"recovery": "Restart"})
     code, body = await harness.scale("grow", 3)
     assert code == 200, body
