@@ -14,13 +14,17 @@ from .scenario import INTERVAL, Training, digits_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
+# Scaling restarts every worker with recovery Restart; in place with InProcess: test_scale_in_place.py.
+RESTART = {"maxRestarts": 3, "restartScope": "Pod", "recovery": "Restart",
+           "backoff": {"initialSeconds": 1, "maxSeconds": 10}}
+
 
 def test_elastic_scale_up_and_down_each_restart_every_worker_gracefully_in_a_new_generation(namespace, operator):
     """docs/operator.md's table: `kubectl scale` up or down within minReplicas..maxReplicas is no restart
     and no disruption, a new generation (every agent must agree on --nnodes=minReplicas:replicas), all
     workers stopped gracefully (SIGTERM -> checkpoint) and restarted at the new size."""
     t = Training(namespace, digits_job("scale-elastic", replicas=2, min_replicas=1, max_replicas=3,
-                                       max_steps=12000)).start()
+                                       max_steps=12000, failure_policy=RESTART)).start()
     before_up = t.wait_training()
     g0 = t.generation
 
@@ -42,7 +46,7 @@ def test_elastic_scale_up_and_down_each_restart_every_worker_gracefully_in_a_new
 def test_scaling_a_static_job_changes_its_node_range_in_a_new_generation(namespace, operator):
     # No minReplicas/maxReplicas: both follow replicas, so 2 -> 3 changes the node range 2:2 -> 3:3.
     t = Training(namespace, digits_job("scale-static", replicas=2, min_replicas=None, max_replicas=None,
-                                       max_steps=8000)).start()
+                                       max_steps=8000, failure_policy=RESTART)).start()
     before = t.wait_training()
     g0 = t.generation
 
