@@ -6,6 +6,7 @@ the incident's timeline with the shrink and the join as two steps, neither charg
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import timedelta
 
@@ -219,6 +220,7 @@ def test_the_live_view_fields_are_parsed():
 
 @pytest.mark.parametrize("fields, named", [
     ({"desired_world_size": -1}, "desired_world_size"), ({"desired_world_size": "3"}, "desired_world_size"),
+    ({"desired_world_size": 0}, "desired_world_size"),
     ({"desired_world_size": True}, "desired_world_size"), ({"waiting_for_ranks": 1.5}, "waiting_for_ranks"),
     ({"missing_ranks": 2}, "missing_ranks"), ({"missing_ranks": [1, "2"]}, "missing_ranks"),
     ({"missing_ranks": [-1]}, "missing_ranks"), ({"missing_ranks": [True]}, "missing_ranks"),
@@ -264,3 +266,23 @@ def test_the_tracker_takes_the_survivors_reports_of_their_old_generation_as_the_
     record(tracker, 0, 1, 41, step=30, rank=0, generation=0, recovery=join, desired_world_size=3, world_size=3,
            missing_ranks=[])
     assert [r.kind for r in tracker.observation("uid", at(41)).recoveries] == ["Join", "Shrink"]
+
+
+def test_a_restarted_gangs_rank_0_makes_an_old_in_place_report_stale():
+    tracker = progress.ProgressTracker(write_seconds=0.0)
+    shrink = {"path": "InProcess", "kind": "Shrink", "resumed_step": 40, "rendezvous_time": at(1).timestamp()}
+    record(tracker, 0, 0, 2, step=50, rank=0, generation=0, recovery=shrink, **LIVE)
+    # The whole gang restarted (a stall, a lost store): generation 2's rank 0 resumed from a checkpoint at 45.
+    restart = {"path": "Restart", "resumed_step": 45, "rendezvous_time": at(9).timestamp()}
+    record(tracker, 0, 2, 10, step=46, rank=0, generation=2, recovery=restart)
+    # The old trainer's last report arrives late: it is not the job's, and its higher step holds no stall clock.
+    record(tracker, 0, 2, 11, step=60, rank=0, generation=0, recovery=shrink, **LIVE)
+    now = tracker.observation("uid", at(11))
+    assert (now.generation, now.step, now.last_advance, now.in_place) == (2, 46, at(10), False)
+
+
+def test_a_missing_rank_beyond_the_replicas_is_said_so():
+    # The trainers still count a world of 5 (before a scale down to 3 in place), ranks 2 and 4 not there.
+    beyond = dataclasses.replace(live_view(12, 5, missing=(2, 4)), desired_world_size=5)
+    out = short_pass(lost_worker_2(), beyond, *survivors(), unschedulable())
+    assert degraded(out.status).message.endswith("; worker 4: beyond spec.replicas=3")

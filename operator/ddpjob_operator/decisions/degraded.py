@@ -78,7 +78,8 @@ def _missing(plan: Plan, spec: model.DDPJobSpec, p: ProgressObservation) -> str:
     since = f" since {rfc3339(p.short_since)}" if p.short_since is not None else ""
     workers = sorted({r // spec.nproc_per_node for r in ranks})
     current = {w.index: w for w in plan.current()}
-    whys = [_why(plan, i, current.get(i)) for i in workers[:MAX_NAMED]]
+    whys = [_why(plan, i, current.get(i)) if i < spec.replicas else f"beyond spec.replicas={spec.replicas}"
+            for i in workers[:MAX_NAMED]]
     why = whys[0] if len(workers) == 1 else "; ".join(f"worker {i}: {w}" for i, w in zip(workers, whys))
     return f"; missing rank{'s' if len(ranks) > 1 else ''} {named}{more}{since}: {why}"
 

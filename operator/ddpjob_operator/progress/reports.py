@@ -149,8 +149,9 @@ def report_from(body: dict[str, Any]) -> Report:
         if value is None:
             continue
         limit = MAX_STEP if key in ("total_steps", "last_checkpoint_step") else MAX_INT - 1
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
-            raise BadReport(422, f"{key} must be a whole number from 0 to {limit} or null, got {value!r}")
+        least = 1 if key == "desired_world_size" else 0  # a whole world has a rank
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= limit:
+            raise BadReport(422, f"{key} must be a whole number from {least} to {limit} or null, got {_shown(value)}")
         values[key] = value
     for key in _FLOATS:
         value = body.get(key)

@@ -66,7 +66,7 @@ class ProgressTracker:
                 job.ranks[index] = _Rank(generation, report.step, now)
             if report.step_seconds is not None:
                 self.step_time(uid, index, generation, report.step, report.step_seconds, now)
-        if generation < job.generation and not report.in_place:
+        if generation < job.generation and not (report.in_place and self._in_place(job)):
             # A pod of a generation left behind (still stopping): its rank's silence is all it tells. A trainer
             # that trains on in place keeps the generation it started in while the next one's ranks join it.
             return
@@ -84,6 +84,12 @@ class ProgressTracker:
             _keep_recovery(job, generation, report)
         if job.latest is None or own or (job.latest.rank != 0 and report.step >= job.latest.step):
             job.latest, job.received_at, job.dirty = report, now, True
+
+    @staticmethod
+    def _in_place(job: JobProgress) -> bool:
+        """The job's newest generation trains with the survivors in place: its rank 0 has not spoken, or says
+        so. A rank 0 of its own that does not (a restarted gang) makes an older generation's reports stale."""
+        return job.latest is None or job.latest.rank != 0 or job.latest.in_place
 
     @staticmethod
     def _claim_rank0(job: JobProgress, index: int, report: Report, now: datetime) -> Report:
