@@ -117,17 +117,24 @@ def test_below_min_replicas_and_not_training_is_never_running():
     s = spec(replicas=2, minReplicas=2, failurePolicy={"backoff": {"initialSeconds": 0, "maxSeconds": 0}})
     lost = decide(job(s, running(s, 2)), seen(w(0), failed(1, 137), now=at(0))).status
     # The replacement's pod runs (so every pod counts as running) but its trainer is still being built: rank 0
-    # says it waits for one more rank and trains nothing.
-    waiting = d.ProgressObservation(generation=0, step=12, last_advance=at(0), world_size=1, desired_world_size=2,
-                                    missing_ranks=(1,), waiting_for_ranks=1, in_place=True, updated_at=at(4))
+    # says it waits for one more rank and trains nothing (no group: every rank missing, as the runtime sends it).
+    waiting = d.ProgressObservation(generation=0, step=12, last_advance=at(0), world_size=0, desired_world_size=2,
+                                    missing_ranks=(0, 1), waiting_for_ranks=1, in_place=True, updated_at=at(4),
+                                    short_since=at(1))
     observed = d.Observed(workers=(w(0), w(1, "Running", generation=1, attempt=1)), store=seen().store, now=at(5),
                           progress=waiting)
     out = decide(job(s, lost), observed)
     st, cond = out.status, degraded(out.status)
     assert (cond.status, cond.reason) == ("True", d.REASON_WAITING_FOR_RANKS)
-    assert cond.message.startswith("not training: 1 of 2 ranks present, waiting for 1 more to reach minReplicas=2")
+    assert cond.message == (f"not training: waiting for 1 more rank to reach minReplicas=2 since {d.rfc3339(at(1))}: "
+                            "every worker's pod runs; a trainer has not joined yet")
     assert st.phase != "Running" and st.world_size == 0
     assert st.message == cond.message  # the phase says why
+    assert not any(c.type == d.CONDITION_WORLD_SIZE_MISMATCH for c in st.conditions)  # world 0: short, not foreign
+    # With the replacement Pending, the message says what it waits on.
+    pending = dataclasses.replace(observed, workers=(w(0), w(1, "Pending", generation=1, attempt=1)))
+    assert degraded(decide(job(s, lost), pending).status).message.endswith(
+        ": its replacement pod j-worker-1 is Pending")
 
 
 def test_the_stall_clock_runs_on_the_survivors_steps_while_short():

@@ -37,9 +37,10 @@ def degraded(plan: Plan, spec: model.DDPJobSpec) -> None:
     if p is None or p.desired_world_size is None or not reports_in_use(plan, p):
         return  # the trainer says nothing of its world, or nothing of the training in use
     if p.waiting_for_ranks:
-        present = p.desired_world_size - len(p.missing_ranks) if p.missing_ranks else p.world_size or 0
-        message = (f"not training: {present} of {p.desired_world_size} ranks present, waiting for "
-                   f"{p.waiting_for_ranks} more to reach minReplicas={spec.min_nodes}{_missing(plan, spec, p)}")
+        # No group while waiting (every rank counts as missing): the operator's pods say who is not there.
+        since = f" since {rfc3339(p.short_since)}" if p.short_since is not None else ""
+        message = (f"not training: waiting for {p.waiting_for_ranks} more rank{'s' if p.waiting_for_ranks > 1 else ''}"
+                   f" to reach minReplicas={spec.min_nodes}{since}{_absent(plan, spec)}")
         _set(plan, "True", REASON_WAITING_FOR_RANKS, message)
         status.world_size = 0
         if status.phase == "Running":
@@ -77,11 +78,22 @@ def _missing(plan: Plan, spec: model.DDPJobSpec, p: ProgressObservation) -> str:
     more = f" and {len(ranks) - MAX_NAMED} more" if len(ranks) > MAX_NAMED else ""
     since = f" since {rfc3339(p.short_since)}" if p.short_since is not None else ""
     workers = sorted({r // spec.nproc_per_node for r in ranks})
+    return f"; missing rank{'s' if len(ranks) > 1 else ''} {named}{more}{since}: {_whys(plan, spec, workers)}"
+
+
+def _absent(plan: Plan, spec: model.DDPJobSpec) -> str:
+    """': <why>' for each worker without a running pod in the generation in use."""
+    running = {w.index for w in plan.current() if w.live and w.phase == "Running"}
+    absent = [i for i in range(spec.replicas) if i not in running]
+    return f": {_whys(plan, spec, absent)}" if absent else ": every worker's pod runs; a trainer has not joined yet"
+
+
+def _whys(plan: Plan, spec: model.DDPJobSpec, workers: list[int]) -> str:
+    """Why these workers do not train: one worker's reason, or each one's named."""
     current = {w.index: w for w in plan.current()}
     whys = [_why(plan, i, current.get(i)) if i < spec.replicas else f"beyond spec.replicas={spec.replicas}"
             for i in workers[:MAX_NAMED]]
-    why = whys[0] if len(workers) == 1 else "; ".join(f"worker {i}: {w}" for i, w in zip(workers, whys))
-    return f"; missing rank{'s' if len(ranks) > 1 else ''} {named}{more}{since}: {why}"
+    return whys[0] if len(workers) == 1 else "; ".join(f"worker {i}: {w}" for i, w in zip(workers, whys))
 
 
 def _why(plan: Plan, index: int, w: WorkerObservation | None) -> str:
