@@ -28,9 +28,10 @@ class Gang:
         self.extra_env: dict[str, str] = {}
         self.args = args  # the trainer's arguments in every generation
 
-    def publish(self, generation: int, nodes: int) -> None:
-        """What the launcher of a generation's first new pod does (operator's launcher.Generations.publish)."""
-        self.client.set(NNODES_KEY.format(uid=UID, generation=generation), f"{nodes}:{nodes}")
+    def publish(self, generation: int, nodes: int, fewest: int | None = None) -> None:
+        """What the launcher of a generation's first new pod does (operator's launcher.Generations.publish):
+        `--nnodes=fewest:nodes` (minReplicas:replicas; default nodes:nodes, no rank may be missing)."""
+        self.client.set(NNODES_KEY.format(uid=UID, generation=generation), f"{fewest or nodes}:{nodes}")
         self.client.set(GENERATION_KEY.format(uid=UID), str(generation))
 
     def start(self, replica: int, generation: int, nodes: int, args: list[str] = (),

@@ -188,6 +188,7 @@ class StopRequest:
     def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
         self.requested = False
         self.signum: int | None = None
+        self.regroup = False  # agreed with the flag: a rank asked every rank to move to the next view at this step
         self._group: dist.ProcessGroup | None = None
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
         self._previous = {s: signal.signal(s, self._handle) for s in signals}
@@ -210,28 +211,36 @@ class StopRequest:
             self._group = dist.new_group(backend="gloo")  # collective: all ranks are here together
         return self._group
 
-    def agreed(self) -> bool:
-        """True on every rank once any rank was signalled (one step late at most)."""
+    def agreed(self, regroup: bool = False) -> bool:
+        """True on every rank once any rank was signalled (one step late at most). `regroup`: this rank asks every
+        rank to move to the next view (in-process recovery, runtime/regroup.py); it travels with the stop flag, and
+        `self.regroup` is then True on every rank at the same step. Once it is, nothing new is in flight: the group
+        is left next, and the next `agreed()` starts over in the new one."""
         if not dist.is_initialized() or dist.get_world_size() == 1:
+            self.regroup = regroup
             return self.requested
         stop = self._collect()
-        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)  # CPU, never the GPU
+        if self.regroup:
+            return stop
+        flag = torch.tensor([1 if self.requested else 0, 1 if regroup else 0], dtype=torch.int32)  # CPU, never GPU
         self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._stop_group(), async_op=True),
                          flag)
         return stop
 
     def _collect(self) -> bool:
+        self.regroup = False
         if self._pending is None:
             return False
         work, flag = self._pending
         self._pending = None
         work.wait()
-        return bool(flag.item())
+        stop, self.regroup = (bool(value) for value in flag.tolist())
+        return stop
 
     def reset(self) -> None:
         """The process group it ran on is gone (in-process recovery): forget the flag in flight and the side
         group; the next `agreed()` starts over in the new group. A signal already received stays."""
-        self._pending, self._group = None, None
+        self._pending, self._group, self.regroup = None, None, False
 
     def close(self, drain: bool = True) -> None:
         """Restore handlers; on a clean exit first drain the in-flight all_reduce (a failed peer

@@ -42,21 +42,21 @@ import torch.distributed as dist
 
 from .contract import INPROCESS_ENV, REPLICA_INDEX_ENV, SPARE_PLACE_ENV
 from .distributed import abort_process_groups
+# The launcher's keys (operator/ddpjob_operator launcher), the newest generation and its node range, and the views.
+from .membership import GENERATION_KEY as GENERATION_KEY, NNODES_KEY as NNODES_KEY
+from .membership import CannotRecover, Membership, node_range
+from .views import View
 
 log = logging.getLogger(__name__)
 
 ENDPOINT_ENV = "PET_RDZV_ENDPOINT"  # the job's rendezvous store, as torchrun's --rdzv-endpoint
 REJOIN_TIMEOUT_S = 120.0  # without contract.REJOIN_TIMEOUT_ENV (the operator always sets it)
-# The launcher's keys (operator/ddpjob_operator launcher): the newest generation and its node range.
-GENERATION_KEY = "ddpjob/{uid}/generation"
-NNODES_KEY = "ddpjob/{uid}/nnodes/{generation}"
 GROUP_PREFIX = "ddpjob/{uid}/inprocess/g{generation}/"
 FALLBACK = "fallback"  # under a generation's GROUP_PREFIX: why its survivors took the exit path
 FALLBACK_LOOKBACK = 32  # generations before this one whose fallback notes rank 0 reads (one store round trip each)
 # A warm spare's trainer finds, under contract.SPARE_PLACE_ENV, the store key its agent writes the spare's assignment
 # to ({"index", "generation", ...}: the operator's answer, once the agent published the generation).
 SPARE_BUILT_KEY = "{place}/built/{local_rank}"  # set once built: the agent marks the spare ready after all of them
-JOIN_TIMEOUT_S = 600.0  # every rank of a generation arrives within this (a pod's start: image pull, scheduling)
 CONNECT_TIMEOUT_S = 60.0  # every rank has arrived: the group's own connections take this at most
 LEAVE_TIMEOUT_S = 10.0
 POLL_S = 0.05
@@ -68,31 +68,13 @@ _ALIGN = 64
 _RUN_ID = re.compile(r"^(?P<uid>.+)-g(?P<generation>\d+)$")
 
 
-class CannotRecover(RuntimeError):
-    """In-process recovery is not possible here; the message says why (the trainer exits as before)."""
-
-
-class Superseded(Exception):
-    """A newer generation was published while this one was forming."""
-
-    def __init__(self, generation: int) -> None:
-        super().__init__(f"generation {generation} was published")
-        self.generation = generation
-
-
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
     return (os.environ if environ is None else environ).get(INPROCESS_ENV, "") == "1"
 
 
 def max_nodes(nnodes: str) -> int:
     """The generation's size from its node range: "2:3" -> 3, "3" -> 3."""
-    try:
-        value = int(nnodes.rsplit(":", 1)[-1])
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"node range {nnodes!r} is not MIN:MAX or N with N >= 1")
-    return value
+    return node_range(nnodes)[1]
 
 
 def split_run_id(run_id: str) -> tuple[str, int]:
@@ -264,7 +246,8 @@ class Rendezvous:
 
     def __init__(self, store: dist.Store, uid: str, seat: Seat, *, backend: str) -> None:
         self.store, self.uid, self.seat, self.backend = store, uid, seat, backend
-        self.generation: int | None = None  # the one whose group this process is in
+        self.view: View | None = None  # the one whose group this process is in
+        self.membership = Membership(store, uid, seat.nproc, lambda: self.seat.rank)
         self.place_key: str | None = None  # a warm spare's, until it has its place (wait_place)
 
     @classmethod
@@ -327,68 +310,25 @@ class Rendezvous:
                 return self.store.get(key).decode("utf-8", "replace")
         return None
 
-    def newest(self) -> int | None:
-        key = GENERATION_KEY.format(uid=self.uid)
-        return int(self.store.get(key)) if self.store.check([key]) else None
-
-    def world_size(self, generation: int) -> int:
-        key = NNODES_KEY.format(uid=self.uid, generation=generation)
-        if not self.store.check([key]):
-            raise CannotRecover(f"generation {generation} has no node range in the store ({key})")
-        return max_nodes(self.store.get(key).decode()) * self.seat.nproc
-
-    def wait_newer(self, generation: int, timeout_s: float, stopped: Callable[[], bool]) -> int | None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not stopped():
-            newest = self.newest()
-            if newest is not None and newest > generation:
-                return newest
-            time.sleep(POLL_S)
-        return None
-
-    def join(self, generation: int, device: torch.device, timeout_s: float, world: int | None = None) -> int:
-        """Form generation `generation`'s default group once every rank of it arrived; its world size.
-        Superseded when a newer one is published first; CannotRecover past JOIN_TIMEOUT_S, or when the
-        generation's world size is not `world` (a survivor's state is for its own world size: the volume)."""
-        size = self.world_size(generation)
-        if world is not None and size != world:
-            raise CannotRecover(f"generation {generation} has {size} ranks, not {world}: the state is resumed "
-                                f"from the volume")
-        world = size
-        if self.seat.rank >= world:
-            raise CannotRecover(f"rank {self.seat.rank} has no place in generation {generation} of {world} ranks")
-        prefix = GROUP_PREFIX.format(uid=self.uid, generation=generation)
-        self.store.set(f"{prefix}arrived/{self.seat.rank}", str(os.getpid()))
-        everyone = [f"{prefix}arrived/{r}" for r in range(world)]
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
-        while not self.store.check(everyone):
-            newest = self.newest()
-            if newest is not None and newest > generation:
-                raise Superseded(newest)
-            if time.monotonic() > deadline:
-                raise CannotRecover(f"not every rank of generation {generation} arrived within {JOIN_TIMEOUT_S:g} s")
-            time.sleep(POLL_S)
+    def form(self, view: View, device: torch.device, timeout_s: float) -> None:
+        """The default process group of `view`, this trainer's seat at its rank (every member calls this)."""
         backend = self.backend if self.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
         if backend == "nccl":
             nccl_errors_raise()
-        dist.init_process_group(backend=backend, store=dist.PrefixStore(f"{prefix}group/", self.store),
-                                rank=self.seat.rank, world_size=world,
+        self.view = view  # from here on a failure is this view's (its successor is the next one)
+        dist.init_process_group(backend=backend, store=dist.PrefixStore(self.membership.key(view, "group/"), self.store),
+                                rank=view.rank_of(self.seat.rank), world_size=view.size,
                                 timeout=datetime.timedelta(seconds=min(timeout_s, CONNECT_TIMEOUT_S)),
                                 device_id=device if device.type == "cuda" else None)
         dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout_s), None)
-        self.generation = generation
-        return world
 
-    def join_newest(self, generation: int, device: torch.device, timeout_s: float,
-                    world: int | None = None) -> tuple[int, int]:
-        """Join `generation` or the newest one published while it formed: (generation, world size)."""
-        newest = self.newest()
-        generation = max(generation, newest or 0)
-        while True:
-            try:
-                return generation, self.join(generation, device, timeout_s, world)
-            except Superseded as newer:
-                generation = newer.generation
+    def join(self, generation: int, device: torch.device, timeout_s: float, stopped: Callable[[], bool]) -> View:
+        """A fresh trainer (first start, replacement, placed spare): its place in a view of `generation` or a newer
+        one (`Membership.wait_placed`), then that view's group."""
+        view = self.membership.wait_placed(generation, stopped)
+        self.membership.start_boundary_checks()
+        self.form(view, device, timeout_s)
+        return view
 
     def leave(self, groups: list[dist.ProcessGroup | None]) -> None:
         """Out of the failed generation's groups (`groups`: side groups, None the default group). NCCL: abort
@@ -410,11 +350,14 @@ class Rendezvous:
 
         threading.Thread(target=destroy, name="ddpjob-leave-group", daemon=True).start()
         if not done.wait(LEAVE_TIMEOUT_S):
-            raise CannotRecover(f"the process group of generation {self.generation} could not be left within "
+            raise CannotRecover(f"the process group of generation {self._name()} could not be left within "
                                 f"{LEAVE_TIMEOUT_S:g} s (a wait inside it cannot be cut short)")
         if errors:
-            raise CannotRecover(f"leaving the process group of generation {self.generation} failed: "
+            raise CannotRecover(f"leaving the process group of generation {self._name()} failed: "
                                 f"{type(errors[0]).__name__}: {errors[0]}")
+
+    def _name(self) -> str:
+        return "?" if self.view is None else str(self.view.generation)
 
     def exchange(self, held: Callable[[], dict[str, Any]] | None, step: int, device: torch.device,
                  into: Callable[[], dict[str, Any]] | None = None) -> tuple[dict[str, Any] | None, int | None,

@@ -39,6 +39,7 @@ from .progress import ProgressReporter, write_result
 from .rank_measures import mean_over_ranks, step_seconds_by_pod
 from .recovery import META, Carried, InProcessRecovery, join_first_group
 from .timing import StepTimer
+from .views import View
 from .watchdog import StallWatchdog
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,22 @@ class Job:
         return self.in_process.recovering
 
     @property
+    def view(self) -> View:
+        """Who trains together now (runtime/views.py): `env.rank` is this process's index in it, `env.world_size`
+        its size; a job without in-process recovery is one whole view."""
+        return self.in_process.view or View.whole(self.env.generation, self.env.world_size)
+
+    @property
+    def seat(self) -> int:
+        """This process's logical rank (its data shard), whoever else trains: the replica index's."""
+        return self.rendezvous.seat.rank if self.rendezvous is not None else self.env.rank
+
+    @property
+    def regrouped(self) -> bool:
+        """The last should_stop() (or recover() that returned True) moved this process to another view."""
+        return self.in_process.regrouped
+
+    @property
     def replicas_agree(self) -> bool:
         """Every rank holds the same replica (after an exchange): DDP need not broadcast (`init_sync=not ...`)."""
         return self.in_process.replicas_agree
@@ -276,16 +293,19 @@ class Job:
     # ---- stop, progress, collectives ----------------------------------------------------------
 
     def should_stop(self) -> bool:
-        """Call once per step on every rank: True on all of them once any was signalled."""
+        """Call once per step on every rank: True on all of them once any was signalled. In process, the view may
+        change here (a joiner comes in at this step boundary): `regrouped` then says so, the model rewrapped."""
         self.in_process.stepped()
         self.timeouts.step()
         self.watchdog.step()
         self.step_timer.boundary()
+        regroup = self.in_process.regroup_wanted()
         with self.step_timer.waiting():  # the stop flag's all_reduce waits for the slowest rank
-            stop = self.stop.agreed()
+            stop = self.stop.agreed(regroup=regroup)
         self.in_process.peer_stopped = stop and not self.stop.requested
         if self.stop.group is not None:
             self.timeouts.add_group(self.stop.group)
+        self.in_process.after_agreed(stop)
         return stop
 
     def report(self, *, step: int, total_steps: int | None = None, loss: float | None = None, **fields: Any) -> None:
@@ -294,7 +314,8 @@ class Job:
         resumed, its recovery timeline (`recovery`; a step past the resumed one ends it, if should_stop() did not)."""
         if self.recovery is not None and step > self.recovery["resumed_step"]:
             self.in_process.stepped()
-        fields.setdefault("world_size", self.env.world_size)
+        for name, value in self.in_process.report_fields(self.view).items():
+            fields.setdefault(name, value)
         fields.setdefault("last_checkpoint_step", self.last_checkpoint_step)
         if "step_seconds" not in fields:  # this rank's own time per step since the last report (no collective)
             fields["step_seconds"] = self.step_timer.take()

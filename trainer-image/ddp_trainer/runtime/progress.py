@@ -66,22 +66,27 @@ REPORT_PACE_S = FILE_INTERVAL_S / 4
 CORE_KEYS = ("step", "total_steps", "epoch", "world_size", "last_checkpoint_step", "rank", "generation", "loss",
              "samples_per_second", "step_seconds", "time", "recovery")
 RECOVERY_PATHS = ("InProcess", "Restart")
+RECOVERY_KINDS = ("Shrink", "Join")  # an in-process recovery's view change (issue 36)
 RECOVERY_REASON_LIMIT = 512  # characters of `recovery.reason` (the whole report stays under MAX_BODY)
 
 
 def recovery_field(path: str, *, resumed_step: int, rendezvous_time: float, first_step_time: float | None = None,
-                   reason: str = "") -> dict[str, Any]:
+                   reason: str = "", kind: str | None = None) -> dict[str, Any]:
     """The report's `recovery` object (docs/launch-contract.md, "Progress"): how this generation came back from
     the incident before it. `path` InProcess (this process survived, or its state came from a peer) or
     Restart; `reason`: why Restart where in-process recovery was asked for; `resumed_step`: the step the
-    generation trains from; the times (time.time()): its process group complete, its first optimizer step done."""
+    generation trains from; the times (time.time()): its process group complete, its first optimizer step done;
+    `kind` (in process, issue 36): Shrink, the survivors formed a short view, or Join, ranks joined a view."""
     if path not in RECOVERY_PATHS:
         raise ValueError(f"recovery path {path!r} is not one of {', '.join(RECOVERY_PATHS)}")
+    if kind is not None and kind not in RECOVERY_KINDS:
+        raise ValueError(f"recovery kind {kind!r} is not one of {', '.join(RECOVERY_KINDS)}")
     # ASCII (escaped) before the cut: 512 characters outside the BMP would be 6 KiB of JSON, past the body limit.
     reason = reason.encode("ascii", "backslashreplace").decode("ascii")
     return {"path": path, "reason": reason[:RECOVERY_REASON_LIMIT], "resumed_step": int(resumed_step),
             "rendezvous_time": float(rendezvous_time),
-            "first_step_time": None if first_step_time is None else float(first_step_time)}
+            "first_step_time": None if first_step_time is None else float(first_step_time),
+            **({"kind": kind} if kind is not None else {})}
 
 
 class ProgressReporter:

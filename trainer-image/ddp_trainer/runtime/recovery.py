@@ -26,7 +26,10 @@ from .checkpoint import CheckpointManager, RescueCheckpoint, raise_fence
 from .contract import GENERATION_ENV, REJOIN_TIMEOUT_ENV, REPLICA_INDEX_ENV
 from .distributed import CollectiveTimeout, JobEnv, StopRequest, barrier, is_peer_failure, select_device
 from .frameworks import announce as announce_line
+from .membership import view_name
 from .progress import ProgressReporter, recovery_field
+from .regroup import ViewKeeper
+from .views import View
 from .watchdog import StallWatchdog
 
 log = logging.getLogger(__name__)
@@ -74,12 +77,29 @@ class InProcessRecovery:
         # Every rank's state is the same replica (an in-process exchange just made it so): a DDP wrapper built now
         # need not broadcast rank 0's parameters (`init_sync=not job.replicas_agree`, a cost that grows with the model).
         self.replicas_agree = False
+        self.views = ViewKeeper(rendezvous, self._report_waiting)  # the view this trains in (issue 36)
+        self.regrouped = False  # the last should_stop() (or recover()) moved this process to another view
+
+    @property
+    def view(self) -> View | None:
+        """The view this process trains in; None: its group was not formed through the job's store."""
+        return self.views.view
+
+    def report_fields(self, view: View) -> dict[str, Any]:
+        return self.views.fields(view)
+
+    def _report_waiting(self) -> None:
+        """Too few ranks left to train: the reports still go out (no group, no step; the last one done)."""
+        reporter, carried = self.job.reporter, self.carried
+        if reporter is not None and carried is not None and self.view is not None:
+            reporter.report(step=carried.step(), **self.views.fields(self.view))
 
     # ---- the timeline -------------------------------------------------------------------------
 
-    def recovered(self, path: str, reason: str, step: int) -> None:
-        """This generation resumed: its timeline starts (rank 0's reports carry it from now on)."""
-        self._set_timeline(recovery_field(path, reason=reason, resumed_step=step, rendezvous_time=self._group_time))
+    def recovered(self, path: str, reason: str, step: int, kind: str | None = None) -> None:
+        """This generation resumed (or its view changed: `kind`): its timeline starts (rank 0's reports carry it)."""
+        self._set_timeline(recovery_field(path, reason=reason, resumed_step=step, rendezvous_time=self._group_time,
+                                          kind=kind))
 
     @property
     def recovering(self) -> bool:
@@ -121,11 +141,11 @@ class InProcessRecovery:
         if generation is None:
             raise SystemExit(stop.exit_code)
         placed = time.monotonic()
-        generation, world = rdzv.join_newest(generation, self.job.device, self.job.timeouts.long_s)
+        view = rdzv.join(generation, self.job.device, self.job.timeouts.long_s, lambda: stop.requested)
         self._group_time = time.time()
-        publish_environ(rdzv, generation, world)
+        publish_environ(rdzv, view)
         log.warning("spare: took the place of rank %d of %d in generation %d (%.2f s to form the group)",
-                    rdzv.seat.rank, world, generation, time.monotonic() - placed)
+                    rdzv.seat.rank, view.world, view.generation, time.monotonic() - placed)
         return JobEnv.from_env()
 
     def from_peer(self, announce: bool, into: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
@@ -141,7 +161,7 @@ class InProcessRecovery:
         if announce and env.is_main:
             announce_line(f"resumed from peer rank {source} step={step} by broadcast in "
                           f"{time.monotonic() - started:.2f} s (no checkpoint read)")
-        self.recovered("InProcess", "", step)
+        self.recovered("InProcess", "", step, kind="Join" if self.view.round > 0 else None)
         return state
 
     # ---- a survivor ---------------------------------------------------------------------------
@@ -155,37 +175,80 @@ class InProcessRecovery:
             return self._fall_back("the script did not call job.carry() (what a survivor keeps in memory)")
         if job.watchdog.verdict is not None:
             return self._fall_back(f"the stall watchdog's verdict ({job.watchdog.verdict[1]}) ends the process")
-        started = time.monotonic()
-        old = job.env.generation
+        started, old = time.monotonic(), self.view
+        self.views.went_short()
         job.watchdog.release()
         job.timeouts.relax()  # no silent-peer verdict while this rank waits for the next generation
         carried = self.carried
         log.warning("rank %d at step %d: a peer %s in generation %d (%s); recovering in process", job.env.rank,
-                    carried.step(), "stopped" if self.peer_stopped else "failed", old,
+                    carried.step(), "stopped" if self.peer_stopped else "failed", old.generation,
                     str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
         self.peer_stopped = False
         rescue = self._rescue_in_background(carried)  # durability, overlapping the hand-over
+        phases = _Phases()
         self._release(carried, error)
+        phases.end("release")
         try:
-            generation, source, received, phases = self._rejoin(carried, rescue)
+            view, source, received = self._rejoin(carried, rescue, phases)
         except inprocess.CannotRecover as e:
             self.join_rescues()  # the exit path: each commits under its failed generation's fence, or not at all
             return self._fall_back(str(e))
-        self.recovered("InProcess", "", carried.step())
-        log.warning("recovered in process: generation %d -> %d, rank %d of %d, state %s, %.2f s after the failure "
-                    "(%s)", old, generation, job.env.rank, job.env.world_size,
-                    f"received from rank {source}" if received else "kept", time.monotonic() - started,
-                    ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items()))
+        self.recovered("InProcess", "", carried.step(), kind="Shrink" if view.short else None)
+        self._moved(f"recovered in process: generation {old.generation} -> {view.generation}", view, source,
+                    received, f"{time.monotonic() - started:.2f} s after the failure", phases)
         return True
 
-    def _release(self, carried: Carried, error: BaseException) -> None:
+    def _moved(self, what: str, view: View, source: int | None, received: bool, took: str, phases: _Phases) -> None:
+        self.regrouped = True
+        log.warning("%s, rank %d of %d, state %s, %s (%s); training %s", what, self.job.env.rank, view.size,
+                    f"received from rank {source}" if received else "kept", took,
+                    ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.seconds.items()), view.describe())
+
+    # ---- a step boundary: joiners come in, seats past a smaller world leave ----------------------
+
+    def regroup_wanted(self) -> bool:
+        """Rank 0 of a training view, once per step: whether the view changes at this boundary (its successor is
+        written in the store before the flag that says so goes out: `StopRequest.agreed(regroup=...)`)."""
+        if self.rendezvous is None or self.carried is None or self.view is None or not self.job.env.is_main:
+            return False
+        return self.views.change_due(self.view) is not None
+
+    def after_agreed(self, stop: bool) -> None:
+        """Every member, after the step's agreed flags: where a regroup was agreed (and no stop), leave this view's
+        group cleanly, form the successor's, hand the state to the joiners, rewrap; `regrouped` says so."""
+        self.regrouped = False
+        if stop or not self.job.stop.regroup:
+            return
+        started, old, carried, phases = time.monotonic(), self.view, self.carried, _Phases()
+        successor = self.views.take_change(old)
+        self._release(carried, None)
+        phases.end("release")
+        if self.rendezvous.seat.rank not in successor.members:  # a smaller world: this seat has no place
+            self.rendezvous.leave(self.job.timeouts.groups)
+            log.warning("rank %d (seat %d) has no place in view %s (%s): leaving", self.job.env.rank,
+                        self.rendezvous.seat.rank, view_name(successor), successor.describe())
+            raise SystemExit(self.job.stop.exit_code)
+        try:
+            view, source, received = self._rejoin(carried, None, phases, successor)
+        except inprocess.CannotRecover as e:  # nothing to rescue: every member held the state a step ago
+            self._fall_back(str(e))
+            raise SystemExit(1) from None
+        joined = set(view.members) - set(old.members)
+        self.recovered("InProcess", "", carried.step(),
+                       kind="Join" if joined else "Shrink" if view.size < old.size else None)
+        self._moved(f"regrouped at step {carried.step()}: view {view_name(old)} -> {view_name(view)}"
+                    f"{' (joined: ' + ', '.join(map(str, sorted(joined))) + ')' if joined else ''}", view, source,
+                    received, f"a pause of {time.monotonic() - started:.2f} s", phases)
+
+    def _release(self, carried: Carried, error: BaseException | None) -> None:
         """Nothing here refers to the failed group once it is left, so that leaving closes its connections and
         the peers blocked on this rank fail at once: the script's wrapper, the stop flag's work in flight, the
         failed collective's frames (their locals)."""
         if carried.release is not None:
             carried.release()
         self.job.stop.reset()
-        traceback.clear_frames(error.__traceback__)
+        if error is not None:
+            traceback.clear_frames(error.__traceback__)
         gc.collect()  # a DDP wrapper's reference cycles
 
     def _fall_back(self, reason: str) -> bool:
@@ -240,12 +303,12 @@ class InProcessRecovery:
             self.join_rescues()
             barrier(self.job.device)
 
-    def _rejoin(self, carried: Carried, rescue: RescueCheckpoint | None) -> tuple[int, int | None, bool,
-                                                                               dict[str, float]]:
-        """(generation joined, the rank the state came from, whether this rank received it, the seconds of each
-        phase: where a recovery's time went, in its log line)"""
-        job, rdzv, generation = self.job, self.rendezvous, self.job.env.generation
-        phases = _Phases()
+    def _rejoin(self, carried: Carried, rescue: RescueCheckpoint | None, phases: _Phases,
+                successor: View | None = None) -> tuple[View, int | None, bool]:
+        """Out of this view's group into `successor`'s (None: the failed view's successor, found in the store):
+        (the view joined, the rank the state came from, whether this rank received it); `phases`: where the time
+        went, for the log line. A failure on the way: the failure path from there."""
+        job, rdzv = self.job, self.rendezvous
         timeout = float(os.environ.get(REJOIN_TIMEOUT_ENV) or inprocess.REJOIN_TIMEOUT_S)
         while True:
             if not self.group_wedged:
@@ -256,36 +319,31 @@ class InProcessRecovery:
                     raise
             job.stop.reset()
             try:
-                newer = rdzv.wait_newer(generation, timeout, lambda: job.stop.requested)
-            except RuntimeError as e:  # DistStoreError: the store is lost too, and its generations with it
-                raise inprocess.CannotRecover(f"the job's rendezvous store cannot be read: {e}") from e
-            if newer is None:
-                raise inprocess.CannotRecover(f"stopped by signal {job.stop.signum} while waiting for the next "
-                                              f"generation" if job.stop.requested else
-                                              f"no generation newer than {generation} within {timeout:g} s")
-            phases.end("next generation")
-            try:
-                generation, world = rdzv.join_newest(newer, job.device, job.timeouts.long_s,
-                                                     world=job.env.world_size)
+                view = successor or self.views.after_failure(self.view, timeout, lambda: job.stop.requested)
             except inprocess.CannotRecover:
                 raise
-            except Exception as e:  # a rank that arrived died before the group formed: the next generation
+            except RuntimeError as e:  # DistStoreError: the store is lost too, and its views with it
+                raise inprocess.CannotRecover(f"the job's rendezvous store cannot be read: {e}") from e
+            successor = None
+            phases.end("next view")
+            try:
+                rdzv.form(view, job.device, job.timeouts.long_s)  # a failure from here on is this view's
+            except Exception as e:  # a member died before the group formed: the failure path again
                 if not is_peer_failure(e):
                     raise
-                generation = newer
                 continue
-            joined = time.time()  # the new generation's group is complete
+            joined = time.time()  # the new view's group is complete
             phases.end("group")
-            self._enter(generation, world)
+            self._enter(view)
             try:
                 received, source, resumed, writer_kept = rdzv.exchange(carried.state, carried.step(), job.device)
-            except Exception as e:  # a second failure during the hand-over: the next generation
+            except Exception as e:  # a second failure during the hand-over: the failure path again
                 if not is_peer_failure(e):
                     raise
                 continue
             phases.end("exchange")
             if rescue is not None:
-                rescue.joined(generation, resumed, writer_kept)  # a member now: its step's rescue commits in it
+                rescue.joined(view.generation, resumed, writer_kept)  # a member now: its step's rescue commits in it
                 rescue.read.wait()  # the write has read the tensors: from here on they change (load, DDP, steps)
                 phases.end("rescue read")
             if received is not None:
@@ -295,19 +353,29 @@ class InProcessRecovery:
             carried.rewrap()
             phases.end("DDP")
             self._group_time = joined
-            return generation, source, received is not None, phases.seconds
+            return view, source, received is not None
 
-    def _enter(self, generation: int, world: int) -> None:
-        """This process is in `generation`'s group now: its environment, checkpoint fence and timeouts say so."""
+    def _enter(self, view: View) -> None:
+        """This process is in `view`'s group now: its environment, checkpoint writer and fence, reporter and
+        timeouts say so (rank 0 of the view writes checkpoints and progress.json)."""
         job = self.job
-        job.env = dataclasses.replace(job.env, generation=generation, world_size=world)
-        publish_environ(self.rendezvous, generation, world)
+        was_main, moved = job.env.is_main, view.generation != job.env.generation
+        job.env = dataclasses.replace(job.env, generation=view.generation, world_size=view.size,
+                                      rank=view.rank_of(self.rendezvous.seat.rank))
+        publish_environ(self.rendezvous, view)
         job.timeouts.restart()
+        self.views.entered(view)
         c = job.checkpoints
         if c is not None:
-            c.generation = generation
-            if c.is_writer:  # from now on the failed generation commits nothing
-                raise_fence(c.root, c.run, generation, (c.marker(step) for step in c.committed_steps()))
+            c.generation, c.is_writer = view.generation, job.env.is_main
+            if c.is_writer and (moved or not was_main):  # from now on the failed view's generation commits nothing
+                raise_fence(c.root, c.run, view.generation, (c.marker(step) for step in c.committed_steps()))
+        if job.env.is_main != was_main and job.reporter is not None:  # progress.json is the new rank 0's
+            reporter = ProgressReporter.from_env(checkpoint_dir=job.checkpoint_dir or "", rank=job.env.rank,
+                                                 local_rank=job.env.local_rank)
+            reporter.recovery = job.reporter.recovery if job.env.is_main else None
+            job.reporter.close()
+            job.reporter = reporter
 
 
 class _Phases:
@@ -335,15 +403,16 @@ def join_first_group(device: str, backend: str, timeout_s: float
     dev = select_device(device, JobEnv(rank=0, local_rank=rdzv.seat.local_rank, world_size=1))
     if rdzv.place_key:
         return rdzv, dev, None
-    generation, world = rdzv.join_newest(generation, dev, timeout_s)
-    publish_environ(rdzv, generation, world)
+    view = rdzv.join(generation, dev, timeout_s, lambda: False)
+    publish_environ(rdzv, view)
     return rdzv, dev, JobEnv.from_env()
 
 
-def publish_environ(rdzv: inprocess.Rendezvous, generation: int, world: int) -> None:
-    """What this process is now, where scripts and the runtime read it (torchrun's names)."""
+def publish_environ(rdzv: inprocess.Rendezvous, view: View) -> None:
+    """What this process is now, where scripts and the runtime read it (torchrun's names: RANK and WORLD_SIZE are
+    the view's process group's, the seat is the replica index x processes per node + LOCAL_RANK)."""
     seat = rdzv.seat
-    os.environ.update({"RANK": str(seat.rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(seat.local_rank),
-                       "LOCAL_WORLD_SIZE": str(seat.nproc), "GROUP_RANK": str(seat.replica_index),
-                       REPLICA_INDEX_ENV: str(seat.replica_index), GENERATION_ENV: str(generation),
-                       "TORCHELASTIC_RUN_ID": f"{rdzv.uid}-g{generation}"})
+    os.environ.update({"RANK": str(view.rank_of(seat.rank)), "WORLD_SIZE": str(view.size),
+                       "LOCAL_RANK": str(seat.local_rank), "LOCAL_WORLD_SIZE": str(seat.nproc),
+                       "GROUP_RANK": str(seat.replica_index), REPLICA_INDEX_ENV: str(seat.replica_index),
+                       GENERATION_ENV: str(view.generation), "TORCHELASTIC_RUN_ID": f"{rdzv.uid}-g{view.generation}"})
