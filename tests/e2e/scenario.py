@@ -17,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ddp_trainer.config import STEADY_TIMEOUT_S
 from ddpjob_operator.naming import (HOSTNAME_TOPOLOGY, LABEL_ATTEMPT, LABEL_GENERATION, LABEL_REPLICA_INDEX, ROLE_SPARE,
                                     TRAINER_CONTAINER, worker_name, worker_selector)
 
@@ -39,12 +40,12 @@ RESUME_WITHIN = 2 * RECOVERED_WITHIN
 # node-monitor-grace-period (noticed within its node-monitor-period), the taint manager evicts the lost
 # pods failurePolicy.nodeLossTimeoutSeconds later, and the operator force-deletes them and starts the next
 # generation, which trains once the survivors are out and the replacement has started.
-DIST_STEADY_TIMEOUT = 30
+DIST_STEADY_TIMEOUT = STEADY_TIMEOUT_S  # the trainer's default, the one digits_job runs with
 STALL_MARGIN = 5
 NODE_MONITOR_GRACE = 50  # 40 s before Kubernetes 1.32, 50 s since: the longer one
 NODE_MONITOR_PERIOD = 5
 NODE_LOSS_TIMEOUT = 5  # digits_job leaves failurePolicy.nodeLossTimeoutSeconds at its default
-SURVIVORS_OUT_AFTER = DIST_STEADY_TIMEOUT + STALL_MARGIN  # 35 s (+ a step)
+SURVIVORS_OUT_AFTER = DIST_STEADY_TIMEOUT + STALL_MARGIN  # 10 s (+ a step)
 NODE_LOST_AFTER = NODE_MONITOR_GRACE + NODE_MONITOR_PERIOD + NODE_LOSS_TIMEOUT  # 60 s
 # Deadlines from the fault, twice the path for a loaded test cluster: the disruption counted in a new
 # generation (120 s), then training again (180 s).

@@ -98,13 +98,21 @@ class CheckpointConfig:
         _require(self.keep >= 2, "checkpoint.keep", "must be >= 2", self.keep)
 
 
+# The default steady collective timeout: a silent peer (frozen, or its node gone with its sockets open) fails the
+# survivors' next collective this long after they reach it, so that they train on within 10 s of the silence
+# (issue 36). It bounds the wait for the slowest rank outside saves and evaluations (relaxed there), not the step
+# time: steps under it took at most 1.2 s with a 2-core machine at load 10-14 (docs/benchmarks.md, "A silent peer
+# under load").
+STEADY_TIMEOUT_S = 5.0
+
+
 @dataclass
 class DistConfig:
     backend: str = "auto"  # auto: nccl when CUDA is available, gloo otherwise
     timeout_s: float = 1800.0  # collective timeout (also bounds how long ranks wait for a checkpoint write)
     # After the first steps (outside checkpoint saves): a hung or silently lost peer fails the collectives
     # in this time, not NCCL's 10 or Gloo's 30 minutes. 0: keep timeout_s.
-    steady_timeout_s: float = 30.0
+    steady_timeout_s: float = STEADY_TIMEOUT_S
 
     def __post_init__(self) -> None:
         _require(self.backend in ("auto", "nccl", "gloo"), "dist.backend", "must be auto, nccl or gloo", self.backend)
@@ -219,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--compile", action="store_true", help="torch.compile the DDP-wrapped model")
     a("--backend", default="auto", choices=["auto", "nccl", "gloo"])
     a("--dist-timeout", type=float, default=1800.0, help="collective timeout in seconds (start-up, checkpoint saves)")
-    a("--dist-steady-timeout", type=float, default=30.0,
+    a("--dist-steady-timeout", type=float, default=STEADY_TIMEOUT_S,
       help="collective timeout once the first 10 steps ran, outside checkpoint saves: a hung peer fails the "
            "job's collectives in this time (0: --dist-timeout throughout)")
     a("--log-every", type=int, default=10)
