@@ -29,6 +29,10 @@ STEP = re.compile(r"^step=(\d+) epoch=\d+ loss=(\S+) lr=(\S+) samples=(\[.*\])$"
 # framework -> (its manifest, the modules it needs)
 EXAMPLES = {"hf": ("examples/hf/hf-tiny-lm.yaml", ("transformers", "accelerate")),
             "lightning": ("examples/lightning/lightning-tiny.yaml", ("lightning",))}
+# The examples name no recovery mode: in-process recovery, the default, which a framework's trainer cannot take
+# (it owns its DDP wrapper and loop): it takes the restart path by itself and says so once (issue 36).
+RESTART_PATH = {"hf": "the Hugging Face Trainer takes the restart path",
+                "lightning": "the Lightning Trainer takes the restart path"}
 
 pytestmark = pytest.mark.slow
 
@@ -81,6 +85,11 @@ def test_the_example_survives_a_worker_kill_with_its_schedule_and_data_order(tmp
     described = f"status {runner.status}\nevents:\n{view.transcript()}\n---- logs (tail)\n{logs[-5000:]}"
     assert runner.status.phase == "Succeeded", described
     assert runner.status.restarts == 1, described
+    assert "recovery" not in example_job(framework, "x")["spec"].get("failurePolicy", {})  # the default
+    assert logs.count(RESTART_PATH[framework]) == 1, described  # once for the job, not once a generation
+    (incident,) = runner.status.incidents
+    assert incident.recovery.path == "Restart" and incident.recovery.fallback_reason.startswith(
+        RESTART_PATH[framework]), described
     # The survivor saved its replica: the job resumed at most the step in flight behind the kill, not
     # from the periodic checkpoint of step 10.
     assert len(runner.resumes) == 1 and view.step_before_resume, described

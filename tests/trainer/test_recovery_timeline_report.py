@@ -8,9 +8,6 @@ test_inprocess_recovery.py."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -167,17 +164,6 @@ def test_a_lightning_resume_reports_the_restart_path_and_its_first_step(tmp_path
     recovery = progress["recovery"]
     assert (progress["step"], recovery["path"], recovery["reason"], recovery["resumed_step"]) == (8, "Restart", "", 4)
     assert started <= recovery["rendezvous_time"] <= recovery["first_step_time"] <= progress["time"]
-
-
-def test_a_framework_callback_refuses_in_process_recovery_with_the_fix() -> None:
-    """Its framework forms the process group from torchrun's, which under DDPJOB_INPROCESS=1 is each pod's own."""
-    code = "from ddp_trainer.runtime import frameworks; frameworks.check_restart_path('the Lightning Trainer')"
-    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DDPJOB_INPROCESS": "1"},
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1
-    assert ("failurePolicy.recovery InProcess (DDPJOB_INPROCESS=1) needs a script on ddp_trainer.runtime.Job; the "
-            "Lightning Trainer owns its DDP wrapper and its loop") in done.stderr
-    assert "Fix: failurePolicy.recovery: Restart" in done.stderr
 
 
 def test_the_operator_reads_the_trainers_recovery_as_sent() -> None:

@@ -2,7 +2,15 @@
 place that imports neither framework: the stop every rank agrees on at the same step, the stall guard's wiring,
 the generation fence at the start of training, the resume announcement, progress reports with the step timer,
 a rescue checkpoint's placement and commit, and the way out after a failure or a stop. Each framework's callback
-keeps only what its framework's events and checkpoint layout need."""
+keeps only what its framework's events and checkpoint layout need.
+
+Under in-process recovery (`DDPJOB_INPROCESS=1`, the default with restartScope Pod) the launcher starts each pod's
+trainers in a torchrun rendezvous of the pod's own, and a `Job` forms the job's process group through the job's store.
+A framework owns its DDP wrapper and its loop, so its trainers cannot keep their processes across a peer's failure:
+`form_group` forms their group through the store as `Job.start` does (before the framework initialises distributed),
+and a peer's failure ends the trainer as on the restart path, so its launcher starts one for the next generation,
+which resumes from the rescue checkpoint. The job says so once (`RESTART_PATH`), and each resume's timeline says why.
+"""
 
 from __future__ import annotations
 
@@ -16,13 +24,68 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from . import frameworks
+from . import frameworks, inprocess
+from .contract import INPROCESS_ENV
 from .distributed import JobEnv
 from .progress import ProgressReporter
+from .recovery import join_first_group, publish_environ
 from .timing import StepTimer
 
 log = logging.getLogger(__name__)
+# Why a framework's trainer takes the restart path under in-process recovery: the log line (once a job) and the reason
+# in each resume's recovery timeline (status.incidents[].recovery.fallbackReason, the Recovered event).
+RESTART_PATH = ("{framework} takes the restart path: it owns its DDP wrapper and its training loop, so a peer's "
+                "failure restarts its trainers, which resume from the rescue checkpoint; in-process recovery needs "
+                "a script on ddp_trainer.runtime.Job")
+RESTART_PATH_SAID_KEY = "ddpjob/{uid}/inprocess/restart-path-said"  # in the job's store: said by the first rank 0
+GROUP_TIMEOUT_S = 1800.0  # torch's default; the framework's own timeout is restored when training starts
+_formed: list[inprocess.Rendezvous] = []  # the job's store, once this process formed its group through it
+
+
+def form_group(framework: str) -> None:
+    """Under in-process recovery: form this process's group through the job's store (a warm spare: once it has its
+    place), so that the framework finds it initialised and reads its rank and world size from torchrun's variables
+    (`publish_environ`). Call it before the framework initialises distributed: the callbacks' constructors and their
+    modules' `output_dir`, `checkpoint_dir` and `trainer_kwargs` do. Once per process; nothing elsewhere."""
+    if _formed or not inprocess.enabled() or dist.is_initialized():
+        return
+    try:
+        rdzv, device, env = join_first_group("auto", "auto", GROUP_TIMEOUT_S)
+        if env is None:  # a warm spare: its launcher writes its place once the operator gives it one (as take_place)
+            publish_environ(rdzv, rdzv.join(rdzv.wait_place(lambda: False), device, GROUP_TIMEOUT_S, lambda: False))
+    except inprocess.CannotRecover as e:
+        frameworks.refuse(f"DDPJob: {e}. Fix: run under DDPJob's launcher, or set failurePolicy.recovery: Restart")
+        return
+    _formed.append(rdzv)
+    if JobEnv.from_env().rank == 0 and _first_to_say(rdzv):
+        frameworks.announce(RESTART_PATH.format(framework=framework))
+
+
+def _first_to_say(rdzv: inprocess.Rendezvous) -> bool:
+    """True in the first process of the job to ask (the line is the job's, not each generation's)."""
+    me = f"{os.uname().nodename}/{os.getpid()}"
+    try:
+        said = rdzv.store.compare_set(RESTART_PATH_SAID_KEY.format(uid=rdzv.uid), "", me)
+    except RuntimeError:  # the store: the line only
+        return True
+    return (said.decode("utf-8", "replace") if isinstance(said, bytes) else said) == me
+
+
+def check_group_formed(framework: str, fix: str) -> None:
+    """When training starts, under in-process recovery: the group must be the job's (`form_group`), not one the
+    framework formed from torchrun's variables, which are each pod's alone (every pod would train by itself). End every
+    process at once with 1 and `fix`."""
+    if inprocess.enabled() and not _formed:
+        frameworks.refuse(f"DDPJob: {framework} formed its process group before DDPJob could (in-process recovery, "
+                          f"{INPROCESS_ENV}=1, forms it through the job's store): each pod would train "
+                          f"alone. Fix: {fix}, or set failurePolicy.recovery: Restart")
+
+
+def restart_reason(framework: str) -> str:
+    """The reason a resume's recovery timeline gives: "" unless in-process recovery was asked for."""
+    return RESTART_PATH.format(framework=framework) if inprocess.enabled() else ""
 
 
 def job_env() -> JobEnv | None:
@@ -36,8 +99,11 @@ def job_env() -> JobEnv | None:
 class FrameworkCallback:
     """Mixed into a framework's callback class; `_init_job` from its `__init__`."""
 
+    framework = "the framework"  # named in messages ("the Hugging Face Trainer")
+
     def _init_job(self, *, every_steps: int | None, exit_on_stop: bool, report_every: int,
                   steady_timeout_s: float) -> None:
+        form_group(self.framework)
         self.env = job_env()
         self.stop = frameworks.PacedStop()  # now, in the main thread: a SIGTERM during set-up is not lost
         # A hung or silent peer, and SIGTERM while blocked in a collective (main thread: signals' wakeup fd).
@@ -78,7 +144,7 @@ class FrameworkCallback:
             self.timer.watch(model)  # the wait for DDP's gradient all_reduce is not this rank's work
         if resumed_step:
             self.last_checkpoint_step = resumed_step  # resumed from it
-            frameworks.resumed(self.reporter, resumed_step, is_main)
+            frameworks.resumed(self.reporter, resumed_step, is_main, restart_reason(self.framework))
 
     def _agree_stop(self) -> bool:
         """Every rank, once per step: the same answer at the same step (an agreement is a wait, not training

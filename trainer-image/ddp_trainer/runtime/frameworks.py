@@ -49,9 +49,8 @@ import torch.distributed as dist
 from .checkpoint import (CheckpointVolumeError, CorruptCheckpoint, adopt_legacy_job_directory, atomic_write_json,
                          check_archive, newer_generation, prune_fences, raise_fence, read_marker_json,
                          refuse_impossible_fence, refuse_link, rendezvous_generation, retry_reads, volume_full)
-from .contract import CHECKPOINT_DIR_ENV, INPROCESS_ENV, JOB_NAME_ENV, JOB_NAMESPACE_ENV, job_root
+from .contract import CHECKPOINT_DIR_ENV, JOB_NAME_ENV, JOB_NAMESPACE_ENV, job_root
 from .distributed import CollectiveTimeout, StopRequest, abort_process_groups, exit_process
-from .inprocess import enabled as inprocess_enabled
 from .progress import ProgressReporter, job_directory, recovery_field
 from .watchdog import StallWatchdog
 
@@ -275,21 +274,12 @@ def check_world_size(framework_world_size: int, framework: str, fix: str) -> Non
            f"{launched} processes (WORLD_SIZE={launched}): each process would train alone on all the data. Fix: {fix}")
 
 
-def check_restart_path(framework: str) -> None:
-    """At the start of training: in-process recovery (DDPJOB_INPROCESS=1, `failurePolicy.recovery: InProcess`)
-    needs a script on `Job`, which forms its process group through the job's store; a framework forms its own
-    from torchrun's, which is then each pod's alone. End every process at once with 1 and the fix."""
-    if inprocess_enabled():
-        refuse(f"DDPJob: failurePolicy.recovery InProcess ({INPROCESS_ENV}=1) needs a script on "
-               f"ddp_trainer.runtime.Job; {framework} owns its DDP wrapper and its loop, so its callback keeps the "
-               f"restart path. Fix: failurePolicy.recovery: Restart")
-
-
-def resumed(reporter: ProgressReporter | None, step: int, is_main: bool) -> None:
+def resumed(reporter: ProgressReporter | None, step: int, is_main: bool, reason: str = "") -> None:
     """A callback's resume from `step` as the recovery timeline rank 0 reports (path Restart, the callbacks'
-    only one; the framework's process group is complete by the time training begins)."""
+    only one; the framework's process group is complete by the time training begins). `reason`: why, where
+    in-process recovery was asked for."""
     if reporter is not None and is_main:
-        reporter.recovery = recovery_field("Restart", resumed_step=step, rendezvous_time=time.time())
+        reporter.recovery = recovery_field("Restart", reason=reason, resumed_step=step, rendezvous_time=time.time())
 
 
 def first_step(reporter: ProgressReporter | None) -> bool:

@@ -63,7 +63,7 @@ from transformers.utils import (ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME,
 from . import frameworks
 from .contract import CHECKPOINT_DIR_ENV
 from .distributed import barrier, exit_process, is_peer_failure
-from .framework_callback import FrameworkCallback, job_env
+from .framework_callback import FrameworkCallback, check_group_formed, form_group, job_env
 from .progress import write_result
 
 __all__ = ["DDPJobCallback", "exit_process", "output_dir", "resume_from_checkpoint"]
@@ -73,6 +73,7 @@ CHECKPOINT = re.compile(r"^checkpoint-(\d+)$", re.ASCII)  # HF's PREFIX_CHECKPOI
 # Each rank writes its own RNG state and loss accumulator: not waited for by rank 0's marker.
 OTHER_RANKS_FILES = re.compile(r"^(rng_state|ddpjob_loss_)")
 SUBDIR = "hf"
+FRAMEWORK = "the Hugging Face Trainer"
 # What HF's `_load_from_checkpoint` takes as a checkpoint's weights (one of them must be there).
 WEIGHT_FILES = (WEIGHTS_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_INDEX_NAME, ADAPTER_WEIGHTS_NAME,
                 ADAPTER_SAFE_WEIGHTS_NAME)
@@ -97,7 +98,9 @@ def unloadable(checkpoint: str | os.PathLike) -> str | None:
 
 def output_dir(default: str | os.PathLike = "outputs") -> str:
     """`TrainingArguments(output_dir=...)`: `<DDPJOB_CHECKPOINT_DIR>/<DDPJOB_NAMESPACE>.<DDPJOB_NAME>/hf` under DDPJob (the
-    job's volume, so a replaced pod resumes from it), `default` elsewhere."""
+    job's volume, so a replaced pod resumes from it), `default` elsewhere. Under in-process recovery it forms the job's
+    process group first (`form_group`): call it before `TrainingArguments`, which initialises distributed."""
+    form_group(FRAMEWORK)
     return str(frameworks.job_dir(SUBDIR, default))
 
 
@@ -146,6 +149,8 @@ class DDPJobCallback(TrainerCallback, FrameworkCallback):
     evaluation, a save or an epoch's end), as `Job.start(steady_timeout_s=...)`; 0 (the default, as
     there): `TrainingArguments.ddp_timeout` throughout. The stall watchdog runs in every case."""
 
+    framework = FRAMEWORK
+
     def __init__(self, *, every_steps: int | None = None, keep: int | None = None, exit_on_stop: bool = True,
                  rescue: bool = True, report_every: int = 1, steady_timeout_s: float = 0.0) -> None:
         self._init_job(every_steps=every_steps, exit_on_stop=exit_on_stop, report_every=report_every,
@@ -160,11 +165,12 @@ class DDPJobCallback(TrainerCallback, FrameworkCallback):
     # ---- HF events ----------------------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+        check_group_formed(FRAMEWORK, "TrainingArguments(output_dir=hf.output_dir(...), ...): hf.output_dir() "
+                                      "forms the job's group before TrainingArguments does")
         frameworks.check_world_size(
-            args.world_size, "the Hugging Face Trainer",
+            args.world_size, FRAMEWORK,
             "TrainingArguments(..., use_cpu=True) when the processes see no GPU (without it, HF on CPU runs each "
             "process alone), or one GPU per process (torchrun --nproc-per-node = the GPUs)")
-        frameworks.check_restart_path("the Hugging Face Trainer")
         self._refs = {"args": args, "state": state, "model": model, "optimizer": optimizer,
                       "lr_scheduler": lr_scheduler}
         self._trainer, resumed_from = _calling_trainer()

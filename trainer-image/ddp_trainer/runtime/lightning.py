@@ -50,7 +50,7 @@ from . import frameworks
 from .data import batch_size_of
 from .contract import CHECKPOINT_DIR_ENV
 from .distributed import exit_process, is_peer_failure
-from .framework_callback import FrameworkCallback, job_env
+from .framework_callback import FrameworkCallback, check_group_formed, form_group, job_env
 from .progress import REPORT_PACE_S, write_result
 from .sampler import ResumableDistributedSampler
 
@@ -59,15 +59,19 @@ __all__ = ["DDPJobCallback", "checkpoint_dir", "exit_process", "resume_from_chec
 log = logging.getLogger(__name__)
 CHECKPOINT = re.compile(r"^step-(\d+)\.ckpt$", re.ASCII)
 SUBDIR = "lightning"
+FRAMEWORK = "the Lightning Trainer"
 
 
 def checkpoint_dir(default: str | os.PathLike = "lightning_checkpoints") -> Path:
     """`<DDPJOB_CHECKPOINT_DIR>/<DDPJOB_NAMESPACE>.<DDPJOB_NAME>/lightning` under DDPJob, `default` elsewhere."""
+    form_group(FRAMEWORK)
     return frameworks.job_dir(SUBDIR, default)
 
 
 def trainer_kwargs(accelerator: str = "auto") -> dict[str, Any]:
-    """`L.Trainer(**trainer_kwargs(), ...)`: devices and nodes of this rendezvous generation, DDP."""
+    """`L.Trainer(**trainer_kwargs(), ...)`: devices and nodes of this rendezvous generation, DDP (under in-process
+    recovery, of the job's group, formed here first: `form_group`)."""
+    form_group(FRAMEWORK)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if accelerator == "auto":
@@ -112,6 +116,8 @@ class DDPJobCallback(Callback, FrameworkCallback):
     `Job.start(steady_timeout_s=...)`; 0 (the default, as there): the strategy's timeout throughout. The
     stall watchdog runs in every case."""
 
+    framework = FRAMEWORK
+
     def __init__(self, *, every_steps: int | None = None, keep: int | None = None,
                  directory: str | os.PathLike | None = None, exit_on_stop: bool = True, report_every: int = 1,
                  steady_timeout_s: float = 0.0, seed: int | None = None) -> None:
@@ -149,10 +155,9 @@ class DDPJobCallback(Callback, FrameworkCallback):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit":
-            frameworks.check_world_size(
-                trainer.world_size, "the Lightning Trainer",
-                "L.Trainer(**ddpjob.trainer_kwargs(), ...) (devices and num_nodes of this generation, strategy ddp)")
-            frameworks.check_restart_path("the Lightning Trainer")
+            fix = "L.Trainer(**ddpjob.trainer_kwargs(), ...) (devices and num_nodes of this generation, strategy ddp)"
+            check_group_formed(FRAMEWORK, fix)
+            frameworks.check_world_size(trainer.world_size, FRAMEWORK, fix)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if batch_idx % max(1, trainer.accumulate_grad_batches) == 0:  # an optimizer step's first micro-batch
