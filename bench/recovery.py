@@ -29,12 +29,20 @@ up on it (`--steady-timeout`), then kills it as its node's loss would. `--recove
 `failurePolicy.recovery: InProcess`: the survivors keep their trainer processes; the resume is then rank 0's
 `recovered in process` line (it survived) or its `resumed from peer rank X by broadcast` line (it is new). Per
 kill the local setups also show the path taken and whether every survivor kept its trainer processes (their
-PIDs, read from /proc at every pass of the runner). Ours also gets a phase breakdown from the logs. Prints
-Markdown tables (docs/benchmarks.md, "Recovery from a lost worker", "Pod-like recovery").
+PIDs, read from /proc at every pass of the runner). Ours also gets a phase breakdown from the logs.
+`--replacement S|never` (local setups) holds each killed worker's replacement pod Pending S seconds before its
+cold start (a slow image pull or a full pool), or until the survivors trained 10 steps short (never: they cannot
+tell); each kill then waits for the whole world again, and the table's "join pause" is the survivors' longest
+pause beyond one step between the resume and the next kill (where the replacement joins them; checkpoint and
+evaluation steps left out). `--loss-check S K` compares an undisturbed run's per-step losses and per-epoch
+samples (the trainer's --record-samples) with a run where worker 1 is killed at step S and its replacement is
+released K steps after the resume. Prints Markdown tables (docs/benchmarks.md, "Recovery from a lost worker",
+"Pod-like recovery").
 
     .venv/bin/python bench/recovery.py [--kills 5] [--every 120] [--setups ours,stock]
     .venv/bin/python bench/recovery.py --setups cold [--spares 1] [--state-mb 1024] [--fault delete]
-    .venv/bin/python bench/recovery.py --setups cold --recovery InProcess [--fault stop --steady-timeout 5]
+    .venv/bin/python bench/recovery.py --setups cold --recovery InProcess [--fault stop] [--replacement 60|never]
+    .venv/bin/python bench/recovery.py --setups cold --recovery InProcess --loss-check 30 20
     .venv/bin/python bench/recovery.py --setups cluster [--scope Pod|All] [--spares N] [--fault kill|node-down]
 
 The cluster setup runs the job through the operator on the cluster KUBECONFIG names, with the fault
@@ -44,6 +52,7 @@ command of the e2e tests (DDPJOB_E2E_FAULTS); docs/benchmarks.md has the invocat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import re
@@ -55,6 +64,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -64,7 +74,8 @@ from ddpjob_operator import validation
 from ddpjob_operator.local.logs import RESUME_LINE, STEP_LINE, LogTail
 from ddpjob_operator.local.processes import MARKER_ENV, LocalProcess, kill_marked, marked_pids, marker_for
 from ddpjob_operator.local.runner import LocalRunner
-from ddpjob_operator.local.options import COLD_CPU_NODE, COLD_GPU_NODE, DELETE, KILL, FaultInjection, RunOptions
+from ddpjob_operator.local.options import (COLD_CPU_NODE, COLD_GPU_NODE, DELETE, KILL, FaultInjection, RunOptions,
+                                           Unschedulable)
 from ddpjob_operator.local.view import Snapshot, Summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,6 +107,7 @@ class Timeline:
     tails: dict[str, LogTail] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     rank0_failed_at: int = 0  # the step of rank 0's last "a peer failed" line: where it trains on in process
+    epochs: dict[int, int] = field(default_factory=dict)  # rank 0's step lines: step -> its epoch
     # (time.time(), {(pod, its root's pid): its trainers' pids}) of the pods serving a rank, at each local pass
     trainers: list[tuple[float, dict[tuple[str, int], frozenset[int]]]] = field(default_factory=list)
 
@@ -126,6 +138,8 @@ class Timeline:
                         if match := pattern.search(line):
                             value = int(match.group(1)) if pattern.groups else 0
                             self.entries.append((at, kind, value))
+                            if kind == "step":
+                                self.epochs[value] = int(match.group(2))
                             break
 
     def add(self, kind: str, value: int) -> None:
@@ -172,6 +186,10 @@ class Recovery:
     trainers_kept: bool | None = None  # the survivors' trainer processes are the same after it (None: not seen)
     resumed_in_process: bool = False  # rank 0 logged an in-process recovery (kept or by a peer's broadcast)
     kill: int = 0  # which kill of the run (1, 2, ...): a kill after which training never resumed has no Recovery
+    # After the first step, until the next kill: the survivors' longest pause beyond one step (the replacement's
+    # join, where it joins the running survivors), and whether the world was whole again (None: not observed).
+    join_pause: float | None = None
+    rejoined: bool | None = None
 
     @property
     def steps_lost(self) -> int:
@@ -230,6 +248,27 @@ def step_seconds(entries: list[tuple[float, str, int]]) -> float | None:
             seconds, steps = seconds + previous[0] - first[0], steps + previous[1] - first[1]
         first = previous = (at, value) if kind == "step" else None
     return seconds / steps if steps else None
+
+
+def join_pauses(entries: list[tuple[float, str, int]], epochs: dict[int, int], interval: int,
+                recovered: list[Recovery]) -> list[Recovery]:
+    """Each recovery with its `join_pause` and `rejoined`: between its first step and the next kill (or the end),
+    the longest gap between two of rank 0's consecutive step lines beyond the window's median one (a gap across
+    a periodic checkpoint or an epoch's evaluation left out: they pause every rank anyway), and whether the
+    runner saw the whole world training again ("world" entries: the status's world size, 1 when whole)."""
+    kills = [t for t, kind, _ in entries if kind == "kill"]
+    out = []
+    for r in recovered:
+        killed_at = kills[r.kill - 1]
+        first = killed_at + r.seconds
+        end = kills[r.kill] if r.kill < len(kills) else float("inf")
+        steps = [(t, v) for t, kind, v in entries if kind == "step" and first <= t < end]
+        gaps = [t1 - t0 for (t0, s0), (t1, s1) in zip(steps, steps[1:])
+                if s1 == s0 + 1 and s0 % interval and epochs.get(s0) == epochs.get(s1)]
+        worlds = [v for t, kind, v in entries if kind == "world" and killed_at <= t < end]
+        out.append(dataclasses.replace(r, join_pause=max(gaps) - statistics.median(gaps) if len(gaps) > 2 else None,
+                                       rejoined=bool(worlds) and worlds[-1] == 1 if worlds else None))
+    return out
 
 
 def kill_step(k: int, every: int) -> int:
@@ -314,13 +353,18 @@ class RecordingRunner(LocalRunner):
     to the runner at once would strike together, or during a recovery) and every spare is ready again. KILL and DELETE are the runner's
     faults; STOP is the bench's silent peer: every process of the rank's pod is frozen (SIGSTOP), as a node that
     went silent, and once a survivor's step failed on it (its steady timeout) the pod is SIGKILLed, as the
-    node's loss would end it, and the runner replaces it."""
+    node's loss would end it, and the runner replaces it. A fault also waits for the whole world to train again
+    (the status's world size): a replacement held Pending (`--replacement`) joins before the next fault.
+    `release_after`: replacements held for ever are released once the survivors trained this many steps after
+    the recovery (they cannot tell this from never), so that the next fault finds the world whole."""
 
-    def __init__(self, *args, timeline: Timeline, faults: tuple[tuple[int, int, str], ...] = (), **kwargs):
+    def __init__(self, *args, timeline: Timeline, faults: tuple[tuple[int, int, str], ...] = (),
+                 release_after: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.timeline, self.faults = timeline, list(faults)
+        self.timeline, self.faults, self.release_after = timeline, list(faults), release_after
         self.faulted_at: float | None = None
         self.frozen: tuple[LocalProcess, float] | None = None
+        self.whole: bool | None = None
 
     def reconcile(self):
         decision = super().reconcile()
@@ -328,6 +372,16 @@ class RecordingRunner(LocalRunner):
         pods = {(name, w.process.pid): descendants(w.process.pid) for name, w in list(self.workers.items())
                 if name in serving and w.process.started and w.process.poll(self.clock()) is None}
         self.timeline.trainers.append((time.time(), pods))
+        whole = self.status.world_size >= self.status.desired_world_size
+        if whole != self.whole:
+            self.whole = whole
+            self.timeline.add("world", int(whole))
+        if self.release_after is not None and self.faulted_at is not None \
+                and trained_since(self.timeline, self.faulted_at) \
+                and self.timeline.last_step() >= self.timeline.last_resume_step() + self.release_after:
+            for w in self.workers.values():
+                if w.held and w.held_until is None:
+                    w.held_until = self.clock()  # the observer starts it at its next pass
         if self.frozen is not None:
             process, at = self.frozen
             # a survivor's step failed on it: in process ("a peer failed") or on the restart path (its rescue)
@@ -337,7 +391,7 @@ class RecordingRunner(LocalRunner):
                 self.frozen = None
         elif self.faults and self.timeline.last_step() >= self.faults[0][1] and self.status.phase == "Running" \
                 and (self.faults[0][2] != STOP or self._steady()) \
-                and self.status.ready_spares >= self.spec.failure_policy.spares \
+                and self.status.ready_spares >= self.spec.failure_policy.spares and whole \
                 and (self.faulted_at is None or trained_since(self.timeline, self.faulted_at)):
             index, step, kind = self.faults.pop(0)
             self.faulted_at = time.time()
@@ -363,23 +417,115 @@ class RecordingRunner(LocalRunner):
             and 2 <= step % STEPS_PER_EPOCH <= STEPS_PER_EPOCH - 6
 
 
-def run_ours(job, kills: int, every: int, state: Path, cold_start: str | None = None,
-             kind: str = KILL) -> tuple[str, list[Recovery]]:
-    """`kind`: KILL, DELETE (the runner's faults) or STOP (the bench's: a silent peer)."""
+AT_ONCE, NEVER = "at-once", "never"  # --replacement
+SHORT_STEPS = 10  # --replacement never: the steps the survivors train short before the bench releases it
+
+
+def held_replacements(replacement: str, replicas: int) -> tuple[Unschedulable, ...]:
+    """RunOptions.unschedulable for `--replacement`: every worker's replacements (its second pod on) stay Pending
+    for that many seconds before their cold start, or for ever (never: until RecordingRunner releases them)."""
+    if replacement == AT_ONCE:
+        return ()
+    seconds = None if replacement == NEVER else float(replacement)
+    return tuple(Unschedulable(index=i, from_creation=2, seconds=seconds) for i in range(replicas))
+
+
+def replacement_option(value: str) -> str:
+    """argparse type of --replacement: at-once, never or seconds (>= 0)."""
+    if value in (AT_ONCE, NEVER):
+        return value
+    try:
+        if float(value) >= 0:
+            return value
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"must be {AT_ONCE}, {NEVER} or seconds >= 0, got {value!r}")
+
+
+def run_local(job, state: Path, cold_start: str | None, faults: tuple[tuple[int, int, str], ...],
+              replacement: str = AT_ONCE, release_after: int = SHORT_STEPS) -> tuple[str, Timeline]:
+    """One local run of `job` with the bench's faults; its phase and the timeline read from its logs."""
     timeline = Timeline(state / job.metadata.name / "logs")
     stop = threading.Event()
     poller = poll_in_background(timeline, stop)
+    options = RunOptions(state_dir=state, cold_start=cold_start,
+                         unschedulable=held_replacements(replacement, job.spec.replicas))
     try:
-        phase = RecordingRunner(job, RunOptions(state_dir=state, cold_start=cold_start), RecordingView(timeline),
-                                timeline=timeline,
-                                faults=tuple(((k + 1) % 2, kill_step(k, every), kind) for k in range(kills))).run()
+        phase = RecordingRunner(job, options, RecordingView(timeline), timeline=timeline, faults=faults,
+                                release_after=release_after if replacement == NEVER else None).run()
     finally:
         stop.set()
         poller.join()
     timeline.poll()
+    return phase, timeline
+
+
+def run_ours(job, kills: int, every: int, state: Path, cold_start: str | None = None,
+             kind: str = KILL, replacement: str = AT_ONCE) -> tuple[str, list[Recovery]]:
+    """`kind`: KILL, DELETE (the runner's faults) or STOP (the bench's: a silent peer); `replacement`: at-once,
+    never, or the seconds its pod stays Pending."""
+    phase, timeline = run_local(job, state, cold_start,
+                                tuple(((k + 1) % 2, kill_step(k, every), kind) for k in range(kills)), replacement)
     step = step_seconds(timeline.sorted())
+    recovered = recoveries(timeline.sorted(), timeline.survivors_kept_trainers)
     return phase + ("" if step is None else f", one step {step:.3f} s (mean between kills)"), \
-        recoveries(timeline.sorted(), timeline.survivors_kept_trainers)
+        join_pauses(timeline.sorted(), timeline.epochs, job.spec.checkpoint.interval_steps, recovered)
+
+
+LOSS_RELATIVE = 1e-5  # issue 36: every step's loss equals an undisturbed run's within this, relative
+STEPS_AFTER_JOIN = 40
+
+
+def recorded_losses(records: Path) -> list[tuple[int, float]]:
+    """(step, loss) as rank 0 recorded each step's mean loss over every seat (`<records>.loss`), in order."""
+    path = Path(f"{records}.loss")
+    if not path.exists():
+        return []
+    return [(int(step), float(loss)) for step, loss in (line.split() for line in path.read_text().splitlines() if line)]
+
+
+def recorded_samples(records: Path) -> dict[int, Counter]:
+    """Per epoch, how often each sample index was trained, over every seat's record (`<records>.rank<seat>`)."""
+    epochs: dict[int, Counter] = {}
+    for path in sorted(records.parent.glob(records.name + ".rank*")):
+        for line in path.read_text().splitlines():
+            if line:
+                epoch, index = map(int, line.split())
+                epochs.setdefault(epoch, Counter())[index] += 1
+    return epochs
+
+
+def loss_check(job, state: Path, cold_start: str | None, kill_at: int, join_after: int) -> bool:
+    """An undisturbed run, then one where worker 1 is killed at step `kill_at` and its replacement, held Pending,
+    is released once the survivors trained `join_after` steps short; both to the same last step with sample
+    records. Prints how every step's loss compares (relative to the undisturbed run's) and whether each epoch
+    trained the same samples as often (once each). True when both hold."""
+    last = kill_at + join_after + STEPS_AFTER_JOIN
+    runs = {}
+    for name, faults in (("undisturbed", ()), ("disturbed", ((1, kill_at, KILL),))):
+        records = state / name / "samples"
+        records.parent.mkdir(parents=True)
+        spec = job.spec.model_copy(update={"args": [*job.spec.args, "--max-steps", str(last),
+                                                    "--record-samples", str(records)]})
+        phase, timeline = run_local(job.model_copy(update={"spec": spec}), state / name, cold_start, faults,
+                                    NEVER if faults else AT_ONCE, release_after=join_after)
+        runs[name] = (phase, dict(recorded_losses(records)), len(recorded_losses(records)), recorded_samples(records))
+        print(f"{name}: {phase}; {runs[name][2]} step losses recorded"
+              + (f"; recoveries: {[(r.last_step, r.resumed_from, round(r.seconds, 1)) for r in recoveries(timeline.sorted())]}"
+                 if faults else ""))
+    (_, base, _, base_samples), (_, disturbed, lines, samples) = runs["undisturbed"], runs["disturbed"]
+    steps = sorted(base.keys() & disturbed.keys())
+    relative = {s: abs(disturbed[s] - base[s]) / max(abs(base[s]), 1e-12) for s in steps}
+    over = [s for s in steps if relative[s] > LOSS_RELATIVE]
+    epochs_differing = [e for e in sorted(base_samples.keys() | samples.keys()) if base_samples.get(e) != samples.get(e)]
+    repeated = sum(c - 1 for counts in samples.values() for c in counts.values() if c > 1)
+    print(f"loss check (kill at step {kill_at}, the replacement released {join_after} steps after the resume, "
+          f"to step {last}): {len(steps)} steps compared, {lines - len(disturbed)} recorded twice, max relative "
+          f"difference {max(relative.values(), default=float('nan')):.2e}, {len(over)} over {LOSS_RELATIVE:g}"
+          + (f" (first: step {over[0]}: {disturbed[over[0]]!r} against {base[over[0]]!r})" if over else "")
+          + f"; samples: {len(epochs_differing)} of {len(base_samples)} epochs differ from the undisturbed run's, "
+          f"{repeated} trained twice in an epoch")
+    return bool(steps) and not over and not epochs_differing and lines == len(disturbed) and len(steps) == last
 
 
 # ---- stock: torchrun elastic as Kubeflow's PyTorchJob runs it ---------------------------------------
@@ -625,27 +771,28 @@ def run_cluster(kills: int, every: int, state: Path, timeout: float, scope: str 
 def table(name: str, phase: str, results: list[Recovery], interval: int, kills: int) -> None:
     print(f"\n{name}: {phase}")
     print("| kill | worker | last step | resumed from | steps lost | path | survivors' trainers kept | trainers start "
-          "| training resumed | seconds to next step |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| training resumed | seconds to next step | join pause | whole again |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 
-    def shown(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1f}"
+    def shown(value: float | None, digits: int = 1) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
 
-    def median(values: list[float | None]) -> str:
+    def median(values: list[float | None], digits: int = 1) -> str:
         known = [v for v in values if v is not None]
-        return f"**{statistics.median(known):.1f}**" if known else "-"
+        return f"**{statistics.median(known):.{digits}f}**" if known else "-"
     for r in results:
-        kept = {None: "-", True: "yes", False: "no"}[r.trainers_kept]
+        kept, whole = ({None: "-", True: "yes", False: "no"}[v] for v in (r.trainers_kept, r.rejoined))
         print(f"| {r.kill} | {r.worker} | {r.last_step} | {r.resumed_from} | {r.steps_lost} "
               f"| {'in process' if r.resumed_in_process else 'checkpoint'} | {kept} | {shown(r.trainers_start)} "
-              f"| {shown(r.resumed)} | {r.seconds:.1f} |")
+              f"| {shown(r.resumed)} | {r.seconds:.1f} | {shown(r.join_pause, 2)} | {whole} |")
     if results:
         in_process = sum(r.resumed_in_process for r in results)
         kept = sum(r.trainers_kept is True for r in results)
         print(f"| **median** | | | | **{statistics.median(r.steps_lost for r in results):g}** "
               f"| {in_process}/{len(results)} in process | {kept}/{len(results)} "
               f"| {median([r.trainers_start for r in results])} | {median([r.resumed for r in results])} "
-              f"| **{statistics.median(r.seconds for r in results):.1f}** |")
+              f"| **{statistics.median(r.seconds for r in results):.1f}** | {median([r.join_pause for r in results], 2)} "
+              f"| {sum(r.rejoined is True for r in results)}/{len(results)} |")
         print(f"max: {max(r.steps_lost for r in results)} steps lost (interval {interval}), "
               f"{max(r.seconds for r in results):.1f} s")
     if len(results) < kills:
@@ -698,8 +845,17 @@ def main(argv: list[str] | None = None) -> int:
                              "restart and read the rescue checkpoint) or InProcess (survivors keep their processes "
                              "and state, a replacement gets it by broadcast; needs --scope Pod)")
     parser.add_argument("--steady-timeout", type=float, metavar="S",
-                        help="the trainer's --dist-steady-timeout (default: the trainer's, 30 s): how long a survivor "
+                        help="the trainer's --dist-steady-timeout (default: the trainer's, 5 s): how long a survivor "
                              "waits on a silent peer in a collective")
+    parser.add_argument("--replacement", type=replacement_option, default=AT_ONCE, metavar="at-once|S|never",
+                        help="local setups: each killed worker's replacement pod starts at once (its cold start), "
+                             "stays Pending S seconds first (a slow image pull or scheduling, then its cold start), "
+                             f"or never (Pending until the survivors trained {SHORT_STEPS} steps short: they cannot "
+                             "tell it from never; then released, so that the next kill finds the world whole)")
+    parser.add_argument("--loss-check", nargs=2, type=int, metavar=("S", "K"),
+                        help="instead of the kills: an undisturbed run and one where worker 1 is killed at step S and "
+                             "its replacement joins K steps later, each to step S + K + 40 with sample records "
+                             "(--record-samples); compares every step's loss and each epoch's samples")
     parser.add_argument("--no-rescue", action="store_true",
                         help="the trainer's --no-rescue-checkpoint: survivors write no rescue checkpoint (what the "
                              "in-process path costs without that durability write, which it waits for)")
@@ -710,8 +866,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--spares needs --scope Pod")
     if args.fault == "node-down" and args.setups != "cluster":
         parser.error("--fault node-down needs --setups cluster (a node to lose)")
-    if args.fault in ("delete", STOP) and not set(args.setups.split(",")) <= set(LOCAL_SETUPS):
-        parser.error(f"--fault {args.fault} needs local setups only ({', '.join(LOCAL_SETUPS)})")
+    if (args.fault in ("delete", STOP) or args.replacement != AT_ONCE or args.loss_check) \
+            and not set(args.setups.split(",")) <= set(LOCAL_SETUPS):
+        parser.error(f"--fault {args.fault}, --replacement and --loss-check need local setups only "
+                     f"({', '.join(LOCAL_SETUPS)})")
     job = load_example(args.kills, args.every, args.scope, args.spares, args.state_mb, args.recovery,
                        args.steady_timeout, not args.no_rescue)
     interval = job.spec.checkpoint.interval_steps
@@ -719,18 +877,21 @@ def main(argv: list[str] | None = None) -> int:
           f"{datetime.now().isoformat(timespec='minutes')}; job {EXAMPLE.name}, checkpoint every {interval} steps, "
           f"kills every {args.every} steps, restartScope {args.scope}, recovery {args.recovery}, spares {args.spares}, "
           f"fault {args.fault}, steady timeout {args.steady_timeout or 'default'}, "
-          f"rescue checkpoint {'off' if args.no_rescue else 'on'}, "
+          f"rescue checkpoint {'off' if args.no_rescue else 'on'}, replacement {args.replacement}, "
           f"state {args.state_mb:g} MiB; load average {load()}")
-    medians = {}
+    medians, checked = {}, True
     for setup in args.setups.split(","):
         with tempfile.TemporaryDirectory(prefix=f"ddpjob-recovery-{setup}-") as tmp:
             if args.keep_logs:
                 tmp = str(Path(args.keep_logs) / setup)
                 Path(tmp).mkdir(parents=True)
             started = time.monotonic()
+            if args.loss_check:
+                checked = loss_check(job, Path(tmp), LOCAL_SETUPS[setup], *args.loss_check) and checked
+                continue
             if setup in LOCAL_SETUPS:
                 phase, results = run_ours(job, args.kills, args.every, Path(tmp), LOCAL_SETUPS[setup],
-                                          {"delete": DELETE, STOP: STOP}.get(args.fault, KILL))
+                                          {"delete": DELETE, STOP: STOP}.get(args.fault, KILL), args.replacement)
             elif setup == "stock":
                 phase, results = run_stock(job, args.kills, args.every, Path(tmp), args.timeout)
             elif setup == "cluster":
@@ -748,6 +909,8 @@ def main(argv: list[str] | None = None) -> int:
     if {"ours", "stock"} <= medians.keys():
         print(f"\nmedian seconds to the next step: ours {medians['ours']:.1f}, stock {medians['stock']:.1f}: "
               f"{medians['stock'] / medians['ours']:.1f}x faster")
+    if args.loss_check:
+        return 0 if checked else 1
     return 0 if medians else 1
 
 
