@@ -147,7 +147,7 @@ def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: 
     # restartScope Pod: a survivor's agent joins the next generation in place (contract.REJOIN_ENV).
     env[REJOIN_ENV] = "1" if spec.failure_policy.restart_scope == "Pod" else "0"
     env[REJOIN_TIMEOUT_ENV] = str(REJOIN_TIMEOUT_SECONDS)
-    in_process = spec.failure_policy.recovery == "InProcess"
+    in_process = spec.failure_policy.effective_recovery == "InProcess"
     if in_process:
         env[INPROCESS_ENV] = "1"  # runtime/inprocess.py; otherwise "" (UNSET_WHEN_OFF)
     # A failed or timed-out NCCL collective: torch's watchdog aborts the communicator; with 1 it also ends the

@@ -92,7 +92,8 @@ def env_for(s: model.DDPJobSpec, **kw) -> dict[str, str]:
 
 
 def test_worker_env_matches_the_launch_contract():
-    env = env_for(spec(minReplicas=1, checkpoint={"claimName": "ck", "intervalSteps": 7, "keep": 4}))
+    env = env_for(spec(minReplicas=1, checkpoint={"claimName": "ck", "intervalSteps": 7, "keep": 4},
+                       failurePolicy={"recovery": "Restart"}))
     contract = (ROOT / "docs" / "launch-contract.md").read_text()
     documented = set(re.findall(r"`(DDPJOB_[A-Z_]+)`", contract))
     # The pod IP comes from the downward API (worker_pod); every other variable is set, "" where off.
@@ -121,7 +122,8 @@ def test_static_jobs_get_master_addr_and_port(replicas, expected):
 
 
 @pytest.mark.parametrize("policy, expected, nccl_errors", [
-    ({}, "", "1"),
+    ({}, "1", "2"),  # the default with restartScope Pod (the default)
+    ({"restartScope": "All"}, "", "1"),  # ... and with All
     ({"recovery": "Restart"}, "", "1"),
     ({"recovery": "InProcess"}, "1", "2"),  # a failed NCCL collective raises; the process (the survivor) stays
 ])
@@ -133,7 +135,7 @@ def test_recovery_in_process_switches_the_runtime_on_in_every_worker(policy, exp
 def test_worker_env_sets_what_a_worker_has_not_to_empty():
     """Explicit "" (which the launcher and trainer take as unset) rather than absent: an envFrom without a
     prefix cannot then turn on checkpoints, the spare's wait, or a progress endpoint of its own."""
-    env = env_for(spec())
+    env = env_for(spec(failurePolicy={"recovery": "Restart"}))
     off = ["DDPJOB_CHECKPOINT_DIR", "DDPJOB_CHECKPOINT_INTERVAL_STEPS", "DDPJOB_CHECKPOINT_KEEP", contract.SPARE_ENV,
            contract.ASSIGNMENT_FILE_ENV, contract.SPARE_READY_FILE_ENV, contract.PROGRESS_URL_ENV,
            contract.PROGRESS_TOKEN_ENV, contract.PROGRESS_CA_ENV, contract.INPROCESS_ENV]

@@ -144,14 +144,16 @@ class FailurePolicy(APIModel):
     restart_scope: Literal["Pod", "All"] = Field(default="Pod", description=(
         "Pod: replace only the failed worker; the survivors keep their pods and join the next rendezvous "
         "generation in place. All: replace every worker pod in the next generation."))
-    recovery: Literal["Restart", "InProcess"] = Field(default="Restart", description=(
-        "How survivors of a peer's failure recover (restartScope Pod). Restart: their trainers restart and "
-        "every rank resumes from the rescue checkpoint on the volume. InProcess: their trainer processes "
+    recovery: Literal["Restart", "InProcess"] | None = Field(default=None, description=(
+        "How survivors of a peer's failure recover. Restart: their trainers restart and every rank resumes "
+        "from the rescue checkpoint on the volume. InProcess (restartScope Pod only): their trainer processes "
         "survive (model, optimizer and data position stay in memory), rebuild the process group of the next "
         "generation and continue; a replacement or spare receives the state by broadcast from a survivor. "
-        "Needs a trainer on the runtime library (the bundled trainer, or a script using Job.carry); anything "
-        "else, and any case the runtime cannot leave the old group cleanly, takes the Restart path and says "
-        "why in the pod's log and the incident."))
+        "Default: InProcess with restartScope Pod, Restart with All (the worker's DDPJOB_INPROCESS, shown by "
+        "`ddpjob render`, says which). InProcess needs a trainer on the runtime library (the bundled trainer, "
+        "or a script using Job.carry); the Hugging Face and Lightning callbacks, and any case the runtime "
+        "cannot leave the old group cleanly, take the Restart path by themselves and say why in the pod's log "
+        "and the incident."))
     spares: int = Field(default=0, ge=0, le=64, description=(
         "Warm standby pods (restartScope Pod): each has imported torch and waits, in no rendezvous and "
         "outside the world size; when a worker is lost, a ready spare takes its place in the next "
@@ -195,7 +197,7 @@ class FailurePolicy(APIModel):
             "an exit code cannot be both retryable and permanent: remove it from one of "
             "failurePolicy.retryableExitCodes or failurePolicy.permanentExitCodes",
             ".retryableExitCodes"),
-        cel("self.recovery == 'Restart' || self.restartScope == 'Pod'",
+        cel("!has(self.recovery) || self.recovery == 'Restart' || self.restartScope == 'Pod'",
             "failurePolicy.recovery InProcess needs restartScope: Pod (with All every worker is replaced): "
             "set recovery: Restart or restartScope: Pod", ".recovery"),
         cel("self.spares == 0 || self.restartScope == 'Pod'",
@@ -204,6 +206,14 @@ class FailurePolicy(APIModel):
         cel("self.backoff.initialSeconds <= self.backoff.maxSeconds",
             "backoff.initialSeconds must not exceed backoff.maxSeconds", ".backoff.initialSeconds"),
     )
+
+    @property
+    def effective_recovery(self) -> Literal["Restart", "InProcess"]:
+        """`recovery`, or its default: InProcess where survivors keep their pods (restartScope Pod), else Restart
+        (a CRD default cannot depend on another field, so the one place that resolves it is here)."""
+        if self.recovery is not None:
+            return self.recovery
+        return "InProcess" if self.restart_scope == "Pod" else "Restart"
 
 
 # Gang schedulers: the PodGroup API each one reads, and the name it schedules under by default.
