@@ -58,14 +58,12 @@ class Job:
         self.in_process = InProcessRecovery(self, rendezvous)
         self._storage = (checkpoint_dir, keep, every_steps, async_save, reporter)
         self._env: JobEnv | None = None
-        self.checkpoint_dir: str | None = None
-        self.every_steps = 0
+        self.checkpoint_dir, self.every_steps = None, 0
         self.checkpoints: CheckpointManager | None = None
         self.reporter: ProgressReporter | None = None
         if env is not None:
             self._bind(env)
-        self._owns_pg = owns_process_group
-        self._closed = False
+        self._owns_pg, self._closed = owns_process_group, False
         # Own time per step, apart from waits in collectives (straggler detection; runtime/timing.py).
         self.step_timer = StepTimer(device)
         # A trainer blocked in a collective still obeys SIGTERM within seconds, and a silent peer is
@@ -164,19 +162,18 @@ class Job:
 
     @property
     def recovering(self) -> bool:
-        """This generation resumed and its first step has not been reported yet: a script reports its first
-        step at once (the bundled trainer does), so that the operator sees the recovery end without a wait."""
+        """This generation resumed and its first step is not reported yet (report it at once: the operator waits)."""
         return self.in_process.recovering
 
     @property
     def view(self) -> View:
         """Who trains together now (runtime/views.py): `env.rank` is this process's index in it, `env.world_size`
-        its size; a job without in-process recovery is one whole view."""
+        its size."""
         return self.in_process.view or View.whole(self.env.generation, self.env.world_size)
 
     @property
     def seat(self) -> int:
-        """This process's logical rank (its data shard), whoever else trains: the replica index's."""
+        """This process's logical rank (its data shard, the replica index's), whoever else trains."""
         return self.rendezvous.seat.rank if self.rendezvous is not None else self.env.rank
 
     @property
@@ -193,16 +190,13 @@ class Job:
 
     def resume(self, *, announce: bool = True, into: Callable[[], dict[str, Any]] | None = None
                ) -> dict[str, Any] | None:
-        """Every rank: the state of the newest checkpoint that verifies (rank 0 chooses, all load
-        the same step), or None. Its `state["ddpjob"]` holds the step and the world size it was saved at.
-        A warm spare started with build_first=True takes its place here first. `into()`: this process's state as
-        built (as `carry(state=...)` gives it): a peer's state is received into its tensors where they match."""
+        """Every rank: the state of the newest checkpoint that verifies (rank 0 chooses, all load the same step), or
+        None; `state["ddpjob"]` holds its step and world size. A warm spare (build_first=True) takes its place here
+        first. `into()`: this process's state as built (`carry(state=...)`): a peer's lands in its tensors."""
         if self._env is None:
             self._take_place()
-        if self.rendezvous is not None and dist.is_initialized():  # a survivor may hold the state: no volume read
-            state = self.in_process.from_peer(announce, into)
-            if state is not None:
-                return state
+        if (state := self.in_process.from_peer(announce, into)) is not None:  # a survivor's: no volume read
+            return state
         if self.checkpoints is None:
             return None
         found = self.checkpoints.load_latest() if self.env.is_main else None
@@ -236,7 +230,7 @@ class Job:
 
     def _save(self, step: int, state: dict[str, Any], final: bool) -> None:
         if final:
-            self.in_process.settle_before_final_save(step)
+            self.in_process.rescues.settle_before_final_save(step, self.recovery)
         if self.checkpoints is not None and self.env.is_main:
             if final:
                 self.checkpoints.wait()
@@ -247,22 +241,10 @@ class Job:
             barrier(self.device)
 
     def rescue(self, step: int, state: dict[str, Any]) -> bool:
-        """After a collective failed because a peer died (`is_peer_failure`), on every surviving rank:
-        save `state`, the replica this rank holds after `step` completed optimizer steps, so the next
-        generation resumes from it instead of an older periodic checkpoint. The first survivor to claim
-        the step writes it; the others, and a worker of a replaced generation, write nothing. No
-        collective. Returns True on the rank that wrote it."""
-        self.watchdog.release()  # out of the collective: the watchdog waits for this save before exiting
-        if self.checkpoints is None:
-            return False
-        try:
-            written = self.checkpoints.save_rescue(step, {**state, META: self.in_process.rescue_meta(step)})
-        except OSError as e:  # the original failure matters more than this one
-            log.warning("rescue checkpoint of step %d not written: %s", step, e)
-            return False
-        if written:
-            log.warning("rescue checkpoint: rank %d saved step %d after a peer failed", self.env.rank, step)
-        return written
+        """After a collective failed because a peer died (`is_peer_failure`), on every surviving rank: save `state`,
+        the replica after `step` optimizer steps, so the next generation resumes from it, not an older checkpoint. The
+        first survivor to claim the step writes it (True there); no collective (runtime/rescues.py)."""
+        return self.in_process.rescues.now(step, state)
 
     # ---- in-process recovery (DDPJOB_INPROCESS=1, runtime/inprocess.py) ------------------------------
 
@@ -299,9 +281,8 @@ class Job:
         self.timeouts.step()
         self.watchdog.step()
         self.step_timer.boundary()
-        regroup = self.in_process.regroup_wanted()
-        with self.step_timer.waiting():  # the stop flag's all_reduce waits for the slowest rank
-            stop = self.stop.agreed(regroup=regroup)
+        with self.step_timer.waiting():  # the stop flag's all_reduce waits for the slowest rank (rank 0: the store)
+            stop = self.stop.agreed(regroup=self.in_process.regroup_wanted())
         self.in_process.peer_stopped = stop and not self.stop.requested
         if self.stop.group is not None:
             self.timeouts.add_group(self.stop.group)
@@ -314,8 +295,7 @@ class Job:
         resumed, its recovery timeline (`recovery`; a step past the resumed one ends it, if should_stop() did not)."""
         if self.recovery is not None and step > self.recovery["resumed_step"]:
             self.in_process.stepped()
-        for name, value in self.in_process.report_fields(self.view).items():
-            fields.setdefault(name, value)
+        fields = {**self.in_process.report_fields(self.view), **fields}  # the view's, unless the script says
         fields.setdefault("last_checkpoint_step", self.last_checkpoint_step)
         if "step_seconds" not in fields:  # this rank's own time per step since the last report (no collective)
             fields["step_seconds"] = self.step_timer.take()
@@ -346,7 +326,7 @@ class Job:
         self._closed = True
         self.watchdog.close()
         try:
-            self.in_process.join_rescues()
+            self.in_process.rescues.join()
             if self.checkpoints is not None:
                 self.checkpoints.wait()
         finally:

@@ -22,32 +22,25 @@ import torch
 import torch.distributed as dist
 
 from . import inprocess
-from .checkpoint import CheckpointManager, RescueCheckpoint, raise_fence
+from .checkpoint import RescueCheckpoint, raise_fence
 from .contract import GENERATION_ENV, REJOIN_TIMEOUT_ENV, REPLICA_INDEX_ENV
-from .distributed import CollectiveTimeout, JobEnv, StopRequest, barrier, is_peer_failure, select_device
+from .distributed import CollectiveTimeout, JobEnv, StopRequest, is_peer_failure, select_device
 from .frameworks import announce as announce_line
 from .membership import view_name
 from .progress import ProgressReporter, recovery_field
+from .rescues import META, JobParts, Rescues
 from .regroup import ViewKeeper
 from .views import View
-from .watchdog import StallWatchdog
 
 log = logging.getLogger(__name__)
-META = "ddpjob"  # key of the runtime's own entry in every checkpoint dict
 
 
-class _JobParts(Protocol):
-    """What recovery uses of its `Job` (a protocol, so that this module does not import job.py)."""
+class _JobParts(JobParts, Protocol):
+    """What recovery uses of its `Job` besides what its rescues do."""
 
-    env: JobEnv
-    device: torch.device
     stop: StopRequest
     timeouts: CollectiveTimeout
-    watchdog: StallWatchdog
-    checkpoints: CheckpointManager | None
     reporter: ProgressReporter | None
-
-    def should_save(self, step: int) -> bool: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +62,7 @@ class InProcessRecovery:
         self.carried: Carried | None = None
         self.group_wedged = False  # the old group could not be left: never touch it again
         self.peer_stopped = False  # the last agreed stop was a peer's signal, not this rank's
-        self._rescues: list[RescueCheckpoint] = []  # survivors' rescue writes not yet joined
+        self.rescues = Rescues(job)
         # How this generation came back from the incident before it (None: it did not resume), and when its
         # process group was complete: rank 0's reports carry it (progress.recovery_field).
         self.timeline: dict[str, Any] | None = None
@@ -150,7 +143,9 @@ class InProcessRecovery:
 
     def from_peer(self, announce: bool, into: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
         """A fresh process of an in-process job (a replacement): the newest state a survivor holds, by
-        broadcast, or None when nobody holds one (the volume then)."""
+        broadcast, or None when nobody holds one (the volume then) or this is no in-process job."""
+        if self.rendezvous is None or not dist.is_initialized():
+            return None
         env, started = self.job.env, time.monotonic()
         state, source, step, _ = self.rendezvous.exchange(None, -1, self.job.device, into=into)
         if state is None:
@@ -184,14 +179,14 @@ class InProcessRecovery:
                     carried.step(), "stopped" if self.peer_stopped else "failed", old.generation,
                     str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
         self.peer_stopped = False
-        rescue = self._rescue_in_background(carried)  # durability, overlapping the hand-over
+        rescue = self.rescues.in_background(carried.step(), carried.state) if carried.rescue else None  # durability
         phases = _Phases()
         self._release(carried, error)
         phases.end("release")
         try:
             view, source, received = self._rejoin(carried, rescue, phases)
         except inprocess.CannotRecover as e:
-            self.join_rescues()  # the exit path: each commits under its failed generation's fence, or not at all
+            self.rescues.join()  # the exit path: each commits under its failed generation's fence, or not at all
             return self._fall_back(str(e))
         self.recovered("InProcess", "", carried.step(), kind="Shrink" if view.short else None)
         self._moved(f"recovered in process: generation {old.generation} -> {view.generation}", view, source,
@@ -257,51 +252,6 @@ class InProcessRecovery:
         log.warning("in-process recovery not possible: %s; leaving the process as before", reason)
         self.rendezvous.note_fallback(self.job.env.generation, reason)
         return False
-
-    def rescue_meta(self, step: int) -> dict[str, Any]:
-        """A rescue checkpoint's `ddpjob` part: where it was trained and by which rank it was saved."""
-        env = self.job.env
-        return {"step": step, "world_size": env.world_size, "generation": self.job.checkpoints.generation,
-                "rescued_by_rank": env.rank}
-
-    def _rescue_in_background(self, carried: Carried) -> RescueCheckpoint | None:
-        """The survivor's rescue checkpoint, written on a thread while it rejoins and trains on: `_rejoin` waits
-        only for its read of the tensors (before anything changes them), and it commits in the new generation
-        when that one resumes from its step (`RescueCheckpoint`: the fence)."""
-        checkpoints = self.job.checkpoints
-        if not carried.rescue or checkpoints is None:
-            return None
-        step, rank = carried.step(), self.job.env.rank
-
-        def done(rescue: RescueCheckpoint) -> None:
-            if rescue.written:
-                log.warning("rescue checkpoint: rank %d saved step %d after a peer failed (committed in generation "
-                            "%d)", rank, step, rescue.generation)
-
-        # A step the writer saves itself (maybe now): this rank's rescue waits to know it was lost (no second copy).
-        after_writer = not checkpoints.is_writer and self.job.should_save(step)
-        rescue = RescueCheckpoint(checkpoints, step, {**carried.state(), META: self.rescue_meta(step)}, done,
-                                  after_writer=after_writer).start()
-        self._rescues.append(rescue)
-        return rescue
-
-    def join_rescues(self) -> None:
-        """Every rescue of this process committed or given up (those not settled commit under their failed
-        generation's fence, or not at all)."""
-        for rescue in self._rescues:
-            rescue.stayed()
-            rescue.join()
-        self._rescues.clear()
-
-    def settle_before_final_save(self, step: int) -> None:
-        """A final save of the step this generation resumed at in process (no step trained since): a survivor may
-        still be writing its rescue of this very step. Every rank knows it (the same timeline), so all wait for
-        their own, then rank 0 writes over it."""
-        timeline = self.timeline
-        if timeline is not None and timeline["path"] == "InProcess" and timeline["resumed_step"] == step and \
-                dist.is_initialized():
-            self.join_rescues()
-            barrier(self.job.device)
 
     def _rejoin(self, carried: Carried, rescue: RescueCheckpoint | None, phases: _Phases,
                 successor: View | None = None) -> tuple[View, int | None, bool]:
