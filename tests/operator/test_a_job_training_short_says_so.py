@@ -81,9 +81,12 @@ def test_the_survivors_training_short_is_degraded_and_named_with_why():
                             f"replacement pod j-worker-2 is Pending: {NODES_FULL}")
     assert (st.phase, st.world_size, st.desired_world_size) == ("Running", 2, 3)  # WORLD below DESIRED
     assert st.progress.step == 12 and st.restarts == 1  # the survivors' steps are the job's; nothing more charged
-    # Written only when it changes: the same facts later keep the condition as it is, time included.
-    again = short_pass(st, live_view(30, 9), *survivors(), unschedulable(), seconds=9).status
-    assert degraded(again) == cond
+    [event] = [e for e in of(out, d.Event) if e.reason == d.REASON_TRAINING_SHORT]
+    assert (event.type, event.message) == ("Normal", cond.message)
+    # Written only when it changes: the same facts later keep the condition as it is, time included, and tell
+    # no event again.
+    again = short_pass(st, live_view(30, 9), *survivors(), unschedulable(), seconds=9)
+    assert degraded(again.status) == cond and not [e for e in of(again, d.Event) if e.reason == cond.reason]
 
 
 @pytest.mark.parametrize("pod, why", [
@@ -101,10 +104,13 @@ def test_the_message_says_why_the_missing_worker_is_not_there(pod, why):
 def test_whole_again_turns_it_false_and_a_job_never_short_gets_no_condition():
     short = short_pass(lost_worker_2(), live_view(12, 5), *survivors(), unschedulable()).status
     raised = degraded(short)
-    whole = short_pass(short, live_view(40, 20, world=3, missing=(), kind="Join"), *survivors(),
-                       replacement("Running"), seconds=20).status
+    joined = short_pass(short, live_view(40, 20, world=3, missing=(), kind="Join"), *survivors(),
+                        replacement("Running"), seconds=20)
+    whole = joined.status
     cond = degraded(whole)
     assert (cond.status, cond.reason, cond.message) == ("False", d.REASON_WHOLE, "all 3 ranks training")
+    assert [(e.type, e.message) for e in of(joined, d.Event) if e.reason == d.REASON_WHOLE] == [
+        ("Normal", "all 3 ranks training")]
     assert cond.last_transition_time == d.rfc3339(at(20)) != raised.last_transition_time
     assert (whole.world_size, whole.desired_world_size, whole.phase) == (3, 3, "Running")
     # An undisturbed job that reports its whole world has no Degraded condition at all.

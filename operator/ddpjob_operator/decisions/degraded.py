@@ -13,7 +13,7 @@ replacement joins them live later. Rank 0 reports `desired_world_size`, `world_s
 - whole again: `Degraded` False, reason Whole; the job ended or was suspended: False, reason NotTraining.
 
 A condition never raised is not added, and each is written only when it changes (set_condition keeps its
-lastTransitionTime). Reports that say nothing of the world (an older runtime) leave all of it as it was.
+lastTransitionTime), with one Normal event (its reason and message) when its status or reason changes. Reports that say nothing of the world (an older runtime) leave all of it as it was.
 """
 
 from __future__ import annotations
@@ -60,13 +60,17 @@ def degraded(plan: Plan, spec: model.DDPJobSpec) -> None:
 
 
 def _set(plan: Plan, value: str, reason: str, message: str, only_if_raised: bool = False) -> None:
+    """The condition, with one Normal event when its status or reason changes (not for each new detail)."""
     previous = condition(plan.status, CONDITION_DEGRADED)
     if only_if_raised and (previous is None or previous.status != "True"):
         return  # never degraded, or already told
+    message = short_message(message) or reason
     if previous is not None and (previous.status, previous.reason, previous.message) == (value, reason, message):
         return
-    plan.status.conditions = set_condition(plan.status.conditions, CONDITION_DEGRADED, value, reason,
-                                           short_message(message) or reason, plan.now, plan.job.metadata_generation)
+    if previous is None or (previous.status, previous.reason) != (value, reason):
+        plan.event("Normal", reason, message)
+    plan.status.conditions = set_condition(plan.status.conditions, CONDITION_DEGRADED, value, reason, message,
+                                           plan.now, plan.job.metadata_generation)
 
 
 def _missing(plan: Plan, spec: model.DDPJobSpec, p: ProgressObservation) -> str:
