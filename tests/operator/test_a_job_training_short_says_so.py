@@ -299,3 +299,21 @@ def test_a_missing_rank_beyond_the_replicas_is_said_so():
     beyond = dataclasses.replace(live_view(12, 5, missing=(2, 4)), desired_world_size=5)
     out = short_pass(lost_worker_2(), beyond, *survivors(), unschedulable())
     assert degraded(out.status).message.endswith("; worker 4: beyond spec.replicas=3")
+
+
+def test_a_scale_ups_ranks_joining_in_place_are_a_step_of_the_scale():
+    scaled = model.Incident(generation=0, time=d.rfc3339(at(0)), cause="ScaledInPlace", reason="ScaledInPlace",
+                            recovery=model.IncidentRecovery(failure_seen_time="2026-11-22T12:00:00.000Z"))
+    old = model.Incident(generation=0, time=d.rfc3339(at(-900)), cause="Retryable", reason="WorkerFailed",
+                         recovery=model.IncidentRecovery(failure_seen_time="2026-11-22T11:45:00.000Z"))
+    # Scaled 3 -> 4 in place: the survivors were carried into generation 1, worker 3 was created for it.
+    four = spec(replicas=4, minReplicas=1)
+    status = running(four, 4).model_copy(update={"incidents": [old, scaled], "generation": 1})
+    for rank in status.ranks:
+        if rank.index < 3:
+            rank.generation = 1
+    join = regroup("Join", 30, 4, 100)
+    observed = d.Observed(workers=(w(0), w(1), w(2), w(3, generation=1)), store=seen().store, now=at(31),
+                          progress=live_view(101, 31, world=4, missing=(), kind="Join", recoveries=(join,)))
+    out = decide(job(four, status), observed)
+    assert [[s.kind for s in i.recovery.steps] for i in out.status.incidents] == [[], ["Join"]]

@@ -16,9 +16,10 @@ operator restart neither loses nor repeats one):
 - steps (elastic in place): the survivors' regroup without the lost rank (`Shrink`: they train on short at
   once) and the replacement's later `Join`, each once, with rank 0's time and world size, from its `recovery`
   reports of kind Shrink and Join. Those keep the generation the survivors started in (the incident's own, or
-  an older one), so they are matched by time: a Shrink to the oldest incident without one, of a generation no
-  older than the report's, within the clock bounds of its failure; a Join to the oldest incident that shrank
-  before it and has not been joined. The Shrink is also the incident's recovery (path, rendezvousTime,
+  an older one), so they are matched by time: a Shrink to the incident without one, of a generation no older
+  than the report's, seen closest to it within the clock bounds of its failure; a Join to the oldest
+  incident that shrank before it and has not been joined, else to the newest with no step (a scale up's new
+  ranks joining in place). The Shrink is also the incident's recovery (path, rendezvousTime,
   firstStepTime, seconds, stepsLost): training goes on from it.
 
 A second failure during the hand-over (the next generation fails before it trains) leaves the first
@@ -117,20 +118,30 @@ def _regroups(plan: Plan) -> None:
         step = RecoveryStep(kind=report.kind, time=precise_time(report.rendezvous_time), world_size=report.world_size)
         if (step.kind, step.time) in taken:
             continue
-        incident = next((i for i in plan.status.incidents if _takes(plan, i, report, step)), None)
+        incident = _owner(plan, report, step)
         if incident is not None and incident.recovery is not None:
             incident.recovery.steps.append(step)
             taken.add((step.kind, step.time))
 
 
-def _takes(plan: Plan, incident: model.Incident, report: RecoveryReport, step: RecoveryStep) -> bool:
-    recovery = incident.recovery
-    if recovery is None or not _plausible(plan, recovery, report.rendezvous_time):
-        return False
-    kinds = {s.kind: s.time for s in recovery.steps}
+def _owner(plan: Plan, report: RecoveryReport, step: RecoveryStep) -> model.Incident | None:
+    """The incident a regroup belongs to, among those of a generation no older than the trainers' whose failure
+    its time fits: a Shrink to the one without a Shrink whose failure was seen closest to it; a Join to the oldest
+    that shrank before it and was not joined, else (a scale up's new ranks) the newest without any step."""
+    assert report.rendezvous_time is not None
+    moment = report.rendezvous_time
+    candidates = [i for i in plan.status.incidents if i.recovery is not None and i.generation >= report.generation
+                  and _plausible(plan, i.recovery, moment)]
+
+    def steps(incident: model.Incident) -> dict[str, str]:
+        assert incident.recovery is not None
+        return {s.kind: s.time for s in incident.recovery.steps}
+
     if step.kind == "Shrink":
-        return "Shrink" not in kinds and incident.generation >= report.generation
-    return "Shrink" in kinds and "Join" not in kinds and kinds["Shrink"] <= step.time
+        return min((i for i in candidates if "Shrink" not in steps(i)), default=None,
+                   key=lambda i: abs((_time(i.recovery.failure_seen_time) - moment).total_seconds()))  # type: ignore
+    shrunk = [i for i in candidates if "Join" not in steps(i) and steps(i).get("Shrink", step.time) < step.time]
+    return shrunk[0] if shrunk else next((i for i in reversed(candidates) if not steps(i)), None)
 
 
 def _shrink_of(plan: Plan, recovery: model.IncidentRecovery) -> RecoveryReport | None:
