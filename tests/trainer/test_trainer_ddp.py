@@ -32,7 +32,8 @@ def test_two_workers_train_digits_to_95_percent(tmp_path: Path) -> None:
     assert log.count("step=20 epoch=0") == 1  # rank 0 only
     progress = read_json(job_dir(ckpt) / "progress.json")
     assert set(progress) == {"step", "epoch", "loss", "samples_per_second", "world_size", "last_checkpoint_step",
-                             "time", "total_steps", "rank", "generation", "step_seconds", "step_seconds_by_worker"}
+                             "time", "total_steps", "rank", "generation", "step_seconds", "step_seconds_by_worker",
+                             "desired_world_size", "missing_ranks", "short_since"}
     assert set(progress["step_seconds_by_worker"]) == {"0"}  # one pod here (torchrun's group rank 0), two ranks
     assert progress["total_steps"] == result["step"]
     assert committed_steps(ckpt)[0] == result["step"]  # the final checkpoint

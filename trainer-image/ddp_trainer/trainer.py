@@ -14,16 +14,14 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import BatchSampler, DataLoader
 
 from .config import ConfigError, TrainConfig
 from .evaluation import Evaluation, autocast
 from .fault import after_training_due as fault_after_training_due
 from .fault import due as fault_due, hang as fault_hang, hang_due as fault_hang_due, strike as fault_strike
 from .fault import slow_down as fault_slow_down, slow_due as fault_slow_due
-from .runtime import (Job, ResumableDistributedSampler, check_resume, is_peer_failure, move_to,
-                      worker_init_fn)
-from .runtime.data import iter_with_stop_signals_held
+from .runtime import Job, check_resume, is_peer_failure, move_to
+from .runtime.shards import MicroBatch, Shards, step_batches
 from .workloads import Workload, load_workload
 
 log = logging.getLogger(__name__)
@@ -32,8 +30,6 @@ log = logging.getLogger(__name__)
 class PeerStopped(dist.DistError):
     """A peer was signalled to stop (its pod deleted or evicted) and left after the agreed final checkpoint.
     With in-process recovery this rank is a survivor as after a peer's failure (`Job.recover`: a DistError)."""
-
-MicroBatch = tuple[list[int], Any]  # (sample indices, collated batch)
 
 
 @dataclass
@@ -55,6 +51,18 @@ def lr_factor(schedule: str, warmup_fraction: float, frac: float) -> float:
     if schedule == "linear":
         return 1.0 - rest
     return 1.0
+
+
+def planned_steps(cfg: TrainConfig, p: Progress, dataset_length: int, world: int) -> int:
+    """Planned optimizer steps at a world of `world` seats (an estimate again after a resize)."""
+    d, accum = cfg.data, cfg.optim.grad_accum
+
+    def steps(samples: int) -> int:  # optimizer steps over `samples` global samples of one epoch
+        per_rank = samples // world if d.drop_last else -(-samples // world)
+        return -(-(-(-per_rank // d.batch_size)) // accum)
+
+    total = p.step + steps(dataset_length - p.epoch_samples) + (cfg.epochs - p.epoch - 1) * steps(dataset_length)
+    return min(total, cfg.max_steps) if cfg.max_steps else total
 
 
 def default_train_step(model: torch.nn.Module, batch: Any, loss_fn) -> torch.Tensor:
@@ -85,18 +93,21 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.optim.precision == "fp16")
         self.progress = Progress()
         self._resume(model)
-        self.sampler = ResumableDistributedSampler(len(self.train_set), self.env.rank, self.env.world_size,
-                                                   seed=cfg.data.seed, shuffle=cfg.data.shuffle,
-                                                   drop_last=cfg.data.drop_last)
         self._module = model
         self._wrap()
         # DDPJOB_INPROCESS=1: a peer's failure leaves this process training in the next generation.
         job.carry(state=lambda: self._state(rng=None), load=lambda state: self._load(self._module, state),
                   rewrap=self._wrap, step=lambda: self.progress.step, rescue=cfg.checkpoint.rescue,
                   release=self._unwrap)
-        self._records = open(f"{cfg.record_samples}.rank{self.env.rank}", "a") if cfg.record_samples else None
+        # Per seat: a short view's member records the missing seats' samples it trains in its own seat's file.
+        self._records = open(f"{cfg.record_samples}.rank{job.seat}", "a") if cfg.record_samples else None
         self._window = (time.perf_counter(), 0, torch.zeros((), device=self.device), 0)  # start, samples, loss, steps
         self.evaluation = Evaluation(cfg, job, self.workload, self.eval_set)
+
+    @property
+    def env(self):
+        """This process in the job's group of now (a warm spare's rank is known once it resumed; a regroup moves it)."""
+        return self.job.env
 
     def _wrap(self) -> None:
         """DDP around the model, in the process group of now (again after an in-process recovery)."""
@@ -151,8 +162,8 @@ class Trainer:
         # recovered after it, too (its timeline, without a first step: it trains none).
         if self.progress.step % self.cfg.log_every or self.job.recovering:
             self._log_progress()
-        if fault_after_training_due(self.cfg.fault, self.env.rank):
-            fault_strike(self.cfg.fault, self.env.rank, self.progress.step)
+        if fault_after_training_due(self.cfg.fault, self.job.seat):
+            fault_strike(self.cfg.fault, self.job.seat, self.progress.step)
         metrics = self.evaluate()
         self._save(final=True)
         self.job.result(step=self.progress.step, epoch=self.progress.epoch, eval_loss=metrics["loss"],
@@ -171,7 +182,7 @@ class Trainer:
                     raise PeerStopped(f"a peer was stopped at step {self.progress.step} (its pod deleted or "
                                       f"evicted) and left after the final checkpoint")
                 return self.job.stop.exit_code
-            if self._finished():
+            if self._finished() or self.job.regrouped:  # another view: the rest of the epoch for its coverage
                 return None
         self.progress.epoch += 1
         self.progress.epoch_samples = 0
@@ -182,35 +193,36 @@ class Trainer:
         p, cfg = self.progress, self.cfg
         return p.epoch >= cfg.epochs or (cfg.max_steps > 0 and p.step >= cfg.max_steps)
 
+    def _shards(self) -> Shards:
+        """The data order and the seats this process trains in the job's view of now (whole: its own seat)."""
+        d, view = self.cfg.data, self.job.view
+        return Shards(len(self.train_set), d.seed, d.shuffle, d.drop_last, d.batch_size, self.cfg.optim.grad_accum,
+                      view.world, view.coverage(self.job.seat))
+
     def _step_batches(self) -> Iterator[list[MicroBatch]]:
-        """Micro-batches of each remaining optimizer step of the current epoch."""
-        self.sampler.set_epoch(self.progress.epoch, self.progress.epoch_samples)
-        index_batches = list(BatchSampler(self.sampler, self.cfg.data.batch_size, drop_last=False))
-        workers = self.cfg.data.num_workers
-        loader = DataLoader(self.train_set, batch_sampler=index_batches, num_workers=workers,
-                            collate_fn=self.workload.collate_fn, pin_memory=self.device.type == "cuda",
-                            worker_init_fn=worker_init_fn() if workers else None)  # workers outlive SIGTERM
-        group: list[MicroBatch] = []
-        # The loader yields in batch_sampler order; its workers start with the stop signals held.
-        for indices, batch in zip(index_batches, iter_with_stop_signals_held(loader) if workers else loader):
-            group.append((indices, batch))
-            if len(group) == self.cfg.optim.grad_accum:
-                yield group
-                group = []
-        if group:  # the epoch's last, shorter accumulation group still makes one optimizer step
-            yield group
+        """Micro-batches of each remaining optimizer step of the current epoch, for every seat this process trains."""
+        return step_batches(self.train_set, self._shards(), self.progress.epoch, self.progress.epoch_samples,
+                            collate_fn=self.workload.collate_fn, num_workers=self.cfg.data.num_workers,
+                            pin_memory=self.device.type == "cuda")
 
     def _train_step(self, micro_batches: list[MicroBatch]) -> None:
-        samples = self.env.world_size * sum(len(idx) for idx, _ in micro_batches)  # equal on every rank
+        view = self.job.view
+        per_seat = len(micro_batches) // len(view.coverage(self.job.seat))  # micro-batches of each seat trained
+        samples = view.world * sum(len(idx) for idx, _ in micro_batches[:per_seat])  # every seat's are as many
         self._set_lr(samples)
         last = len(micro_batches) - 1
+        # DDP averages over the view's members, the full world over its seats: scaled so the two agree
+        # (1.0 when whole, where the division alone is exactly what it was before views).
+        scale = view.loss_scale
         loss_sum = torch.zeros((), device=self.device)
         for i, (_, batch) in enumerate(micro_batches):
             batch = move_to(batch, self.device)
             # Gradients are all-reduced only on the final micro-step; earlier ones accumulate locally.
             with self.model.no_sync() if i < last else contextlib.nullcontext():
                 with autocast(self.cfg.optim.precision, self.device):
-                    loss = self._loss(batch) / len(micro_batches)
+                    loss = self._loss(batch) / per_seat
+                    if scale != 1.0:
+                        loss = loss * scale
                 self.scaler.scale(loss).backward()
             loss_sum += loss.detach()
         if self.cfg.optim.grad_clip > 0:
@@ -219,22 +231,26 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        if fault_slow_due(self.cfg.fault, self.env.rank):
-            fault_slow_down(self.cfg.fault, self.job.step_timer.own_so_far(), self.env.rank)
+        if fault_slow_due(self.cfg.fault, self.job.seat):
+            fault_slow_down(self.cfg.fault, self.job.step_timer.own_so_far(), self.job.seat)
 
         p = self.progress
         p.step, p.epoch_samples, p.total_samples = p.step + 1, p.epoch_samples + samples, p.total_samples + samples
         if self._records:
             self._records.writelines(f"{p.epoch} {i}\n" for idx, _ in micro_batches for i in idx)
             self._records.flush()
+            loss = self.job.mean(loss_sum)  # the step's mean over every seat: one all_reduce, only when recording
+            if self.env.is_main:
+                with open(f"{self.cfg.record_samples}.loss", "a") as losses:
+                    losses.write(f"{p.step} {loss!r}\n")
         start, n, loss_total, steps = self._window
         self._window = (start, n + samples, loss_total + loss_sum, steps + 1)
         if p.step % self.cfg.log_every == 0 or self.job.recovering:  # a resumed generation's first step: at once
             self._log_progress()
-        if fault_due(self.cfg.fault, self.env.rank, p.step):
-            fault_strike(self.cfg.fault, self.env.rank, p.step)
-        if fault_hang_due(self.cfg.fault, self.env.rank, p.step):
-            fault_hang(self.env.rank, p.step)
+        if fault_due(self.cfg.fault, self.job.seat, p.step):
+            fault_strike(self.cfg.fault, self.job.seat, p.step)
+        if fault_hang_due(self.cfg.fault, self.job.seat, p.step):
+            fault_hang(self.job.seat, p.step)
         if self.job.should_save(p.step):
             self._save(final=False)
 
@@ -283,21 +299,8 @@ class Trainer:
             lr = self.optimizer.param_groups[0]["lr"]
             print(f"step={p.step} epoch={p.epoch} loss={loss:.4f} samples_per_s={rate:.1f} lr={lr:.6g}", flush=True)
         extra = {"step_seconds_by_worker": {str(i): s for i, s in sorted(pods.items())}} if self.env.is_main else {}
-        self.job.report(step=p.step, total_steps=self._total_steps(), loss=loss, epoch=p.epoch,
+        self.job.report(step=p.step, total_steps=planned_steps(self.cfg, p, len(self.train_set), self.job.view.world), loss=loss, epoch=p.epoch,
                         samples_per_second=rate, step_seconds=step_seconds, **extra)
-
-    def _total_steps(self) -> int:
-        """Planned optimizer steps at the current world size (an estimate again after a resize)."""
-        d, w, accum = self.cfg.data, self.env.world_size, self.cfg.optim.grad_accum
-
-        def steps(samples: int) -> int:  # optimizer steps over `samples` global samples of one epoch
-            per_rank = samples // w if d.drop_last else -(-samples // w)
-            return -(-(-(-per_rank // d.batch_size)) // accum)
-
-        p = self.progress
-        total = p.step + steps(len(self.train_set) - p.epoch_samples) + \
-            (self.cfg.epochs - p.epoch - 1) * steps(len(self.train_set))
-        return min(total, self.cfg.max_steps) if self.cfg.max_steps else total
 
     # ---- checkpoints ------------------------------------------------------------------------
 
@@ -324,7 +327,6 @@ class Trainer:
         """All ranks load the checkpoint rank 0 found to be the newest intact one (or a peer's state)."""
         state = self.job.resume(announce=False, into=lambda: {"model": model.state_dict(),
                                                                "optimizer": self.optimizer.state_dict()})
-        self.env = self.job.env  # a warm spare's rank is known from here on
         if state is None:
             if self.job.checkpoints is not None and self.env.is_main:
                 log.info("no checkpoint found: starting from scratch")
@@ -346,7 +348,7 @@ class Trainer:
         if state["world_size"] == self.env.world_size and state.get("rng"):
             _set_rng_state(state["rng"][self.env.rank])
         else:  # another world, or a rescue checkpoint: no per-rank stream to continue, derive a fresh one
-            torch.manual_seed(self.cfg.data.seed + 1_000_003 * self.progress.step + self.env.rank)
+            torch.manual_seed(self.cfg.data.seed + 1_000_003 * self.progress.step + self.job.seat)
         meta = state.get("ddpjob") or {}
         if meta.get("peer") is not None:  # every receiving rank says so: the replacement is not always rank 0
             log.warning("resumed from peer rank %d by broadcast step=%d epoch=%d epoch_samples=%d (no checkpoint "
