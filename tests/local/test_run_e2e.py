@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from .harness import (Run, job_dir, job_files, kill_tagged, manifest, read_json, script, tagged_processes,
-                      write_manifest)
+from .harness import (TINY_DIGITS, Run, job_dir, job_files, kill_tagged, manifest, read_json, script,
+                      tagged_processes, write_manifest)
 
 pytestmark = pytest.mark.slow
+RESTART = {**TINY_DIGITS["failurePolicy"], "recovery": "Restart"}  # not the in-process default
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def test_success_with_fewer_replicas_ends_with_metrics_and_checkpoint_path(tmp_p
 
 
 def test_killed_worker_is_replaced_and_training_resumes_from_its_checkpoint(tmp_path, runs):
-    doc = manifest("kill")
+    doc = manifest("kill", failurePolicy=RESTART)  # the restart path: resumed from the volume
     doc["spec"]["args"] = ["--workload", "digits", "--epochs", "12", "--batch-size", "32", "--lr", "0.05",
                            "--log-every", "5"]
     path = write_manifest(tmp_path, doc)
@@ -132,7 +133,7 @@ def test_ctrl_c_stops_workers_gracefully_leaves_no_process_and_resume_continues(
 
 
 def test_lost_store_moves_the_job_to_a_new_generation_without_charging_the_budget(tmp_path, runs):
-    doc = manifest("store")
+    doc = manifest("store", failurePolicy=RESTART)  # the restart path: every worker resumes
     doc["spec"]["args"] = ["--workload", "digits", "--epochs", "40", "--batch-size", "32", "--log-every", "5"]
     run = start(runs, tmp_path, str(write_manifest(tmp_path, doc)))
     progress = job_files(tmp_path, "store") / "progress.json"

@@ -48,7 +48,10 @@ def spec(*, elastic: bool = False, **overrides) -> dict:
     base.update({"replicas": 2, "args": TRAIN_ARGS,
                  "rendezvous": {"joinTimeoutSeconds": 60, "lastCallTimeoutSeconds": 3, "readTimeoutSeconds": 30},
                  "checkpoint": {"claimTemplate": {"size": "1Gi"}, "intervalSteps": INTERVAL, "keep": 3},
-                 "failurePolicy": {"maxRestarts": 2, "backoff": {"initialSeconds": 0, "maxSeconds": 1}}})
+                 # The restart path, which these scenarios are about (in-process recovery, the default with
+                 # restartScope Pod, is asked for by name where a test is about it).
+                 "failurePolicy": {"maxRestarts": 2, "recovery": "Restart",
+                                   "backoff": {"initialSeconds": 0, "maxSeconds": 1}}})
     if elastic:
         base.update({"minReplicas": 1, "maxReplicas": 2})
     for key, value in overrides.items():
