@@ -90,6 +90,8 @@ PEER_FAILED = re.compile(r"rank (\d+) at step (\d+): a peer (?:failed|stopped) i
 RANK0_RECOVERED = re.compile(r"recovered in process: generation \d+ -> \d+, rank 0 of ")
 PEER_RESUME = re.compile(r"resumed from peer rank \d+ (?:by broadcast )?step=(\d+)")
 OTHER_RANK = re.compile(r"^\S+ \S+ rank[1-9]\d* [A-Z]+ ")  # the trainer's logging format: time, rank, level
+# A view that grew (a replacement, a spare or a scale-up joined the survivors): the pause rank 0 reports for it.
+REGROUPED = re.compile(r"regrouped at step \d+: .* a pause of ([\d.]+) s")
 RESCUE = re.compile(r"rescue checkpoint: rank \d+ saved step (\d+)")
 ASCTIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 STOP = "stop"  # --fault stop: the bench freezes a worker's pod (SIGSTOP), a silent peer
@@ -106,7 +108,7 @@ class Timeline:
     entries: list[tuple[float, str, int]] = field(default_factory=list)
     tails: dict[str, LogTail] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    rank0_failed_at: int = 0  # the step of rank 0's last "a peer failed" line: where it trains on in process
+    failed_at: int = 0  # the step of the last "a peer failed" line (any survivor): where rank 0 trains on in process
     epochs: dict[int, int] = field(default_factory=dict)  # rank 0's step lines: step -> its epoch
     # (time.time(), {(pod, its root's pid): its trainers' pids}) of the pods serving a rank, at each local pass
     trainers: list[tuple[float, dict[tuple[str, int], frozenset[int]]]] = field(default_factory=list)
@@ -124,14 +126,16 @@ class Timeline:
                     else:
                         at = time.time()
                     if failed := PEER_FAILED.search(line):
-                        if failed.group(1) == "0":
-                            self.rank0_failed_at = int(failed.group(2))
+                        self.failed_at = int(failed.group(2))  # rank 0 of the next view may be another survivor
                         self.entries.append((at, "failed", int(failed.group(2))))
                         continue
                     if RANK0_RECOVERED.search(line):
-                        self.entries.append((at, "in process", self.rank0_failed_at))
+                        self.entries.append((at, "in process", self.failed_at))
                         continue
                     if OTHER_RANK.match(line):
+                        continue
+                    if regrouped := REGROUPED.search(line):
+                        self.entries.append((at, "pause", round(float(regrouped.group(1)) * 1000)))
                         continue
                     for kind, pattern in (("resume", RESUME_LINE), ("in process", PEER_RESUME), ("rescue", RESCUE),
                                           ("start", TRAINER_START), ("step", STEP_LINE)):
@@ -190,6 +194,7 @@ class Recovery:
     # join, where it joins the running survivors), and whether the world was whole again (None: not observed).
     join_pause: float | None = None
     rejoined: bool | None = None
+    reported_pause: float | None = None  # the longest pause rank 0 reported for a view that grew in that window
 
     @property
     def steps_lost(self) -> int:
@@ -266,8 +271,10 @@ def join_pauses(entries: list[tuple[float, str, int]], epochs: dict[int, int], i
         gaps = [t1 - t0 for (t0, s0), (t1, s1) in zip(steps, steps[1:])
                 if s1 == s0 + 1 and s0 % interval and epochs.get(s0) == epochs.get(s1)]
         worlds = [v for t, kind, v in entries if kind == "world" and killed_at <= t < end]
+        reported = [v / 1000 for t, kind, v in entries if kind == "pause" and first <= t < end]
         out.append(dataclasses.replace(r, join_pause=max(gaps) - statistics.median(gaps) if len(gaps) > 2 else None,
-                                       rejoined=bool(worlds) and worlds[-1] == 1 if worlds else None))
+                                       rejoined=bool(worlds) and worlds[-1] == 1 if worlds else None,
+                                       reported_pause=max(reported, default=None)))
     return out
 
 
@@ -356,15 +363,19 @@ class RecordingRunner(LocalRunner):
     node's loss would end it, and the runner replaces it. A fault also waits for the whole world to train again
     (the status's world size): a replacement held Pending (`--replacement`) joins before the next fault.
     `release_after`: replacements held for ever are released once the survivors trained this many steps after
-    the recovery (they cannot tell this from never), so that the next fault finds the world whole."""
+    the recovery (they cannot tell this from never), so that the next fault finds the world whole. `end`: once
+    the last fault's recovery is over and the world whole again for END_STEPS steps, the run is stopped (SIGTERM
+    to itself, as a Ctrl-C): survivors that train on at once would otherwise need an epoch count that lasts
+    through any replacement's delay."""
 
     def __init__(self, *args, timeline: Timeline, faults: tuple[tuple[int, int, str], ...] = (),
-                 release_after: int | None = None, **kwargs):
+                 release_after: int | None = None, end: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.timeline, self.faults, self.release_after = timeline, list(faults), release_after
+        self.timeline, self.faults, self.release_after, self.end = timeline, list(faults), release_after, end
         self.faulted_at: float | None = None
         self.frozen: tuple[LocalProcess, float] | None = None
         self.whole: bool | None = None
+        self.whole_from_step = 0
 
     def reconcile(self):
         decision = super().reconcile()
@@ -374,8 +385,13 @@ class RecordingRunner(LocalRunner):
         self.timeline.trainers.append((time.time(), pods))
         whole = self.status.world_size >= self.status.desired_world_size
         if whole != self.whole:
-            self.whole = whole
+            self.whole, self.whole_from_step = whole, self.timeline.last_step()
             self.timeline.add("world", int(whole))
+        if self.end and not self.faults and self.frozen is None and self.faulted_at is not None and whole \
+                and trained_since(self.timeline, self.faulted_at) \
+                and self.timeline.last_step() >= self.whole_from_step + END_STEPS:
+            self.end = False
+            os.kill(os.getpid(), signal.SIGTERM)  # the run's own stop: every worker stops gracefully
         if self.release_after is not None and self.faulted_at is not None \
                 and trained_since(self.timeline, self.faulted_at) \
                 and self.timeline.last_step() >= self.timeline.last_resume_step() + self.release_after:
@@ -419,6 +435,7 @@ class RecordingRunner(LocalRunner):
 
 AT_ONCE, NEVER = "at-once", "never"  # --replacement
 SHORT_STEPS = 10  # --replacement never: the steps the survivors train short before the bench releases it
+END_STEPS = 20  # after the last fault: steps at the whole world again before the bench ends the run
 
 
 def held_replacements(replacement: str, replicas: int) -> tuple[Unschedulable, ...]:
@@ -443,16 +460,20 @@ def replacement_option(value: str) -> str:
 
 
 def run_local(job, state: Path, cold_start: str | None, faults: tuple[tuple[int, int, str], ...],
-              replacement: str = AT_ONCE, release_after: int = SHORT_STEPS) -> tuple[str, Timeline]:
-    """One local run of `job` with the bench's faults; its phase and the timeline read from its logs."""
+              replacement: str = AT_ONCE, release_after: int = SHORT_STEPS, end: bool = False) -> tuple[str, Timeline]:
+    """One local run of `job` with the bench's faults; its phase and the timeline read from its logs. `end`: the
+    bench ends the run after the last fault (RecordingRunner), not the job's epochs."""
     timeline = Timeline(state / job.metadata.name / "logs")
     stop = threading.Event()
     poller = poll_in_background(timeline, stop)
     options = RunOptions(state_dir=state, cold_start=cold_start,
                          unschedulable=held_replacements(replacement, job.spec.replicas))
     try:
-        phase = RecordingRunner(job, options, RecordingView(timeline), timeline=timeline, faults=faults,
-                                release_after=release_after if replacement == NEVER else None).run()
+        runner = RecordingRunner(job, options, RecordingView(timeline), timeline=timeline, faults=faults,
+                                 release_after=release_after if replacement == NEVER else None, end=end)
+        phase = runner.run()
+        if runner.stopped_by is not None:
+            phase = f"ended by the bench after the last fault ({phase})"
     finally:
         stop.set()
         poller.join()
@@ -464,8 +485,10 @@ def run_ours(job, kills: int, every: int, state: Path, cold_start: str | None = 
              kind: str = KILL, replacement: str = AT_ONCE) -> tuple[str, list[Recovery]]:
     """`kind`: KILL, DELETE (the runner's faults) or STOP (the bench's: a silent peer); `replacement`: at-once,
     never, or the seconds its pod stays Pending."""
-    phase, timeline = run_local(job, state, cold_start,
-                                tuple(((k + 1) % 2, kill_step(k, every), kind) for k in range(kills)), replacement)
+    endless = job.spec.model_copy(update={"args": [*job.spec.args, "--epochs", "100000"]})  # run_local ends it
+    phase, timeline = run_local(job.model_copy(update={"spec": endless}), state, cold_start,
+                                tuple(((k + 1) % 2, kill_step(k, every), kind) for k in range(kills)), replacement,
+                                end=True)
     step = step_seconds(timeline.sorted())
     recovered = recoveries(timeline.sorted(), timeline.survivors_kept_trainers)
     return phase + ("" if step is None else f", one step {step:.3f} s (mean between kills)"), \
@@ -771,8 +794,8 @@ def run_cluster(kills: int, every: int, state: Path, timeout: float, scope: str 
 def table(name: str, phase: str, results: list[Recovery], interval: int, kills: int) -> None:
     print(f"\n{name}: {phase}")
     print("| kill | worker | last step | resumed from | steps lost | path | survivors' trainers kept | trainers start "
-          "| training resumed | seconds to next step | join pause | whole again |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| training resumed | seconds to next step | join pause | reported pause | whole again |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 
     def shown(value: float | None, digits: int = 1) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
@@ -784,7 +807,8 @@ def table(name: str, phase: str, results: list[Recovery], interval: int, kills: 
         kept, whole = ({None: "-", True: "yes", False: "no"}[v] for v in (r.trainers_kept, r.rejoined))
         print(f"| {r.kill} | {r.worker} | {r.last_step} | {r.resumed_from} | {r.steps_lost} "
               f"| {'in process' if r.resumed_in_process else 'checkpoint'} | {kept} | {shown(r.trainers_start)} "
-              f"| {shown(r.resumed)} | {r.seconds:.1f} | {shown(r.join_pause, 2)} | {whole} |")
+              f"| {shown(r.resumed)} | {r.seconds:.1f} | {shown(r.join_pause, 2)} | {shown(r.reported_pause, 2)} "
+              f"| {whole} |")
     if results:
         in_process = sum(r.resumed_in_process for r in results)
         kept = sum(r.trainers_kept is True for r in results)
@@ -792,7 +816,7 @@ def table(name: str, phase: str, results: list[Recovery], interval: int, kills: 
               f"| {in_process}/{len(results)} in process | {kept}/{len(results)} "
               f"| {median([r.trainers_start for r in results])} | {median([r.resumed for r in results])} "
               f"| **{statistics.median(r.seconds for r in results):.1f}** | {median([r.join_pause for r in results], 2)} "
-              f"| {sum(r.rejoined is True for r in results)}/{len(results)} |")
+              f"| {median([r.reported_pause for r in results], 2)} | {sum(r.rejoined is True for r in results)}/{len(results)} |")
         print(f"max: {max(r.steps_lost for r in results)} steps lost (interval {interval}), "
               f"{max(r.seconds for r in results):.1f} s")
     if len(results) < kills:
