@@ -369,9 +369,12 @@ class RecordingRunner(LocalRunner):
     through any replacement's delay."""
 
     def __init__(self, *args, timeline: Timeline, faults: tuple[tuple[int, int, str], ...] = (),
-                 release_after: int | None = None, end: bool = False, **kwargs):
+                 release_after: int | None = None, end: bool = False, scales: tuple[int, ...] = (),
+                 scale_every: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         self.timeline, self.faults, self.release_after, self.end = timeline, list(faults), release_after, end
+        # `kubectl scale` to each of `scales` in turn, `scale_every` steps after the world was whole again
+        self.scales, self.scale_every = list(scales), scale_every
         self.faulted_at: float | None = None
         self.frozen: tuple[LocalProcess, float] | None = None
         self.whole: bool | None = None
@@ -383,11 +386,18 @@ class RecordingRunner(LocalRunner):
         pods = {(name, w.process.pid): descendants(w.process.pid) for name, w in list(self.workers.items())
                 if name in serving and w.process.started and w.process.poll(self.clock()) is None}
         self.timeline.trainers.append((time.time(), pods))
-        whole = self.status.world_size >= self.status.desired_world_size
+        whole = self.status.world_size == self.status.desired_world_size  # neither short nor shrinking
         if whole != self.whole:
             self.whole, self.whole_from_step = whole, self.timeline.last_step()
             self.timeline.add("world", int(whole))
-        if self.end and not self.faults and self.frozen is None and self.faulted_at is not None and whole \
+        if self.scales and whole and self.status.phase == "Running" \
+                and self.timeline.last_step() >= self.whole_from_step + self.scale_every:
+            replicas = self.scales.pop(0)
+            self.timeline.add("scale", replicas)
+            self.faulted_at = time.time()
+            self.scale(replicas)
+        if self.end and not self.faults and not self.scales and self.frozen is None and self.faulted_at is not None \
+                and whole \
                 and trained_since(self.timeline, self.faulted_at) \
                 and self.timeline.last_step() >= self.whole_from_step + END_STEPS:
             self.end = False
@@ -407,7 +417,7 @@ class RecordingRunner(LocalRunner):
                 self.frozen = None
         elif self.faults and self.timeline.last_step() >= self.faults[0][1] and self.status.phase == "Running" \
                 and (self.faults[0][2] != STOP or self._steady()) \
-                and self.status.ready_spares >= self.spec.failure_policy.spares and whole \
+                and self.status.ready_spares >= self.spec.failure_policy.spares and self._whole_again(whole) \
                 and (self.faulted_at is None or trained_since(self.timeline, self.faulted_at)):
             index, step, kind = self.faults.pop(0)
             self.faulted_at = time.time()
@@ -424,6 +434,12 @@ class RecordingRunner(LocalRunner):
                             f"{self.timeline.last_step()}")
         return decision
 
+    def _whole_again(self, whole: bool) -> bool:
+        """The whole world trains again since the last fault: the status says so, from reports newer than the
+        fault (rank 0 reports the world it trains in, a second or so late), and no replacement is held Pending."""
+        return whole and (self.faulted_at is None or time.time() > self.faulted_at + REPORT_LAG_S) \
+            and not any(w.held for w in self.workers.values())
+
     def _steady(self) -> bool:
         """A silent peer is met by the survivors' steady timeout only where their collectives have it (the
         trainer's CollectiveTimeout): not within 10 steps of a start or recovery, 2 of a checkpoint, nor in the
@@ -436,6 +452,7 @@ class RecordingRunner(LocalRunner):
 AT_ONCE, NEVER = "at-once", "never"  # --replacement
 SHORT_STEPS = 10  # --replacement never: the steps the survivors train short before the bench releases it
 END_STEPS = 20  # after the last fault: steps at the whole world again before the bench ends the run
+REPORT_LAG_S = 5.0  # the status's world size, from rank 0's reports, is this late at most under load
 
 
 def held_replacements(replacement: str, replicas: int) -> tuple[Unschedulable, ...]:
@@ -493,6 +510,64 @@ def run_ours(job, kills: int, every: int, state: Path, cold_start: str | None = 
     recovered = recoveries(timeline.sorted(), timeline.survivors_kept_trainers)
     return phase + ("" if step is None else f", one step {step:.3f} s (mean between kills)"), \
         join_pauses(timeline.sorted(), timeline.epochs, job.spec.checkpoint.interval_steps, recovered)
+
+
+@dataclass(frozen=True)
+class Resize:
+    replicas: int  # the scale's target
+    seconds: float | None  # the scale -> the whole world of the new size training (the status's world size)
+    reported_pause: float | None  # the pause rank 0 reported for the regroup (None: none logged)
+    trainers_kept: bool | None  # every pod serving a rank before and after kept its trainer processes
+    checkpoint_reads: int  # trainers that resumed from a checkpoint meanwhile
+
+
+def resizes(timeline: Timeline) -> list[Resize]:
+    entries = timeline.sorted()
+    changes = [(t, v) for t, kind, v in entries if kind == "scale"]
+    out = []
+    for i, (at, replicas) in enumerate(changes):
+        end = changes[i + 1][0] if i + 1 < len(changes) else float("inf")
+        window = [(t, kind, v) for t, kind, v in entries if at <= t < end]
+        whole_at = next((t for t, kind, v in window if kind == "world" and v == 1), None)
+        pauses = [v / 1000 for _, kind, v in window if kind == "pause"]
+        out.append(Resize(replicas, None if whole_at is None else whole_at - at, max(pauses, default=None),
+                          timeline.survivors_kept_trainers(at, whole_at) if whole_at is not None else None,
+                          sum(kind == "resume" for _, kind, _ in window)))
+    return out
+
+
+def run_scale(job, state: Path, cold_start: str | None, cycles: int, every: int) -> None:
+    """`kubectl scale` 2 -> 3 -> 2 ... (`cycles` times each way), each `every` steps after the world was whole
+    again; per change: seconds to the whole new world, the pause rank 0 reported, whether the pods serving a
+    rank before and after kept their trainer processes, and checkpoint reads."""
+    endless = job.spec.model_copy(update={"args": [*job.spec.args, "--epochs", "100000"], "replicas": 2})
+    timeline = Timeline(state / job.metadata.name / "logs")
+    stop = threading.Event()
+    poller = poll_in_background(timeline, stop)
+    try:
+        runner = RecordingRunner(job.model_copy(update={"spec": endless}), RunOptions(state_dir=state,
+                                 cold_start=cold_start), RecordingView(timeline), timeline=timeline, end=True,
+                                 scales=(3, 2) * cycles, scale_every=every)
+        phase = runner.run()
+    finally:
+        stop.set()
+        poller.join()
+    timeline.poll()
+    print(f"\nscale in place ({phase}):")
+    print("| change | seconds to the whole new world | pause rank 0 reported | survivors' trainers kept | checkpoint reads |")
+    print("| --- | --- | --- | --- | --- |")
+    done = resizes(timeline)
+    for r in done:
+        print(f"| {5 - r.replicas} -> {r.replicas} | {'-' if r.seconds is None else f'{r.seconds:.1f}'} "
+              f"| {'-' if r.reported_pause is None else f'{r.reported_pause:.2f}'} "
+              f"| {({None: '-', True: 'yes', False: 'no'})[r.trainers_kept]} | {r.checkpoint_reads} |")
+    for replicas in (3, 2):
+        mine = [r for r in done if r.replicas == replicas]
+        seconds = [r.seconds for r in mine if r.seconds is not None]
+        pauses = [r.reported_pause for r in mine if r.reported_pause is not None]
+        print(f"| **median {5 - replicas} -> {replicas}** | {statistics.median(seconds) if seconds else float('nan'):.1f} "
+              f"| {statistics.median(pauses) if pauses else float('nan'):.2f} "
+              f"| {sum(r.trainers_kept is True for r in mine)}/{len(mine)} | {sum(r.checkpoint_reads for r in mine)} |")
 
 
 LOSS_RELATIVE = 1e-5  # issue 36: every step's loss equals an undisturbed run's within this, relative
@@ -880,6 +955,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead of the kills: an undisturbed run and one where worker 1 is killed at step S and "
                              "its replacement joins K steps later, each to step S + K + 40 with sample records "
                              "(--record-samples); compares every step's loss and each epoch's samples")
+    parser.add_argument("--scale", type=int, metavar="N",
+                        help="instead of the kills: `kubectl scale` 2 -> 3 -> 2, N times each way, --every steps after "
+                             "the world was whole again (local setups)")
     parser.add_argument("--no-rescue", action="store_true",
                         help="the trainer's --no-rescue-checkpoint: survivors write no rescue checkpoint (what the "
                              "in-process path costs without that durability write, which it waits for)")
@@ -890,7 +968,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--spares needs --scope Pod")
     if args.fault == "node-down" and args.setups != "cluster":
         parser.error("--fault node-down needs --setups cluster (a node to lose)")
-    if (args.fault in ("delete", STOP) or args.replacement != AT_ONCE or args.loss_check) \
+    if (args.fault in ("delete", STOP) or args.replacement != AT_ONCE or args.loss_check or args.scale) \
             and not set(args.setups.split(",")) <= set(LOCAL_SETUPS):
         parser.error(f"--fault {args.fault}, --replacement and --loss-check need local setups only "
                      f"({', '.join(LOCAL_SETUPS)})")
@@ -913,6 +991,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.loss_check:
                 checked = loss_check(job, Path(tmp), LOCAL_SETUPS[setup], *args.loss_check) and checked
                 continue
+            if args.scale:
+                run_scale(job, Path(tmp), LOCAL_SETUPS[setup], args.scale, args.every)
+                continue
             if setup in LOCAL_SETUPS:
                 phase, results = run_ours(job, args.kills, args.every, Path(tmp), LOCAL_SETUPS[setup],
                                           {"delete": DELETE, STOP: STOP}.get(args.fault, KILL), args.replacement)
@@ -933,7 +1014,7 @@ def main(argv: list[str] | None = None) -> int:
     if {"ours", "stock"} <= medians.keys():
         print(f"\nmedian seconds to the next step: ours {medians['ours']:.1f}, stock {medians['stock']:.1f}: "
               f"{medians['stock'] / medians['ours']:.1f}x faster")
-    if args.loss_check:
+    if args.loss_check or args.scale:
         return 0 if checked else 1
     return 0 if medians else 1
 
