@@ -149,12 +149,13 @@ def test_a_second_failure_during_the_hand_over_moves_everyone_to_the_next_genera
     assert gang.wait(survivors.pop(0)) == -signal.SIGSEGV
     for replica in survivors:
         gang.saw(replica, 1, f"at step {KILL_AT}: a peer failed in generation 1")
-    kill_tree(survivors.pop(2), signal.SIGKILL)  # the second failure: a survivor, while it waits
-    gang.publish(2, 3)  # the first incident's replacement...
+    kill_tree(survivors.pop(2), signal.SIGKILL)  # the second failure: a survivor, while it waits (3:3: no rank
+    gang.publish(2, 3)  # may be missing) for the first incident's replacement...
     first = gang.start(0, 2, 3)
-    arrived = [f"ddpjob/{UID}/inprocess/g2/arrived/{rank}" for rank in (0, 1)]
-    wait_for(lambda: gang.client.check(arrived), "ranks 0 and 1 in generation 2", 60, explain=gang.logs)
-    gang.publish(3, 3)  # ...and the second's, whose generation the others leave theirs for
+    waiting = [f"ddpjob/{UID}/inprocess/g1/r0/left/1", f"ddpjob/{UID}/inprocess/g2/arrived/0"]
+    wait_for(lambda: gang.client.check(waiting), "rank 1 left generation 1, rank 0 arrived in generation 2", 60,
+             explain=gang.logs)
+    gang.publish(3, 3)  # ...and the second's, whose generation the first replacement moves to
     second = gang.start(2, 3, 3)
 
     for proc in (survivors[1], first, second):
@@ -188,23 +189,24 @@ def test_the_rescue_of_a_periodic_step_is_left_to_the_writer_when_it_lives_on(ga
     assert_bit_identical(final_state(gang), undisturbed)
 
 
-def test_a_changed_world_size_takes_the_volume_path(gangs) -> None:
+def test_a_scale_down_while_the_survivors_wait_is_taken_in_place(gangs) -> None:
+    """Rank 2 dies; its survivors wait (3:3: no rank may be missing) until generation 2 scales the job down to two
+    nodes: they form it among themselves and train on in process, at the new world size (no volume read, no
+    process restarted; until then the old exit path restarted them from the rescue checkpoint)."""
     gang = gangs("resized")
     gang.publish(1, 3)
     survivors = {replica: gang.start(replica, 1, 3, fault(2)) for replica in range(3)}
     assert gang.wait(survivors.pop(2)) == -signal.SIGSEGV
-    wait_for(lambda: (steps_dir(gang.ckpt) / f"step-{KILL_AT:08d}.committed").exists(), "the rescue checkpoint", 60,
-             explain=gang.logs)
+    for replica in survivors:
+        gang.saw(replica, 1, "below minReplicas: 2 of 3 ranks, waiting for 1 more")
     gang.publish(2, 2)  # a scale-down to two nodes instead of a replacement
     for replica, proc in survivors.items():
-        assert gang.wait(proc) == 1, gang.logs()  # today's exit: the launcher starts it again at the new size
-        assert "in-process recovery not possible: generation 2 has 2 ranks, not 3" in gang.text(replica, 1)
-    resized = [gang.start(replica, 2, 2) for replica in range(2)]
-    for proc in resized:
         assert gang.wait(proc) == 0, gang.logs()
-    assert f"resumed from checkpoint step={KILL_AT}" in gang.text(0, 2)
-    assert "(saved at world_size=3, now 2)" in gang.text(0, 2)
-    assert_recovery_reported(gang, "Restart", 2, "generation 2 has 2 ranks, not 3: the state is resumed from the volume")
+        assert f"recovered in process: generation 1 -> 2, rank {replica} of 2, state kept" in gang.text(replica, 1)
+    assert "resumed from checkpoint" not in gang.logs()
+    progress = json.loads((job_dir(gang.ckpt) / "progress.json").read_text())
+    assert (progress["generation"], progress["step"], progress["world_size"]) == (2, STEPS, 2), progress
+    assert (progress["desired_world_size"], progress["missing_ranks"]) == (2, []), progress
 
 
 def test_a_group_that_cannot_be_left_falls_back_to_the_exit_path_and_says_why(gangs) -> None:

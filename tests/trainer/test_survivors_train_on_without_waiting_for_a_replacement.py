@@ -137,3 +137,17 @@ def test_below_the_minimum_the_survivor_waits_says_so_and_trains_once_a_replacem
     assert "resumed step=5 from peer rank 0" in gang.text(1, 2), gang.logs()
     assert gang.text(0, 1).count("below minReplicas") == 1  # said once
     assert final_sum(gang, 0, 1) == final_sum(gang, 1, 2)
+
+
+def test_a_lost_store_does_not_stop_a_view_that_trains(gang) -> None:
+    """Rank 0 reads the store at every step boundary (does a joiner wait?): a store that is gone is said once and
+    the view trains on; it needs the store only to change."""
+    gang.publish(1, 2, fewest=1)
+    procs = [start(gang, seat, 1, 2, steps=40) for seat in range(2)]
+    gang.saw(0, 1, "step 5 seat 0", timeout=60)
+    gang.store.close()
+    for proc in procs:
+        assert gang.wait(proc) == 0, gang.logs()
+    assert [line["step"] for line in steps(gang, 0, 1)] == list(range(1, 41)), gang.logs()
+    assert gang.text(0, 1).count("the job's rendezvous store cannot be read at a step boundary") == 1, gang.logs()
+    assert "Traceback" not in gang.logs()

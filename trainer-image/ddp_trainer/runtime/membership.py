@@ -186,11 +186,13 @@ class Membership:
     # ---- a survivor: the failed view's successor -----------------------------------------------
 
     def successor_after_failure(self, failed: View, stopped: Callable[[], bool], timeout_s: float,
-                                waiting: Callable[[int | None], None]) -> View:
+                                waiting: Callable[[int | None], None], since: float | None = None) -> View:
         """This member of `failed` arrived at its successor (it left the failed group): the successor, closed here
-        or by another member. `waiting(k)`: k more ranks are needed to reach the minimum (None: not, or no longer)."""
+        or by another member. `waiting(k)`: k more ranks are needed to reach the minimum (None: not, or no longer).
+        `since`: the time.monotonic() the failure was seen (SETTLE_S counts from it; None: from now)."""
         self.store.set(self.key(failed, f"left/{self.seat}"), str(os.getpid()))
-        arrived, deadline = time.monotonic(), time.monotonic() + timeout_s
+        arrived = time.monotonic() if since is None else since
+        deadline = time.monotonic() + timeout_s
         self.said_below_minimum = False
         try:
             while True:

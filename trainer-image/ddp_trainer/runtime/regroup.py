@@ -35,12 +35,16 @@ class ViewKeeper:
         self._change: View | None = None  # rank 0: the successor it closed, until the regroup is agreed
         self._store_quiet_until = 0.0
         self._store_error_said = False
+        self._failed_at: float | None = None
 
     @property
     def view(self) -> View | None:
         return None if self.rendezvous is None else self.rendezvous.view
 
     def went_short(self) -> None:
+        """A peer failed just now: the failed view's successor is settled SETTLE_S from here (membership.py),
+        what this survivor spends leaving included."""
+        self._failed_at = time.monotonic()
         if self.short_since is None:
             self.short_since = time.time()
 
@@ -91,7 +95,8 @@ class ViewKeeper:
         member (closed here or by another survivor, at once: nobody waits for a replacement); otherwise (it came
         late) the view it is placed in as a joiner, at a step boundary of the others."""
         membership, seat = self.rendezvous.membership, self.rendezvous.seat.rank
-        successor = membership.successor_after_failure(failed, stopped, timeout_s, self._below_minimum)
+        since, self._failed_at = self._failed_at, None  # a failure on the way to the next view: from then
+        successor = membership.successor_after_failure(failed, stopped, timeout_s, self._below_minimum, since)
         if seat in successor.members:
             return successor
         log.warning("seat %d came after view %s closed without it (%s): joining it at a step boundary", seat,
