@@ -11,7 +11,7 @@ import re
 from decimal import Decimal
 
 from . import agent, model
-from .agent.contract import (ASSIGNMENT_FILE_ENV, PROGRESS_CA_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV,
+from .agent.contract import (ASSIGNMENT_FILE_ENV, GENERATION_FILE_ENV, PROGRESS_CA_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV,
                              INPROCESS_ENV, REJOIN_TIMEOUT_ENV, SPARE_PLACE_ENV, REJOIN_TIMEOUT_SECONDS, SPARE_ENV,
                              SPARE_READY_FILE_ENV, TERMINATION_LOG_ENV, TERMINATION_LOG_PATH)
 from .naming import nnodes
@@ -182,5 +182,5 @@ def worker_env(spec: model.DDPJobSpec, *, job_name: str, namespace: str, index: 
 # What worker_env sets to "" where a worker has none: the launcher and trainer take "" as unset.
 UNSET_WHEN_OFF = ("DDPJOB_CHECKPOINT_DIR", "DDPJOB_CHECKPOINT_INTERVAL_STEPS", "DDPJOB_CHECKPOINT_KEEP",
                   SPARE_ENV, ASSIGNMENT_FILE_ENV, SPARE_READY_FILE_ENV, PROGRESS_URL_ENV, PROGRESS_TOKEN_ENV,
-                  PROGRESS_CA_ENV, INPROCESS_ENV, SPARE_PLACE_ENV)
+                  PROGRESS_CA_ENV, INPROCESS_ENV, SPARE_PLACE_ENV, GENERATION_FILE_ENV)
 

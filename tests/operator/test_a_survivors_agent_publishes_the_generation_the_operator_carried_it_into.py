@@ -90,3 +90,22 @@ def test_a_survivors_agent_publishes_the_generation_the_operator_carried_it_into
     assert len(complaints) == 1 and "another-job-g1" in complaints[0], out  # said once while the answers are bad
     assert out.count("published in the job's store") == 1, out
     assert "following the operator's rendezvous generation again" in out
+
+
+@pytest.mark.slow  # a torchrun agent (a few seconds)
+def test_a_departing_pods_agent_exits_0_when_the_newest_generation_has_no_seat_for_it(tmp_path, rendezvous_store):
+    """Scaled down 3 -> 2: the trainers of worker 2 leave the smaller generation with the runtime's stop code (143,
+    as after a peer's stop); its agent, seeing that the newest generation (1:2) has no seat for replica index 2,
+    exits 0 instead of waiting to rejoin, so the operator removes the pod at once."""
+    host, _, port = rendezvous_store.rpartition(":")
+    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
+    store.set(contract.NNODES_KEY.format(uid=UID, generation=1), "1:2")
+    store.set(contract.GENERATION_KEY.format(uid=UID), "1")
+    rendezvous = ("--rdzv-backend=c10d", f"--rdzv-endpoint={rendezvous_store}", f"--rdzv-id={UID}-g0",
+                  "--nnodes=1:3")
+    launched = Launched(tmp_path, "import sys\nsys.exit(143)\n", rendezvous=rendezvous, **{
+        contract.INPROCESS_ENV: "1", contract.REJOIN_ENV: "1", "DDPJOB_REPLICA_INDEX": "2"})
+    code, out = launched.wait()
+    assert code == 0, out
+    assert launched.message() == "no place in rendezvous generation 1 (1:2 nodes) for replica index 2: scaled down, " \
+                                 "leaving [generation 1]"

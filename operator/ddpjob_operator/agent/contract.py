@@ -55,6 +55,7 @@ ASSIGNMENT_PATH = "assignment"  # replaces the last segment ("progress") of the 
 # would publish it (the operator's decisions/scaling.py).
 GENERATION_PATH = "generation"
 GENERATION_POLL_SECONDS = 2.0
+GENERATION_FILE_ENV = "DDPJOB_GENERATION_FILE"  # local runs: the runner writes the same answer to this file
 PROGRESS_URL_ENV = "DDPJOB_PROGRESS_URL"
 PROGRESS_TOKEN_ENV = "DDPJOB_PROGRESS_TOKEN_FILE"
 PROGRESS_CA_ENV = "DDPJOB_PROGRESS_CA"  # PEM: the CA the client verifies an https endpoint with

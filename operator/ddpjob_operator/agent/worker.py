@@ -30,7 +30,7 @@ from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
 from .contract import (ASSIGNMENT_FILE_ENV, ASSIGNMENT_PATH, FORK_TRAINER_ENV, INPROCESS_ENV, GENERATION_KEY, GENERATION_MARK,
-                       GENERATION_PATH, GENERATION_POLL_SECONDS, GPU_DEVICE_FILES, NNODES_KEY, PEER_FAILURE_PATTERN, PRELOAD_ENV, PROGRESS_CA_ENV,
+                       GENERATION_FILE_ENV, GENERATION_PATH, GENERATION_POLL_SECONDS, GPU_DEVICE_FILES, NNODES_KEY, PEER_FAILURE_PATTERN, PRELOAD_ENV, PROGRESS_CA_ENV,
                        PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV, REJOIN_FAILED_PREFIX, REJOIN_TIMEOUT_ENV,
                        REJOIN_TIMEOUT_SECONDS, RENDEZVOUS_CLOSED_MARK, RENDEZVOUS_FAILED_PREFIX,
                        SPARE_BUILT_KEY, SPARE_COMPLAINT_SECONDS, SPARE_ENV, SPARE_PLACE_ENV, SPARE_PLACE_KEY,
@@ -278,7 +278,7 @@ def follow_operator(generations, generation, stop):
     # the store), so one survivor slow or gone delays nobody. A failure is said once, until an answer comes again.
     known, trouble = generation, None
     while not stop.wait(GENERATION_POLL_SECONDS):
-        given, why = ask_operator(GENERATION_PATH, timeout=GENERATION_POLL_SECONDS)
+        given, why = carried_into()
         try:
             if given is not None:
                 newer, nnodes = checked_generation(given, generations.uid)
@@ -294,6 +294,22 @@ def follow_operator(generations, generation, stop):
         elif why is None and trouble is not None:
             print("following the operator's rendezvous generation again", file=sys.stderr, flush=True)
         trouble = why
+
+
+def carried_into():
+    # The operator's answer to GENERATION_PATH, or in a local run the runner's file (written whole, by rename):
+    # (the JSON answer, None), (None, None) while there is nothing to tell, (None, why) when it could not be asked.
+    import json
+    path = os.environ.get(GENERATION_FILE_ENV)
+    if not path:
+        return ask_operator(GENERATION_PATH, timeout=GENERATION_POLL_SECONDS)
+    try:
+        with open(path) as file:
+            return json.load(file), None
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as error:
+        return None, f"cannot read {path}: {type(error).__name__}: {error}"
 
 
 def start_following(generations, generation):
@@ -356,7 +372,8 @@ def run_generation(args, generation, generations):
         WATCHING.append((thread, stop))
         thread.start()
     follow = None
-    if generations is not None and os.environ.get(INPROCESS_ENV) == "1" and os.environ.get(PROGRESS_URL_ENV):
+    if generations is not None and os.environ.get(INPROCESS_ENV) == "1" \
+            and (os.environ.get(PROGRESS_URL_ENV) or os.environ.get(GENERATION_FILE_ENV)):
         follow = lambda: start_following(generations, generation)  # noqa: E731
         AFTER_START.append(follow)
     try:
@@ -630,6 +647,15 @@ def next_generation(failure, generation, generations, timeout):
     return newest
 
 
+def seated(nnodes):
+    # Whether this pod has a seat in a generation of `nnodes` (MIN:MAX): its replica index below the maximum. An
+    # index or range it cannot read is no verdict (the trainers' own join says what is wrong).
+    try:
+        return int(os.environ.get("DDPJOB_REPLICA_INDEX", "")) < int(nnodes.rsplit(":", 1)[-1])
+    except ValueError:
+        return True
+
+
 def publishing(args, generation):
     # The job's store as the survivors' channel (REJOIN_ENV), this agent's generation published in it; None
     # where the pod does not rejoin or the store cannot be reached (torchrun's own join reports that).
@@ -690,6 +716,14 @@ def launch(args):
             report(text, closed=False, generation=generation)
             finish(128 + stopped.sigval)
         generation, nnodes = newest
+        if not seated(nnodes):
+            # Scaled down past this pod: its trainers left the smaller generation (whatever their exit code), and
+            # there is nothing to rejoin. Exit 0, so that the operator removes the pod at once.
+            text = f"no place in rendezvous generation {generation} ({nnodes} nodes) for replica index " \
+                   f"{os.environ.get('DDPJOB_REPLICA_INDEX')}: scaled down, leaving"
+            print(text, file=sys.stderr, flush=True)
+            report(text, closed=False, generation=generation)
+            finish(0)
         rdzv_id = f"{generations.uid}-g{generation}"
         args = with_flags(args, rdzv_id=rdzv_id, nnodes=nnodes)
         os.environ.update(DDPJOB_GENERATION=str(generation), PET_RDZV_ID=rdzv_id, PET_NNODES=nnodes)

@@ -62,6 +62,23 @@ class LocalActuator:
             replace_file(w.assignment_file, json.dumps(given).encode())
             self.event(f"{name} takes the place of worker {rank.index} in generation {rank.generation}")
 
+    def tell_generations(self, status: model.DDPJobStatus, spec: model.DDPJobSpec) -> None:
+        """Tell each pod carried into the generation in use which one it is (in a cluster its agent asks the
+        progress endpoint: progress.pods.generation_in): an in-place scale down starts no pod whose agent would
+        publish it. Written whole, once per generation: the launcher polls."""
+        carried = {r.uid: r for r in status.ranks if r.uid is not None and r.generation == status.generation}
+        for name, w in self.pods.workers.items():
+            rank = carried.get(w.uid)
+            if rank is None or rank.pod != name or w.told_generation == status.generation:
+                continue
+            given = {"generation": status.generation, "nnodes": naming.nnodes(spec),
+                     "rdzvId": naming.rendezvous_id(self.job_uid, status.generation)}
+            replace_file(self.generation_file(name), json.dumps(given).encode())
+            w.told_generation = status.generation
+
+    def generation_file(self, name: str) -> Path:
+        return self.log_dir / f"{name}.generation.json"
+
     # ---- the end of the run ------------------------------------------------------------------
 
     def stop_gracefully(self, grace: timedelta, stop_waiting: Callable[[], bool], show: Callable[[], None]) -> None:
@@ -154,11 +171,13 @@ class LocalActuator:
         endpoint = f"{LOCALHOST}:{self.pods.store_port}"
         rdzv_id = naming.rendezvous_id(self.job_uid, generation)
         termination_log.unlink(missing_ok=True)  # a message is this attempt's or none
+        self.generation_file(name).unlink(missing_ok=True)  # and a generation it was told, this pod's or none
         env = {**self.base_env, **launch.worker_env(
             spec, job_name=self.job_name, namespace=NAMESPACE, index=index, generation=generation,
             endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST, master_addr=LOCALHOST,
             checkpoint_dir=str(self.checkpoint_dir) if self.checkpoint_dir else None),
-            contract.TERMINATION_LOG_ENV: str(termination_log), **extra_env}
+            contract.TERMINATION_LOG_ENV: str(termination_log),
+            contract.GENERATION_FILE_ENV: str(self.generation_file(name)), **extra_env}
         process = LocalProcess(
             name=name, marker=marker_for(self.run_id, name, attempt), env=env,
             argv=launch.worker_command(spec, endpoint=endpoint, rdzv_id=rdzv_id, local_addr=LOCALHOST,

@@ -61,6 +61,7 @@ class WorkerProcess:
     # the pod's readiness probe has it; `ready_seen` once it did (the mark is never removed).
     ready_file: Path | None = None
     ready_seen: bool = False
+    told_generation: int | None = None  # the generation the runner last told it it serves (tell_generations)
 
     def start(self, now: datetime) -> None:
         """Scheduled: its processes start (a held pod's once its hold ends)."""

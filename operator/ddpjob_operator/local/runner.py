@@ -227,6 +227,7 @@ class LocalRunner:
         for action in decision.actions:
             self.actuator.execute(action, self.spec, now)
         self.actuator.assign_spares(self.status, self.spec)
+        self.actuator.tell_generations(self.status, self.spec)
         self.inject_faults(now)
         self.schedule.apply_changes(self, now)
         self._show(now)
