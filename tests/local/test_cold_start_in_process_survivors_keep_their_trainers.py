@@ -46,6 +46,19 @@ class TrainerRecordingRunner(LocalRunner):
         return decision
 
 
+def run_to_the_end(runner: TrainerRecordingRunner, workers: str) -> tuple[dict[str, str], str]:
+    """Run to Succeeded or Failed, leaving no process behind: the worker logs (`<workers>*.log`), and the run
+    described for a failed assertion."""
+    try:
+        runner.run()
+    finally:
+        assert marked_pids(runner.run_marker) == [], "the run left processes behind"
+    logs = {path.name: path.read_text(errors="replace") for path in runner.log_dir.glob(f"{workers}*.log")}
+    described = f"events {runner.view.events}\ntrainers {runner.trainers}\n" + "\n".join(
+        f"--- {name}\n{text[-3000:]}" for name, text in logs.items())
+    return logs, described
+
+
 def test_survivors_keep_their_trainer_processes_through_a_kill_and_a_graceful_stop(tmp_path):
     job = validation.parse_job({"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob",
                                 "metadata": {"name": "inproc"},
@@ -54,13 +67,7 @@ def test_survivors_keep_their_trainer_processes_through_a_kill_and_a_graceful_st
     faults = (FaultInjection(index=1, at_step=20, kind=KILL), FaultInjection(index=0, at_step=100, kind=DELETE))
     runner = TrainerRecordingRunner(job, RunOptions(state_dir=tmp_path / ".ddpjob", cold_start=COLD_CPU_NODE,
                                                     faults=faults), TimelineView(timeout=240))
-    try:
-        runner.run()
-    finally:
-        assert marked_pids(runner.run_marker) == [], "the run left processes behind"
-    logs = {path.name: path.read_text(errors="replace") for path in runner.log_dir.glob("inproc-worker-*.log")}
-    described = f"events {runner.view.events}\ntrainers {runner.trainers}\n" + "\n".join(
-        f"--- {name}\n{text[-3000:]}" for name, text in logs.items())
+    logs, described = run_to_the_end(runner, "inproc-worker-")
     assert runner.status.phase == "Succeeded", described
     faults = [e.split(" (")[0] for _, e in runner.view.events if e.startswith("fault injection:")]
     assert faults == ["fault injection: killed inproc-worker-1",

@@ -11,10 +11,9 @@ import pytest
 from ddpjob_operator import validation
 from ddpjob_operator.decisions.scaling import REASON_SCALED_IN_PLACE
 from ddpjob_operator.local.options import RunOptions, SpecChange
-from ddpjob_operator.local.processes import marked_pids
 
 from .harness import TimelineView
-from .test_cold_start_in_process_survivors_keep_their_trainers import TrainerRecordingRunner
+from .test_cold_start_in_process_survivors_keep_their_trainers import TrainerRecordingRunner, run_to_the_end
 from .test_semantics import STEP_LINE, WORKLOAD, spec
 
 pytestmark = pytest.mark.slow
@@ -31,13 +30,7 @@ def test_scale_down_and_up_in_place_keep_every_survivors_trainer(tmp_path):
     changes = (SpecChange(replicas=2, at_step=20, world_size=3), SpecChange(replicas=3, at_step=120, world_size=2))
     runner = TrainerRecordingRunner(job, RunOptions(state_dir=tmp_path / ".ddpjob", changes=changes),
                                     TimelineView(timeout=240))
-    try:
-        runner.run()
-    finally:
-        assert marked_pids(runner.run_marker) == [], "the run left processes behind"
-    logs = {path.name: path.read_text(errors="replace") for path in runner.log_dir.glob("rescale-worker-*.log")}
-    described = f"events {runner.view.events}\ntrainers {runner.trainers}\n" + "\n".join(
-        f"--- {name}\n{text[-3000:]}" for name, text in logs.items())
+    logs, described = run_to_the_end(runner, "rescale-worker-")
     status = runner.status
     assert (status.phase, status.restarts, status.disruptions, status.generation) == ("Succeeded", 0, 0, 2), described
     assert [(i.cause, i.charged, i.message) for i in status.incidents] == [

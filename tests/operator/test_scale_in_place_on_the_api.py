@@ -44,16 +44,20 @@ class Agents:
         return await eventually(answer, what=f"{pod} told generation {generation}")
 
 
+async def in_process_job(harness, operator, nodes, name: str, replicas: int) -> tuple[str, dict[str, str]]:
+    """The progress endpoint serving, the job running with in-process recovery: its uid and its pods' uids."""
+    await serving(operator)
+    await started(harness, nodes, name, replicas=replicas, minReplicas=1, maxReplicas=4, failurePolicy=IN_PROCESS)
+    return harness.job(name)["metadata"]["uid"], uids(harness, name)
+
+
 def scaled_events(harness, job: str) -> list[str]:
     return [e["message"] for e in harness.events(job) if e["reason"] == REASON_SCALED_IN_PLACE]
 
 
 @pytest.mark.settings(**PROGRESS)
 async def test_scale_down_in_place_keeps_the_survivors_and_tells_their_agents(harness, operator, nodes):
-    await serving(operator)
-    await started(harness, nodes, "down", replicas=3, minReplicas=1, maxReplicas=4, failurePolicy=IN_PROCESS)
-    uid = harness.job("down")["metadata"]["uid"]
-    before = uids(harness, "down")
+    uid, before = await in_process_job(harness, operator, nodes, "down", 3)
     async with aiohttp.ClientSession() as session:
         agents = Agents(harness, operator, session)
         assert await agents.generation("down", "down-worker-0") == (200, {
@@ -85,10 +89,7 @@ async def test_scale_down_in_place_keeps_the_survivors_and_tells_their_agents(ha
 
 @pytest.mark.settings(**PROGRESS)
 async def test_scale_up_in_place_adds_the_new_rank_and_keeps_the_survivors(harness, operator, nodes):
-    await serving(operator)
-    await started(harness, nodes, "up", replicas=2, minReplicas=1, maxReplicas=4, failurePolicy=IN_PROCESS)
-    uid = harness.job("up")["metadata"]["uid"]
-    before = uids(harness, "up")
+    uid, before = await in_process_job(harness, operator, nodes, "up", 2)
     code, body = await harness.scale("up", 3)
     assert code == 200, body
     new = await eventually(lambda: harness.pods("up").get("up-worker-2"), what="the new rank's pod")
