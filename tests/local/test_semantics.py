@@ -248,11 +248,10 @@ def test_graceful_deletion_of_a_worker_is_a_disruption_not_a_restart(tmp_path):
 # ---- spec changes: scale, suspend ----------------------------------------------------------------
 
 def test_elastic_scale_up_and_down_each_start_a_new_generation_at_the_new_size(tmp_path):
-    # Scale-down once training runs at 3; steps to spare, so it does not finish first. Recovery Restart (in place:
-    # test_scale_in_place_keeps_the_survivors_trainers.py).
+    # Scale-down once training runs at 3; steps to spare, so it does not finish first. (spec() names recovery
+    # Restart; in place: test_scale_in_place_keeps_the_survivors_trainers.py.)
     o = run_job(tmp_path, "elastic", spec(minReplicas=1, maxReplicas=3, args=[*WORKLOAD, "--epochs", "1000",
-                                                                             "--max-steps", str(2 * MAX_STEPS)],
-                                          failurePolicy={"recovery": "Restart"}),
+                                                                             "--max-steps", str(2 * MAX_STEPS)]),
                 changes=(SpecChange(replicas=3, at_step=40), SpecChange(replicas=1, world_size=3)), timeout=200)
     expect(o, phase="Succeeded", reason="Succeeded", restarts=0, disruptions=0, generation=2)
     # Every worker stopped gracefully (the trainers saved on SIGTERM) and restarted at the new size.
@@ -265,8 +264,7 @@ def test_elastic_scale_up_and_down_each_start_a_new_generation_at_the_new_size(t
 
 def test_static_scale_starts_a_new_generation_at_the_new_size(tmp_path):
     # minReplicas/maxReplicas unset: they follow replicas, so the scale changes the node range.
-    o = run_job(tmp_path, "static", spec(failurePolicy={"recovery": "Restart"}),
-                changes=(SpecChange(replicas=3, at_step=40),), timeout=200)
+    o = run_job(tmp_path, "static", spec(), changes=(SpecChange(replicas=3, at_step=40),), timeout=200)
     expect(o, phase="Succeeded", reason="Succeeded", restarts=0, disruptions=0, generation=1)
     expect_resumed(o, world_size=3)
     expect_completed(o)
