@@ -36,6 +36,7 @@ def byo_job() -> dict:
     spec["rendezvous"] = {"joinTimeoutSeconds": 60, "lastCallTimeoutSeconds": 3, "readTimeoutSeconds": 30,
                           "keepAliveIntervalSeconds": 2, "keepAliveMaxAttempts": 3}
     spec["failurePolicy"]["backoff"] = {"initialSeconds": 0, "maxSeconds": 1}
+    spec["failurePolicy"]["recovery"] = "Restart"  # resumed from the volume every time (the default: in process)
     return doc
 
 

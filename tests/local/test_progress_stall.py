@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import Run, job_dir, manifest, write_manifest
+from .harness import TINY_DIGITS, Run, job_dir, manifest, write_manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -17,6 +17,7 @@ def test_hung_rank_is_stalled_restarted_and_the_job_succeeds(tmp_path):
             "--fault-hang-at-step", "25", "--fault-rank", "1"]
     doc = manifest("hang", args=args, minReplicas=2, maxReplicas=2,
                    runPolicy={"progressDeadlineSeconds": 10},
+                   failurePolicy={**TINY_DIGITS["failurePolicy"], "recovery": "Restart"},  # the restart path
                    # The frozen process only dies by SIGKILL: torchrun sends it after --shutdown-timeout.
                    template={"terminationGracePeriodSeconds": 6})
     run = Run(tmp_path, str(write_manifest(tmp_path, doc)))
