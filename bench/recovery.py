@@ -442,10 +442,11 @@ class RecordingRunner(LocalRunner):
 
     def _steady(self) -> bool:
         """A silent peer is met by the survivors' steady timeout only where their collectives have it (the
-        trainer's CollectiveTimeout): not within 10 steps of a start or recovery, 2 of a checkpoint, nor in the
+        trainer's CollectiveTimeout): not within 10 steps of a start, recovery or join, 2 of a checkpoint, nor in the
         epoch's evaluation. A freeze waits for such a step, with a margin for a pass or two of training."""
         step, interval = self.timeline.last_step(), self.spec.checkpoint.interval_steps
-        return step >= self.timeline.last_resume_step() + 13 and step % interval >= 4 \
+        since = max(self.timeline.last_resume_step(), self.whole_from_step)  # a join restarts the count too
+        return step >= since + 13 and step % interval >= 4 \
             and 2 <= step % STEPS_PER_EPOCH <= STEPS_PER_EPOCH - 6
 
 
