@@ -112,7 +112,8 @@ class Incident(StatusModel):
     time: str = Field(description="When it began (RFC 3339).")
     cause: str = Field(description=(
         "Retryable (charged), Permanent (the job failed), Disruption, Consequence (not charged), or what moved "
-        "the job to a fresh generation without a failure: RendezvousStoreLost, ScaleDown, NodeRangeChanged."))
+        "the job to a fresh generation without a failure: RendezvousStoreLost, ScaleDown, NodeRangeChanged, "
+        "ScaledInPlace (`kubectl scale` with in-process recovery: nobody stopped)."))
     reason: str = Field(default="", description="CamelCase reason (WorkerFailed, Evicted, PodVanished, ...).")
     charged: bool = Field(default=False, description="Whether it spent one restart of failurePolicy.maxRestarts.")
     message: str = Field(default="", description="The first failure and how many workers exited with it.")
