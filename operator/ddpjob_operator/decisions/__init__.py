@@ -6,13 +6,13 @@ re-running a decision after its actions half-happened converges (an incident is 
 generation it ends is left behind, and same-generation replacements are keyed on each pod's
 `attempt`).
 
-Vocabulary: a *rank* is a replica index i (`<job>-worker-i`); the *generation* is the rendezvous
-generation (rdzv id `<uid>-g<generation>`); an *incident* is one failure or disruption of a
-generation with every exit it causes. The concerns live in their own modules: `accounting`
-(incidents and the budget), `generations` (fresh rendezvous, replacement, scaling, suspend), `scaling`
-(a scale done in place with in-process recovery), `completion` (success, deadlines, pods that cannot start, refused objects, finished jobs), `warnings`
-(what the trainer's reports say about the script: a foreign world size, no reports or checkpoints),
-`recovery` (each incident's recovery timeline), `degraded` (training short: fewer ranks than a whole world).
+Vocabulary: a *rank* is a replica index i (`<job>-worker-i`); the *generation* is the rendezvous generation
+(rdzv id `<uid>-g<generation>`); an *incident* is one failure or disruption of a generation with every exit it
+causes. The concerns live in their own modules: `accounting` (incidents and the budget), `generations` (fresh
+rendezvous, replacement, scaling, suspend), `scaling` (a scale done in place with in-process recovery),
+`completion` (success, deadlines, pods that cannot start, refused objects, finished jobs), `warnings` (what
+the trainer's reports say about the script: a foreign world size, no reports or checkpoints), `recovery` (each
+incident's recovery timeline), `degraded` (training short: fewer ranks than a whole world).
 """
 
 from __future__ import annotations
