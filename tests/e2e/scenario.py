@@ -89,8 +89,10 @@ def digits_job(name: str, *, replicas: int = 2, min_replicas: int | None = 1, ma
     claim = {"size": "1Gi", "accessModes": list(cluster.CHECKPOINT_ACCESS_MODES)}
     spec["checkpoint"] = checkpoint or {"claimTemplate": claim, "mountPath": "/checkpoints", "intervalSteps": INTERVAL,
                                         "keep": 3}
-    spec["failurePolicy"] = failure_policy or {"maxRestarts": 3, "restartScope": "Pod",
-                                               "backoff": {"initialSeconds": 1, "maxSeconds": 10}}
+    # The restart path unless the policy names a recovery mode (in-process recovery is the default with restartScope
+    # Pod): the scenarios built here read "resumed from checkpoint" lines; the in-process ones name InProcess.
+    spec["failurePolicy"] = {"recovery": "Restart", **(failure_policy or {
+        "maxRestarts": 3, "restartScope": "Pod", "backoff": {"initialSeconds": 1, "maxSeconds": 10}})}
     spec["runPolicy"] = run_policy or {"activeDeadlineSeconds": 1500, "cleanPodPolicy": "Running",
                                        "successPolicy": "AllWorkers"}
     if resources is not None:
