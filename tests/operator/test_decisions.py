@@ -396,12 +396,24 @@ def test_generation_is_taken_from_pods_when_status_lags():
 # ---------------------------------------------------------------- rendezvous store
 
 def test_store_loss_moves_job_to_new_generation_without_charging():
-    out = decide(job(status=running_status()), seen(w(0), w(1), store=d.StoreObservation("Failed")))
+    restart = spec(failurePolicy={"recovery": "Restart"})
+    out = decide(job(restart, status=running_status()), seen(w(0), w(1), store=d.StoreObservation("Failed")))
     st = out.status
     assert st.generation == 1 and st.restarts == 0 and st.disruptions == 1 and st.phase == "Restarting"
-    assert d.DeleteStore("store pod is Failed") in out.actions
+    assert d.DeleteStore("store pod is Failed", force=True) in out.actions
     assert {a.name for a in of(out, d.DeleteWorker)} == {"j-worker-0", "j-worker-1"}
     assert any(e.reason == "RendezvousStoreLost" for e in of(out, d.Event))
+
+
+def test_in_process_store_loss_recreates_the_store_and_keeps_every_worker():
+    in_process = spec(failurePolicy={"recovery": "InProcess"})
+    failed = decide(job(in_process, status=running_status()), seen(w(0), w(1), store=d.StoreObservation("Failed")))
+    assert failed.actions == (d.DeleteStore("store pod is Failed", force=True),)
+    gone = decide(job(in_process, status=failed.status), seen(w(0), w(1), store=None))
+    assert [type(a) for a in gone.actions] == [d.CreateStore, d.Event]
+    for out in (failed, gone):
+        st = out.status
+        assert (st.generation, st.restarts, st.disruptions, st.incidents, st.phase) == (0, 0, 0, [], "Running")
 
 
 def test_store_gone_is_recreated_before_new_generation_workers():

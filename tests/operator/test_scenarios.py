@@ -263,8 +263,9 @@ async def test_two_workers_sigkilled_in_the_same_instant_are_one_charge(harness,
 @pytest.mark.parametrize("order", ["store first", "agents first"])
 async def test_killed_store_is_an_uncharged_disruption_and_a_new_generation(harness, operator, nodes, order):
     """The store pod SIGKILLed: every agent loses its rendezvous (RendezvousConnectionError at its next
-    keep-alive) and exits 1. Whichever kubelet reports first, nothing is charged."""
-    await started(harness, nodes, "store", failurePolicy={"maxRestarts": 3, **NO_BACKOFF})
+    keep-alive) and exits 1. Whichever kubelet reports first, nothing is charged. (recovery Restart: with
+    InProcess the workers keep training, test_a_lost_store_is_not_a_lost_gang.py.)"""
+    await started(harness, nodes, "store", failurePolicy={"maxRestarts": 3, "recovery": "Restart", **NO_BACKOFF})
     if order == "store first":
         await nodes.exit("store-rdzv", 137)
         await eventually(lambda: harness.status("store").get("generation") == 1, what="generation 1")

@@ -10,9 +10,9 @@ from .. import model, naming
 from . import scaling
 from .accounting import backoff_seconds
 from .common import Plan, force_stuck, promoted_to, rfc3339, set_condition, set_phase, short_message, update_counts
-from .types import (CONDITION_UNSCHEDULABLE, DISRUPTION, REASON_OLD_GENERATION, REASON_RANGE_CHANGED, REASON_REPLACE,
-                    REASON_SCALE_DOWN, REASON_SCALED, REASON_STORE_LOST, REASON_SUSPENDED, REASON_UNSCHEDULABLE,
-                    CreateStore, CreateWorker, DeleteStore, DeleteWorker, WorkerObservation)
+from .types import (CONDITION_UNSCHEDULABLE, DISRUPTION, EXITED, REASON_OLD_GENERATION, REASON_RANGE_CHANGED,
+                    REASON_REPLACE, REASON_SCALE_DOWN, REASON_SCALED, REASON_STORE_LOST, REASON_SUSPENDED,
+                    REASON_UNSCHEDULABLE, CreateStore, CreateWorker, DeleteStore, DeleteWorker, WorkerObservation)
 
 
 def _new_generation(plan: Plan, spec: model.DDPJobSpec, reason: str, message: str, *,
@@ -37,17 +37,26 @@ def _new_generation(plan: Plan, spec: model.DDPJobSpec, reason: str, message: st
 
 
 def store_lost(plan: Plan, spec: model.DDPJobSpec) -> bool:
-    """A lost store means lost rendezvous state: move every worker to a fresh generation."""
+    """A lost store is recreated under its name (the workers reach it through its Service). With in-process
+    recovery the workers keep training: a formed process group no longer uses the store, and their agents and
+    trainers reconnect to the new one and publish again what it held. Otherwise the rendezvous state is lost
+    with it: every worker moves to a fresh generation."""
     store = plan.observed.store
     if store is not None and store.usable:
         return False
     if store is None:
         plan.act(CreateStore())
     elif store.terminating_since is None:
-        plan.act(DeleteStore(f"store pod is {store.phase}"))
+        # An exited store has nothing left to stop: removed at once, so its successor comes in the next pass.
+        plan.act(DeleteStore(f"store pod is {store.phase}", force=store.phase in EXITED))
     if not any(w.live and w.phase == "Running" for w in plan.current()):
         # Nobody was using it (a pod not yet Running has no agent to have joined it, e.g. the workers just
         # created for a generation whose store then died): the new store serves the current generation.
+        return False
+    if spec.failure_policy.effective_recovery == "InProcess":
+        if store is None:  # once per loss, however it went: the pass that creates its successor
+            plan.event("Normal", REASON_STORE_LOST, "rendezvous store lost; recreating it under its Service: the "
+                                                    "workers keep training and meet again there (not charged)")
         return False
     _new_generation(plan, spec, REASON_STORE_LOST,
                     f"rendezvous store lost ({'gone' if store is None else store.phase})", disruption=True)
