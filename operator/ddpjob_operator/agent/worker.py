@@ -14,6 +14,7 @@ import os
 import re
 import runpy
 import signal
+import socket
 import sys
 import threading
 import time
@@ -22,7 +23,7 @@ from datetime import timedelta
 import torch
 import torch.distributed.elastic.multiprocessing.api as elastic_processes
 import torch.distributed.run as torchrun
-from torch.distributed import TCPStore
+from torch.distributed import DistNetworkError, TCPStore
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -180,28 +181,73 @@ def with_flags(args, **values):
     return out
 
 
+# A lost store's pod is recreated by the operator under the same Service (in-process recovery keeps the
+# workers): an agent whose store call fails on the connection waits this long for the new one to accept.
+STORE_RETURN_SECONDS = 60
+
+
 class Generations:
-    # The job's rendezvous store as the survivors' channel (see REJOIN_ENV in contract.py).
+    # The job's rendezvous store as the survivors' channel (see REJOIN_ENV in contract.py). On a lost connection
+    # it connects again (the store came back empty) and publishes again the newest generation it knows.
     def __init__(self, endpoint, uid):
         host, _, port = endpoint.rpartition(":")
-        self.uid = uid
-        self.store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+        self.uid, self.address = uid, (host, int(port))
+        self.known = None  # (generation, nnodes): the newest this agent published or read
+        self.store = self.connect()
+
+    def connect(self):
+        return TCPStore(*self.address, is_master=False, timeout=timedelta(seconds=60))
+
+    def call(self, op, *args):
+        # A TCPStore method, retried once on a new connection after the newest generation is published again.
+        try:
+            result = getattr(self.store, op)(*args)
+            if op == "set":  # sent unanswered: to a store that died it is lost without an error, so ask once
+                self.store.num_keys()
+            return result
+        except DistNetworkError as lost:
+            self.reconnect(lost)
+            return getattr(self.store, op)(*args)
+
+    def reconnect(self, lost):
+        began, wait, where = time.monotonic(), 0.05, "{}:{}".format(*self.address)
+        cause = (str(lost).strip().splitlines() or [type(lost).__name__])[0]
+        while not accepts(self.address):
+            if time.monotonic() - began + wait > STORE_RETURN_SECONDS:
+                print(f"the job's rendezvous store {where} was lost ({cause}) and did not come back within "
+                      f"{STORE_RETURN_SECONDS} s", file=sys.stderr, flush=True)
+                raise lost
+            time.sleep(wait)
+            wait = min(2 * wait, 1.0)
+        self.store = self.connect()
+        again = f"; generation {self.known[0]} ({self.known[1]} nodes) published again" if self.known else ""
+        if self.known:
+            self.publish(*self.known)
+        print(f"the job's rendezvous store {where} was lost ({cause}); reconnected after "
+              f"{time.monotonic() - began:.1f} s{again}", file=sys.stderr, flush=True)
+
+    def note(self, generation, nnodes):
+        if self.known is None or generation >= self.known[0]:
+            self.known = (generation, nnodes)
 
     def publish(self, generation, nnodes):
-        self.store.set(NNODES_KEY.format(uid=self.uid, generation=generation), nnodes)
+        self.note(generation, nnodes)
+        self.call("set", NNODES_KEY.format(uid=self.uid, generation=generation), nnodes)
         key, seen = GENERATION_KEY.format(uid=self.uid), ""
         while True:  # the newest generation wins: compare-and-set until ours is no longer newer
-            current = self.store.compare_set(key, seen, str(generation)).decode()
+            current = self.call("compare_set", key, seen, str(generation)).decode()
             if int(current) >= generation:
                 return
             seen = current
 
     def newest(self):
         key = GENERATION_KEY.format(uid=self.uid)
-        if not self.store.check([key]):
+        if not self.call("check", [key]):
             return None
-        generation = int(self.store.get(key))
-        return generation, self.store.get(NNODES_KEY.format(uid=self.uid, generation=generation)).decode()
+        generation = int(self.call("get", key))
+        nnodes = self.call("get", NNODES_KEY.format(uid=self.uid, generation=generation)).decode()
+        self.note(generation, nnodes)
+        return generation, nnodes
 
     def wait_newer(self, generation, timeout, stop=None, every=0.2):
         deadline, stop = time.monotonic() + timeout, stop or threading.Event()
@@ -211,6 +257,15 @@ class Generations:
                 return newest
             stop.wait(every)
         return None
+
+
+def accepts(address):
+    # A plain connect: a TCPStore built against a closed port retries for its whole timeout, logging a C++ stack.
+    try:
+        with socket.create_connection(address, timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 STOPPED = threading.Event()  # this agent got a death signal: its own pod is being stopped
@@ -582,7 +637,7 @@ class SparePlace:
             nproc = flag(self.args, "nproc-per-node") or "1"
             nproc = int(nproc) if nproc.isdigit() else 1  # the operator's is a number
             built = [SPARE_BUILT_KEY.format(place=self.key, local_rank=r) for r in range(nproc)]
-            while not generations.store.check(built):
+            while not generations.call("check", built):
                 if self.stop.wait(0.1):
                     return
         except Exception as error:  # the trainers cannot reach the store either: they fail, and so does the pod
@@ -596,7 +651,7 @@ class SparePlace:
             args = take_place(self.args, given)
             try:
                 generations.publish(int(given["generation"]), given["nnodes"])
-                generations.store.set(self.key, json.dumps(given))
+                generations.call("set", self.key, json.dumps(given))
             except Exception as error:  # the trainers cannot reach the store either: they fail, so does the pod
                 print(f"spare: cannot take the place in the job's store: {error}", file=sys.stderr, flush=True)
                 return
