@@ -74,14 +74,17 @@ def schedule(seed: int, faults: int, steps_between: int) -> tuple[list[Fault], i
     return plan, step + steps_between
 
 
-def job_manifest(name: str, max_steps: int, max_restarts: int) -> dict:
+def job_manifest(name: str, max_steps: int, max_restarts: int, recovery: str | None = None) -> dict:
+    """`recovery`: failurePolicy.recovery; None leaves it to the job's default (in process with restartScope Pod)."""
+    policy = {"maxRestarts": max_restarts, "backoff": {"initialSeconds": 0, "maxSeconds": 1},
+              **({"recovery": recovery} if recovery else {})}
     return {"apiVersion": "elastic.ddp.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": name},
             "spec": {"replicas": REPLICAS, "image": "ghcr.io/ddpjob/ddp-trainer:0.1.0", "entrypoint": "ddp_trainer",
                      "args": [*WORKLOAD, "--epochs", "100000", "--max-steps", str(max_steps)],
                      "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
                      "rendezvous": {"joinTimeoutSeconds": 60, "lastCallTimeoutSeconds": 1, "readTimeoutSeconds": 30},
                      "checkpoint": {"claimTemplate": {"size": "1Gi"}, "intervalSteps": INTERVAL, "keep": 3},
-                     "failurePolicy": {"maxRestarts": max_restarts, "backoff": {"initialSeconds": 0, "maxSeconds": 1}},
+                     "failurePolicy": policy,
                      "template": {"terminationGracePeriodSeconds": 30}}}
 
 
@@ -162,10 +165,11 @@ class SoakRunner(LocalRunner):
                 pass
 
 
-def soak(seed: int, faults: int, steps_between: int, state_dir: Path, deadline_s: float, echo: bool) -> dict:
+def soak(seed: int, faults: int, steps_between: int, state_dir: Path, deadline_s: float, echo: bool,
+         recovery: str | None = None) -> dict:
     plan, max_steps = schedule(seed, faults, steps_between)
     kills = sum(f.kind == KILL for f in plan)
-    job = validation.parse_job(job_manifest(f"soak-{seed}", max_steps, kills + 2))
+    job = validation.parse_job(job_manifest(f"soak-{seed}", max_steps, kills + 2, recovery))
     injected = tuple(FaultInjection(index=f.index, at_step=f.at_step, kind=f.kind) for f in plan if f.kind != PAUSE)
     view = SoakView(deadline_s, echo)
     runner = SoakRunner(job, RunOptions(state_dir=state_dir, faults=injected), view,
@@ -210,12 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, help="the runner's .ddpjob directory (default: a temporary one)")
     parser.add_argument("--json", type=Path, help="also write the report here")
     parser.add_argument("--quiet", action="store_true", help="do not print the runner's events")
+    parser.add_argument("--recovery", choices=("Restart", "InProcess"),
+                        help="failurePolicy.recovery (default: unset, the job's default: in process)")
     args = parser.parse_args(argv)
     if args.faults < 1 or args.steps_between < 2 * INTERVAL:
         parser.error(f"--faults must be >= 1 and --steps-between >= {2 * INTERVAL} (two checkpoint intervals)")
     with tempfile.TemporaryDirectory(prefix="ddpjob-soak-") as tmp:
         report = soak(args.seed, args.faults, args.steps_between, args.state_dir or Path(tmp) / ".ddpjob",
-                      args.deadline, not args.quiet)
+                      args.deadline, not args.quiet, args.recovery)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

@@ -29,7 +29,9 @@ def test_the_soak_holds_its_invariants_through_a_kill_and_a_pause(tmp_path):
     soak = _soak_module()
     plan, _ = soak.schedule(1, 2, 40)
     assert [f.kind for f in plan] == [soak.KILL, soak.PAUSE]  # the seed's draw: a charged fault and a free one
-    report = soak.soak(seed=1, faults=2, steps_between=40, state_dir=tmp_path / ".ddpjob", deadline_s=150, echo=False)
+    # The restart path: its resumes from the volume are what "no resume behind the last checkpoint interval" judges.
+    report = soak.soak(seed=1, faults=2, steps_between=40, state_dir=tmp_path / ".ddpjob", deadline_s=150, echo=False,
+                       recovery="Restart")
     assert report["ok"], json.dumps(report, indent=2)
     assert (report["restarts"], report["sigkills_fired"], report["pauses"]) == (1, 1, 1), json.dumps(report, indent=2)
     assert report["final_step"] == report["max_steps"] and report["resumes"], json.dumps(report, indent=2)
