@@ -51,9 +51,9 @@ class CannotRecover(RuntimeError):
 
 def node_range(nnodes: str) -> tuple[int, int]:
     """(fewest, most) nodes of a generation's node range: "2:3" -> (2, 3), "3" -> (3, 3)."""
-    low, _, high = nnodes.partition(":")
+    low, colon, high = nnodes.partition(":")
     try:
-        fewest, most = int(low), int(high or low)
+        fewest, most = int(low), int(high if colon else low)
     except ValueError:
         fewest = most = 0
     if not 1 <= fewest <= most:
