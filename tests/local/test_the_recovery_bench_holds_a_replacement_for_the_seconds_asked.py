@@ -3,7 +3,8 @@
 it starts (the local runner's Unschedulable hold), and the bench's next fault waits for the whole world again.
 
 A real local run (the runner's zygote, two workers of the bundled trainer), worker 1 killed at a step, its
-replacement held HOLD_S seconds: the pod is Pending that long, then starts and the world is whole again."""
+replacement held HOLD_S seconds: the pod is Pending that long, then starts and the world is whole again, and the
+bench ends the run there."""
 
 from __future__ import annotations
 
@@ -39,17 +40,17 @@ recovery = _bench()
 
 def test_a_replacement_held_for_seconds_starts_then_and_the_world_is_whole_again(tmp_path: Path) -> None:
     job = recovery.load_example(kills=1, every=15, recovery="InProcess")
-    spec = job.spec.model_copy(update={"args": [*job.spec.args, "--max-steps", str(KILL_AT + 60)]})
+    # Survivors train on at once: the bench, not the epochs, ends the run once the world is whole again.
+    spec = job.spec.model_copy(update={"args": [*job.spec.args, "--epochs", "100000"]})
     phase, timeline = recovery.run_local(job.model_copy(update={"spec": spec}), tmp_path, None,
-                                         ((1, KILL_AT, recovery.KILL),), replacement=f"{HOLD_S:g}")
+                                         ((1, KILL_AT, recovery.KILL),), replacement=f"{HOLD_S:g}", end=True)
     entries = timeline.sorted()
     events = (tmp_path / job.metadata.name / "events.log").read_text()
-    assert phase == "Succeeded", events
+    assert phase.startswith("ended by the bench after the last fault"), (phase, events)
     killed_at = next(t for t, kind, _ in entries if kind == "kill")
     # The replacement was created Pending with the hold, and nothing else was held.
     assert events.count(f"is not scheduled: Pending for {HOLD_S:g}s (Unschedulable)") == 1, events
-    # Short from the kill, whole again only once the hold ended (the replacement's start comes on top); short
-    # again at the end, when the workers exit.
+    # Short from the kill, whole again only once the hold ended (the replacement's start comes on top).
     worlds = [(t, whole) for t, kind, whole in entries if kind == "world" and t > killed_at]
     assert worlds and worlds[0][1] == 0 and any(whole for _, whole in worlds), (worlds, events)
     whole_at = next(t for t, whole in worlds if whole == 1)
