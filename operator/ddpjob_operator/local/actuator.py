@@ -115,7 +115,8 @@ class LocalActuator:
 
     def _create_store(self, now: datetime) -> None:
         pods = self.pods
-        pods.store_port = free_port()
+        # A successor keeps its predecessor's port, as a pod's keeps its Service: the workers' endpoint stays.
+        pods.store_port = pods.store_port or free_port()
         pods.store_ready = False
         name = naming.store_pod_name(self.job_name)
         pods.store = LocalProcess(
