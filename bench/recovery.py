@@ -397,10 +397,9 @@ class RecordingRunner(LocalRunner):
             self.faulted_at = time.time()
             self.scale(replicas)
         if self.end and not self.faults and not self.scales and self.frozen is None and self.faulted_at is not None \
-                and whole \
-                and trained_since(self.timeline, self.faulted_at) \
+                and whole and (self.scale_every or trained_since(self.timeline, self.faulted_at)) \
                 and self.timeline.last_step() >= self.whole_from_step + END_STEPS:
-            self.end = False
+            self.end = False  # (after a resize: the whole world is enough, a shrink logs no resume)
             os.kill(os.getpid(), signal.SIGTERM)  # the run's own stop: every worker stops gracefully
         if self.release_after is not None and self.faulted_at is not None \
                 and trained_since(self.timeline, self.faulted_at) \
@@ -572,7 +571,6 @@ def run_scale(job, state: Path, cold_start: str | None, cycles: int, every: int)
 
 
 LOSS_RELATIVE = 1e-5  # issue 36: every step's loss equals an undisturbed run's within this, relative
-STEPS_AFTER_JOIN = 40
 
 
 def recorded_losses(records: Path) -> list[tuple[int, float]]:
@@ -595,36 +593,45 @@ def recorded_samples(records: Path) -> dict[int, Counter]:
 
 
 def loss_check(job, state: Path, cold_start: str | None, kill_at: int, join_after: int) -> bool:
-    """An undisturbed run, then one where worker 1 is killed at step `kill_at` and its replacement, held Pending,
-    is released once the survivors trained `join_after` steps short; both to the same last step with sample
-    records. Prints how every step's loss compares (relative to the undisturbed run's) and whether each epoch
-    trained the same samples as often (once each). True when both hold."""
-    last = kill_at + join_after + STEPS_AFTER_JOIN
+    """A run where worker 1 is killed at step `kill_at` and its replacement, held Pending, is released once the
+    survivors trained `join_after` steps short (the bench ends it once the world is whole again), then an
+    undisturbed run to the same last step, both with sample records. Prints how every step's loss compares
+    (relative to the undisturbed run's) and whether each epoch trained the same samples as often (once each).
+    True when both hold over a run that saw the join."""
     runs = {}
-    for name, faults in (("undisturbed", ()), ("disturbed", ((1, kill_at, KILL),))):
+    for name in ("disturbed", "undisturbed"):
         records = state / name / "samples"
         records.parent.mkdir(parents=True)
-        spec = job.spec.model_copy(update={"args": [*job.spec.args, "--max-steps", str(last),
-                                                    "--record-samples", str(records)]})
+        until = ["--epochs", "100000"] if name == "disturbed" else ["--max-steps", str(max(runs["disturbed"][0]))]
+        spec = job.spec.model_copy(update={"args": [*job.spec.args, *until, "--record-samples", str(records)]})
+        faults = ((1, kill_at, KILL),) if name == "disturbed" else ()
         phase, timeline = run_local(job.model_copy(update={"spec": spec}), state / name, cold_start, faults,
-                                    NEVER if faults else AT_ONCE, release_after=join_after)
-        runs[name] = (phase, dict(recorded_losses(records)), len(recorded_losses(records)), recorded_samples(records))
-        print(f"{name}: {phase}; {runs[name][2]} step losses recorded"
-              + (f"; recoveries: {[(r.last_step, r.resumed_from, round(r.seconds, 1)) for r in recoveries(timeline.sorted())]}"
-                 if faults else ""))
-    (_, base, _, base_samples), (_, disturbed, lines, samples) = runs["undisturbed"], runs["disturbed"]
+                                    NEVER if faults else AT_ONCE, release_after=join_after, end=bool(faults))
+        losses = recorded_losses(records)
+        runs[name] = (dict(losses), len(losses), recorded_samples(records))
+        if faults:
+            entries = timeline.sorted()
+            killed_at = next(t for t, kind, _ in entries if kind == "kill")
+            whole_at = next((t for t, kind, v in entries if kind == "world" and v == 1 and t > killed_at), None)
+            joined = max((v for t, kind, v in entries if kind == "step" and whole_at and t <= whole_at), default=None)
+            recovered = recoveries(entries)
+            print(f"{name}: {phase}; killed after step {recovered[0].last_step if recovered else '?'}, whole again "
+                  f"by step {joined}; {len(losses)} step losses recorded")
+        else:
+            print(f"{name}: {phase}; {len(losses)} step losses recorded")
+    (disturbed, lines, samples), (base, _, base_samples) = runs["disturbed"], runs["undisturbed"]
     steps = sorted(base.keys() & disturbed.keys())
     relative = {s: abs(disturbed[s] - base[s]) / max(abs(base[s]), 1e-12) for s in steps}
     over = [s for s in steps if relative[s] > LOSS_RELATIVE]
     epochs_differing = [e for e in sorted(base_samples.keys() | samples.keys()) if base_samples.get(e) != samples.get(e)]
     repeated = sum(c - 1 for counts in samples.values() for c in counts.values() if c > 1)
-    print(f"loss check (kill at step {kill_at}, the replacement released {join_after} steps after the resume, "
-          f"to step {last}): {len(steps)} steps compared, {lines - len(disturbed)} recorded twice, max relative "
+    print(f"loss check: {len(steps)} steps compared, {lines - len(disturbed)} recorded twice, max relative "
           f"difference {max(relative.values(), default=float('nan')):.2e}, {len(over)} over {LOSS_RELATIVE:g}"
           + (f" (first: step {over[0]}: {disturbed[over[0]]!r} against {base[over[0]]!r})" if over else "")
           + f"; samples: {len(epochs_differing)} of {len(base_samples)} epochs differ from the undisturbed run's, "
           f"{repeated} trained twice in an epoch")
-    return bool(steps) and not over and not epochs_differing and lines == len(disturbed) and len(steps) == last
+    return bool(steps) and not over and not epochs_differing and lines == len(disturbed) \
+        and len(steps) == len(base) == len(disturbed)
 
 
 # ---- stock: torchrun elastic as Kubeflow's PyTorchJob runs it ---------------------------------------
@@ -953,9 +960,10 @@ def main(argv: list[str] | None = None) -> int:
                              f"or never (Pending until the survivors trained {SHORT_STEPS} steps short: they cannot "
                              "tell it from never; then released, so that the next kill finds the world whole)")
     parser.add_argument("--loss-check", nargs=2, type=int, metavar=("S", "K"),
-                        help="instead of the kills: an undisturbed run and one where worker 1 is killed at step S and "
-                             "its replacement joins K steps later, each to step S + K + 40 with sample records "
-                             "(--record-samples); compares every step's loss and each epoch's samples")
+                        help="instead of the kills: a run where worker 1 is killed at step S and its replacement is "
+                             "released K steps after the resume (ended once the world is whole again), then an "
+                             "undisturbed run to the same step, both with sample records (--record-samples); "
+                             "compares every step's loss and each epoch's samples")
     parser.add_argument("--scale", type=int, metavar="N",
                         help="instead of the kills: `kubectl scale` 2 -> 3 -> 2, N times each way, --every steps after "
                              "the world was whole again (local setups)")
