@@ -64,6 +64,7 @@ def test_survivors_close_the_successor_without_the_lost_rank_and_the_loser_reads
     survivors[0].store.set(survivors[0].key(failed, "left/1"), "x")  # seat 1 arrived too
     closed = survivors[0].successor_after_failure(failed, lambda: False, 5, below.append, since=-SETTLE_S)
     assert (closed.generation, closed.members, closed.world) == (1, (0, 1), 3) and closed.round > 0
+    assert survivors[0].kind(closed) == "Shrink"
     assert survivors[1].successor_after_failure(failed, lambda: False, 5, below.append) == closed
     assert below == []
 
@@ -80,6 +81,7 @@ def test_below_the_minimum_a_survivor_waits_and_a_joiner_lets_it_close(store) ->
 
     closed = survivor.successor_after_failure(failed, stopped, 10, waiting.append, since=-SETTLE_S)
     assert (closed.generation, closed.members) == (2, (0, 2)) and waiting == [1, None]
+    assert survivor.kind(closed) == "Shrink"
     assert trainer(store, 2).view(store.get(survivor.key(2, "placed/2")).decode()) == closed
 
 
@@ -100,6 +102,7 @@ def test_rank_0_sees_a_joiner_at_a_step_boundary_and_closes_the_view_with_it(sto
     trainer(store, 2).arrive(2)
     change = rank_0.change_due(short)
     assert (change.successor.generation, change.successor.members, change.joiners) == (2, (0, 1, 2), (2,))
+    assert rank_0.kind(change.successor) == "Join" and rank_0.kind(short) is None
     assert rank_0.successor_of(short) == change.successor
     assert rank_0.change_due(change.successor) is None  # placed: no joiner waits any more
 

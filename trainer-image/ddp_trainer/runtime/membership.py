@@ -2,7 +2,8 @@
 
 A view (runtime/views.py) is closed once, by whoever gets there first, under `ddpjob/<uid>/inprocess/`:
 
-    g<g>/r<k>/members    {"members": [...], "world": W}, the view's seats (its process-group ranks in order)
+    g<g>/r<k>/members    {"members": [...], "world": W, "kind": Shrink|Join|null}, the view's seats (its
+                         process-group ranks in order) and what it is to their recovery timelines
     g<g>/r<k>/group/     the PrefixStore its process group forms through
     g<g>/r<k>/next       "g:k" of the view that succeeds it (compare_set: set once, the loser reads the winner's)
     g<g>/r<k>/left/<s>   a member of the view arrived at its successor (after a failure)
@@ -124,24 +125,30 @@ class Membership:
 
     # ---- closing a view -----------------------------------------------------------------------
 
-    def close(self, before: View | None, generation: int, members: list[int], world: int) -> View:
+    def close(self, before: View | None, generation: int, members: list[int], world: int,
+              kind: str | None = None) -> View:
         """A new round of `generation` with `members`, as `before`'s successor (None: round 0, every seat); the
-        view that won (another process may have closed it first), its joiners placed."""
+        view that won (another process may have closed it first), its joiners placed. `kind`: what it is to its
+        members' recovery timelines (Shrink, Join; None: whole again after a failure, or a first start)."""
         if before is None:
             candidate = View(generation, 0, tuple(members), world)
-            self.store.compare_set(self.key(candidate, "members"), "", self._members_json(candidate))
+            self.store.compare_set(self.key(candidate, "members"), "", self._members_json(candidate, kind))
             closed = self.view(view_name(candidate))
         else:
             candidate = View(generation, int(self.store.add(self.key(generation, "rounds"), 1)), tuple(members), world)
-            self.store.set(self.key(candidate, "members"), self._members_json(candidate))  # a round of its own
+            self.store.set(self.key(candidate, "members"), self._members_json(candidate, kind))  # a round of its own
             closed = self.view(self.store.compare_set(self.key(before, "next"), "", view_name(candidate)).decode())
         for seat in closed.members:  # the joiners among them wait for this (a member's own place is never read)
             self.store.compare_set(self.key(closed.generation, f"placed/{seat}"), "", view_name(closed))
         return closed
 
     @staticmethod
-    def _members_json(view: View) -> str:
-        return json.dumps({"members": list(view.members), "world": view.world})
+    def _members_json(view: View, kind: str | None) -> str:
+        return json.dumps({"members": list(view.members), "world": view.world, "kind": kind})
+
+    def kind(self, view: View) -> str | None:
+        """What `view` is to its members' recovery timelines, as its closer wrote it (every member reads the same)."""
+        return json.loads(self.store.get(self.key(view, "members"))).get("kind")
 
     # ---- a fresh trainer: arrive, wait for a place ---------------------------------------------
 
@@ -205,7 +212,8 @@ class Membership:
                     fewest, world = self.ranks(generation)
                     candidates = sorted({s for s in left if s < world} | set(self.joiners(generation, world, left)))
                     if len(candidates) >= fewest:
-                        return self.close(failed, generation, candidates, world)
+                        return self.close(failed, generation, candidates, world,
+                                          "Shrink" if len(candidates) < world else None)
                     self._below_minimum(len(candidates), world, fewest, waiting)
                 if stopped():
                     raise CannotRecover("stopped by a signal while waiting for the next view")
@@ -243,7 +251,8 @@ class Membership:
             return None
         if not members:
             return None
-        return Change(self.close(view, generation, members, world), joiners)
+        kind = "Join" if joiners else "Shrink" if len(members) < view.size else None  # None: a larger world
+        return Change(self.close(view, generation, members, world, kind), joiners)
 
     def start_boundary_checks(self) -> None:
         """Rank 0's one-read check needs both keys: the counter exists from now on; without a published generation

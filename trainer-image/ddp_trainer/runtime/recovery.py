@@ -156,7 +156,7 @@ class InProcessRecovery:
         if announce and env.is_main:
             announce_line(f"resumed from peer rank {source} step={step} by broadcast in "
                           f"{time.monotonic() - started:.2f} s (no checkpoint read)")
-        self.recovered("InProcess", "", step, kind="Join" if self.view.round > 0 else None)
+        self.recovered("InProcess", "", step, kind=self.rendezvous.membership.kind(self.view))
         return state
 
     # ---- a survivor ---------------------------------------------------------------------------
@@ -188,7 +188,7 @@ class InProcessRecovery:
         except inprocess.CannotRecover as e:
             self.rescues.join()  # the exit path: each commits under its failed generation's fence, or not at all
             return self._fall_back(str(e))
-        self.recovered("InProcess", "", carried.step(), kind="Shrink" if view.short else None)
+        self.recovered("InProcess", "", carried.step(), kind=self.rendezvous.membership.kind(view))
         self._moved(f"recovered in process: generation {old.generation} -> {view.generation}", view, source,
                     received, f"{time.monotonic() - started:.2f} s after the failure", phases)
         return True
@@ -229,8 +229,7 @@ class InProcessRecovery:
             self._fall_back(str(e))
             raise SystemExit(1) from None
         joined = set(view.members) - set(old.members)
-        self.recovered("InProcess", "", carried.step(),
-                       kind="Join" if joined else "Shrink" if view.size < old.size else None)
+        self.recovered("InProcess", "", carried.step(), kind=self.rendezvous.membership.kind(view))
         self._moved(f"regrouped at step {carried.step()}: view {view_name(old)} -> {view_name(view)}"
                     f"{' (joined: ' + ', '.join(map(str, sorted(joined))) + ')' if joined else ''}", view, source,
                     received, f"a pause of {time.monotonic() - started:.2f} s", phases)
