@@ -1,20 +1,22 @@
 """In-process recovery (issue 29, `DDPJOB_INPROCESS=1`): a survivor of a peer's failure keeps its process and
-its state; the replacement gets the state from a peer, not from the volume.
+its state; a replacement gets the state from a peer, not from the volume.
 
-The trainers form their process group themselves, per rendezvous generation, through the job's rendezvous
-store (the standalone TCPStore that outlives every worker, `PET_RDZV_ENDPOINT`), under a prefix of the
-generation: `ddpjob/<uid>/inprocess/g<N>/`. A rank is a fixed function of the seat, replica index x
-processes per node + local rank, so a replaced rank keeps its number and its shard of the data; the world
-size is the generation's node count (the maximum of its `--nnodes`, which the launcher publishes as
-`ddpjob/<uid>/nnodes/<N>` next to the newest generation `ddpjob/<uid>/generation`) x processes per node.
+The trainers form their process groups themselves through the job's rendezvous store (the standalone TCPStore
+that outlives every worker, `PET_RDZV_ENDPOINT`), one per view (runtime/views.py: the seats that train together;
+runtime/membership.py: how views are closed and joiners placed in the store, issue 36). A seat is a fixed function
+of the trainer, replica index x processes per node + local rank, so a replaced rank keeps its seat and its shard
+of the data; a process's group rank is its seat's index among the view's members. The world is the generation's
+node count (the maximum of its `--nnodes`, which the launcher publishes as `ddpjob/<uid>/nnodes/<N>` next to the
+newest generation `ddpjob/<uid>/generation`) x processes per node.
 
 When a collective fails because a peer did, a survivor leaves the old group (NCCL: abort; Gloo: destroy it,
 which torch 2.13 allows once the collective has raised; bounded by LEAVE_TIMEOUT_S, past which the group
-cannot be left and the process takes today's exit path), waits for a newer generation in the store, joins
-it, and then every rank of the new group takes part in one exchange: each says whether it holds the
-training state and at which step; the lowest rank holding the newest step broadcasts its state (model,
-optimizer, scaler, progress) to the ranks that do not hold it (a replacement, a survivor a step behind),
-over a group of just those ranks. Nobody holding state (the whole gang was replaced) means the volume.
+cannot be left and the process takes today's exit path), forms the failed view's successor with the other
+survivors at once (no wait for a replacement), and then every rank of the new group takes part in one exchange:
+each says whether it holds the training state and at which step; the lowest rank holding the newest step
+broadcasts its state (model, optimizer, scaler, progress) to the ranks that do not hold it (a joiner, a survivor
+a step behind), over a group of just those ranks. Nobody holding state (the whole gang was replaced) means the
+volume. A joiner (a replacement, a placed spare) comes in at a step boundary the same way.
 
 A survivor that cannot take this path notes why in the store (`<prefix of its generation>fallback`), so that
 rank 0 of the generation that resumes from the volume reports the reason (its `recovery` timeline).
@@ -42,6 +44,7 @@ import torch.distributed as dist
 
 from .contract import INPROCESS_ENV, REPLICA_INDEX_ENV, SPARE_PLACE_ENV
 from .distributed import abort_process_groups
+from .store_client import ReconnectingStore
 # The launcher's keys (operator/ddpjob_operator launcher), the newest generation and its node range, and the views.
 from .membership import GENERATION_KEY as GENERATION_KEY, NNODES_KEY as NNODES_KEY
 from .membership import CannotRecover, Membership, node_range
@@ -269,8 +272,8 @@ class Rendezvous:
         place_key = environ.get(SPARE_PLACE_ENV, "")
         if (replica < 0 and not place_key) or not 0 <= seat.local_rank < seat.nproc:
             raise CannotRecover(f"no seat for replica index {replica}, local rank {seat.local_rank} of {seat.nproc}")
-        store = dist.TCPStore(host, int(port), is_master=False,
-                              timeout=datetime.timedelta(seconds=CONNECT_TIMEOUT_S))
+        # Reconnects to a lost store's successor (same endpoint): the operator keeps the gang (issue 36).
+        store = ReconnectingStore(host, int(port), timeout=datetime.timedelta(seconds=CONNECT_TIMEOUT_S))
         rdzv = cls(store, uid, seat, backend=backend)
         rdzv.place_key = place_key or None
         return rdzv, generation

@@ -1,8 +1,10 @@
 """`InProcessRecovery`: what a `Job` does when a peer is lost, and how a generation that resumed reports it.
 
-With `DDPJOB_INPROCESS=1` (runtime/inprocess.py) a survivor leaves the failed group, rejoins the next generation,
-takes part in the state exchange and hands its rescue checkpoint to the new generation's fence; a replacement (or a
-warm spare, once placed) receives the state from a peer. Either way, and after a resume from the volume, the
+With `DDPJOB_INPROCESS=1` (runtime/inprocess.py) a survivor leaves the failed group, forms the next view with the
+other survivors at once (runtime/membership.py, runtime/regroup.py), takes part in the state exchange and hands its
+rescue checkpoint (runtime/rescues.py) to the new view's fence; a replacement (or a warm spare, once placed) is
+placed in a view and receives the state from a peer; at a step boundary every member moves to a view that takes
+joiners in (`regroup_wanted`, `after_agreed`). Either way, and after a resume from the volume, the
 generation keeps its recovery timeline (`progress.recovery_field`), which rank 0's reports carry until the first
 step ends it. `Job` owns one of these and delegates to it: this module never imports job.py.
 """
