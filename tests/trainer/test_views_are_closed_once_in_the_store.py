@@ -137,3 +137,13 @@ def test_the_recovery_timeline_names_its_kind_only_when_it_has_one(kind) -> None
 def test_a_recovery_kind_that_is_none_is_refused() -> None:
     with pytest.raises(ValueError, match="recovery kind 'Grow' is not one of Shrink, Join"):
         recovery_field("InProcess", resumed_step=3, rendezvous_time=1.0, kind="Grow")
+
+
+@pytest.mark.parametrize("name, members", [("1:x", None), ("1:5", b"not json"), ("1:5", b'{"members": [2, 1]}'),
+                                           ("1:5", b'{"members": [0, 7], "world": 2}'), ("1:5", b"[]")])
+def test_a_view_in_the_store_that_is_none_is_refused_naming_it(store, name, members) -> None:
+    reader = trainer(store, 0)
+    if members is not None:
+        store.set(reader.key(1, "r5/members"), members)
+    with pytest.raises(CannotRecover, match=f"view '{name}' in the job's store is not a generation:round"):
+        reader.view(name)

@@ -107,11 +107,18 @@ class Membership:
         return f"{self.prefix}g{view_or_generation}/{name}"
 
     def view(self, name: str) -> View:
-        """The view named "g:k" (its members key is written before any key names it)."""
-        generation, _, round_ = name.partition(":")
-        g, k = int(generation), int(round_)
-        body = json.loads(self.store.get(f"{self.prefix}g{g}/r{k}/members"))
-        return View(g, k, tuple(body["members"]), int(body["world"]))
+        """The view named "g:k" (its members key is written before any key names it). CannotRecover where the store
+        holds something else (written by no trainer of this version): nothing to join."""
+        body = b""
+        try:
+            generation, _, round_ = name.partition(":")
+            g, k = int(generation), int(round_)
+            body = self.store.get(f"{self.prefix}g{g}/r{k}/members")
+            found = json.loads(body)
+            return View(g, k, tuple(found["members"]), int(found["world"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise CannotRecover(f"view {name[:40]!r} in the job's store is not a generation:round with "
+                                f"{{members, world}} ({type(e).__name__}: {e}; {body[:200]!r})") from None
 
     def successor_of(self, view: View) -> View | None:
         key = self.key(view, "next")
@@ -148,7 +155,8 @@ class Membership:
 
     def kind(self, view: View) -> str | None:
         """What `view` is to its members' recovery timelines, as its closer wrote it (every member reads the same)."""
-        return json.loads(self.store.get(self.key(view, "members"))).get("kind")
+        kind = json.loads(self.store.get(self.key(view, "members"))).get("kind")
+        return kind if kind in ("Shrink", "Join") else None
 
     # ---- a fresh trainer: arrive, wait for a place ---------------------------------------------
 
