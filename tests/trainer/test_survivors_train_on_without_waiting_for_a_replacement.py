@@ -151,3 +151,21 @@ def test_a_lost_store_does_not_stop_a_view_that_trains(gang) -> None:
     assert [line["step"] for line in steps(gang, 0, 1)] == list(range(1, 41)), gang.logs()
     assert gang.text(0, 1).count("the job's rendezvous store cannot be read at a step boundary") == 1, gang.logs()
     assert "Traceback" not in gang.logs()
+
+
+def test_a_scale_down_moves_the_others_at_a_step_boundary_and_the_seat_past_it_leaves(gang) -> None:
+    gang.publish(1, 3, fewest=1)
+    procs = [start(gang, seat, 1, 3, steps=40) for seat in range(3)]
+    gang.saw(0, 1, "step 5 seat 0", timeout=60)
+    gang.publish(2, 2, fewest=1)  # what the survivors' agents publish on the operator's word (kubectl scale)
+    assert gang.wait(procs[2]) == 0, gang.logs()
+    assert "rank 2 (seat 2) has no place in view 2:" in gang.text(2, 1)
+    for seat in (0, 1):
+        assert gang.wait(procs[seat]) == 0, gang.logs()
+        lines = steps(gang, seat, 1)
+        assert [line["step"] for line in lines] == list(range(1, 41)) and {line["pid"] for line in lines} == \
+            {procs[seat].pid}, gang.logs()
+        assert {(line["generation"], line["size"]) for line in lines[-5:]} == {(2, 2)}, gang.logs()
+    assert final_sum(gang, 0, 1) == final_sum(gang, 1, 1)
+    progress = json.loads((job_dir(gang.ckpt) / "progress.json").read_text())
+    assert (progress["world_size"], progress["desired_world_size"], progress["missing_ranks"]) == (2, 2, []), progress

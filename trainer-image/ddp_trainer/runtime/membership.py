@@ -155,7 +155,10 @@ class Membership:
 
     def kind(self, view: View) -> str | None:
         """What `view` is to its members' recovery timelines, as its closer wrote it (every member reads the same)."""
-        kind = json.loads(self.store.get(self.key(view, "members"))).get("kind")
+        try:
+            kind = json.loads(self.store.get(self.key(view, "members"))).get("kind")
+        except (RuntimeError, ValueError, AttributeError):  # the store lost, or not a trainer's: only a timeline's kind
+            return None
         return kind if kind in ("Shrink", "Join") else None
 
     # ---- a fresh trainer: arrive, wait for a place ---------------------------------------------

@@ -217,18 +217,19 @@ class InProcessRecovery:
         if stop or not self.job.stop.regroup:
             return
         started, old, carried, phases = time.monotonic(), self.view, self.carried, _Phases()
-        successor = self.views.take_change(old)
-        self._release(carried, None)
-        phases.end("release")
-        if self.rendezvous.seat.rank not in successor.members:  # a smaller world: this seat has no place
-            self.rendezvous.leave(self.job.timeouts.groups)
-            log.warning("rank %d (seat %d) has no place in view %s (%s): leaving", self.job.env.rank,
-                        self.rendezvous.seat.rank, view_name(successor), successor.describe())
-            raise SystemExit(0)  # scaled down: the others train on, this pod is removed (docs/operator.md)
         try:
+            successor = self.views.take_change(old)
+            self._release(carried, None)
+            phases.end("release")
+            if self.rendezvous.seat.rank not in successor.members:  # a smaller world: this seat has no place
+                self.rendezvous.leave(self.job.timeouts.groups)
+                log.warning("rank %d (seat %d) has no place in view %s (%s): leaving", self.job.env.rank,
+                            self.rendezvous.seat.rank, view_name(successor), successor.describe())
+                raise SystemExit(0)  # scaled down: the others train on, this pod is removed (docs/operator.md)
             view, source, received = self._rejoin(carried, None, phases, successor)
-        except inprocess.CannotRecover as e:  # nothing to rescue: every member held the state a step ago
-            self._fall_back(str(e))
+        except RuntimeError as e:  # CannotRecover, the store lost: the exit path (every member held the state)
+            self._fall_back(str(e) if isinstance(e, inprocess.CannotRecover) else
+                            f"the job's rendezvous store cannot be read: {e}")
             raise SystemExit(1) from None
         joined = set(view.members) - set(old.members)
         self.recovered("InProcess", "", carried.step(), kind=self.rendezvous.membership.kind(view))
