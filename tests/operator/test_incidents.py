@@ -131,7 +131,8 @@ def test_torchrun_never_restarts_in_place():
 # ---------------------------------------------------------------- 4. every agent of a generation agrees on --nnodes
 
 def test_a_new_node_range_starts_a_new_generation_without_charging():
-    s = spec(replicas=3, minReplicas=2, maxReplicas=4)
+    """The restart path (in process, a new size is done in place: test_scale_in_place_decisions.py)."""
+    s = spec(replicas=3, minReplicas=2, maxReplicas=4, failurePolicy={"recovery": "Restart"})
     old_range = (w(0, node_range="2-2"), w(1, node_range="2-2"))
     out = decide(job(s, running_status(ranks=ranks(2))), seen(*old_range))
     st = out.status

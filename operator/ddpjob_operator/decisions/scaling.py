@@ -16,7 +16,8 @@ survivor is stopped for it: the operator carries every survivor into it (status.
   Until then it stays out of the rest of the pass: it is neither an old generation to replace (a graceful
   stop of a pod still in the survivors' group would stop them all) nor a reason to say Restarting.
 
-The size the job last ran at is the status's rank count (update_counts lists every index below replicas):
+The size the job last ran at is the status's desiredWorldSize / nprocPerNode (written by every pass; else its
+highest rank's index + 1):
 a pass that grows replicas past it with live survivors scales up; one whose generation holds a live worker at
 an index >= replicas scales down. Both are written in the status (generation, carried ranks, one uncharged
 incident) before any pod is touched, so a repeated pass does nothing twice.
@@ -44,9 +45,13 @@ def scale_in_place(plan: Plan, spec: model.DDPJobSpec) -> None:
     """Decide an in-place scale when replicas changed, then keep the departing pods out of the pass. The pass
     goes on (generations.replace_and_create creates a scale up's new pods in it)."""
     live = [w for w in plan.current() if w.live]
-    before = max([len(plan.job.status.ranks)] + [w.index + 1 for w in live])
+    # The size the last pass decided (a status from before desiredWorldSize: its ranks; neither: none yet). A
+    # lost rank's index is a replacement's to fill, never a scale up's, whatever this pass's incident left live.
+    status = plan.job.status
+    last = status.desired_world_size // spec.nproc_per_node or max([r.index + 1 for r in status.ranks], default=0)
+    before = max([last] + [w.index + 1 for w in live])
     departing = sorted(w.index for w in live if w.index >= spec.replicas)
-    joining = list(range(before, spec.replicas))
+    joining = list(range(before, spec.replicas)) if last else []
     if live and (departing or joining):
         _new_size(plan, spec, live, before, departing or joining)
     _departures(plan, spec)
