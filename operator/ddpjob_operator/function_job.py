@@ -192,11 +192,14 @@ def build(fn: Callable[..., Any], *, name: str | None = None, replicas: int = 1,
                            {"name": VOLUME, "configMap": {"name": f"{name}-function"}}]
     template["volumeMounts"] = [*template.get("volumeMounts", []),
                                 {"name": VOLUME, "mountPath": MOUNT_PATH, "readOnly": True}]
+    # The function forms its process group from torchrun's variables (dist.init_process_group), which under
+    # in-process recovery (the default with restartScope Pod) are each pod's alone: the restart path unless named.
+    failure_policy = {"recovery": "Restart", **(extra.pop("failurePolicy", None) or {})}
     job_spec: dict[str, Any] = {
         "replicas": replicas, "nprocPerNode": nproc_per_node, "image": image,
         "entrypoint": f"{MOUNT_PATH}/{PROGRAM}", "args": [],
         "env": [{"name": k, "value": str(v)} for k, v in (env or {}).items()],
-        "template": template, **extra}
+        "template": template, "failurePolicy": failure_policy, **extra}
     if min_replicas is not None:
         job_spec["minReplicas"] = min_replicas
     if max_replicas is not None:
