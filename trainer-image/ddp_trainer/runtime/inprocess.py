@@ -43,11 +43,11 @@ import torch
 import torch.distributed as dist
 
 from .contract import INPROCESS_ENV, REPLICA_INDEX_ENV, SPARE_PLACE_ENV
-from .distributed import abort_process_groups
+from .distributed import abort_process_groups, is_peer_failure
 from .store_client import ReconnectingStore
 # The launcher's keys (operator/ddpjob_operator launcher), the newest generation and its node range, and the views.
 from .membership import GENERATION_KEY as GENERATION_KEY, NNODES_KEY as NNODES_KEY
-from .membership import CannotRecover, Membership, node_range
+from .membership import CannotRecover, Membership, node_range, view_name
 from .views import View
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,10 @@ FALLBACK_LOOKBACK = 32  # generations before this one whose fallback notes rank 
 # to ({"index", "generation", ...}: the operator's answer, once the agent published the generation).
 SPARE_BUILT_KEY = "{place}/built/{local_rank}"  # set once built: the agent marks the spare ready after all of them
 CONNECT_TIMEOUT_S = 60.0  # every rank has arrived: the group's own connections take this at most
+# A view closed after a failure (or a first start) holds members that all arrived just before: its group forms within
+# this, or one of them was lost meanwhile and every other member takes the failure path again. A joiner placed at
+# a step boundary waits for the members' next step as well: CONNECT_TIMEOUT_S.
+FORM_TIMEOUT_S = 15.0
 LEAVE_TIMEOUT_S = 10.0
 POLL_S = 0.05
 # torch's NCCL watchdog, on a failed or timed-out collective: 2 (CleanUpOnly) aborts the communicator and raises
@@ -319,19 +323,36 @@ class Rendezvous:
         if backend == "nccl":
             nccl_errors_raise()
         self.view = view  # from here on a failure is this view's (its successor is the next one)
-        dist.init_process_group(backend=backend, store=dist.PrefixStore(self.membership.key(view, "group/"), self.store),
-                                rank=view.rank_of(self.seat.rank), world_size=view.size,
-                                timeout=datetime.timedelta(seconds=min(timeout_s, CONNECT_TIMEOUT_S)),
-                                device_id=device if device.type == "cuda" else None)
+        within = CONNECT_TIMEOUT_S if self.membership.kind(view) == "Join" else FORM_TIMEOUT_S
+        try:
+            dist.init_process_group(backend=backend,
+                                    store=dist.PrefixStore(self.membership.key(view, "group/"), self.store),
+                                    rank=view.rank_of(self.seat.rank), world_size=view.size,
+                                    timeout=datetime.timedelta(seconds=min(timeout_s, within)),
+                                    device_id=device if device.type == "cuda" else None)
+        except BaseException:
+            # torch counted the group it could not form, and names the next default group's store keys by that
+            # count: 1 here, 0 in every member that formed none before (torch 2.13 resets it only on a destroy).
+            dist.distributed_c10d._world.group_count = 0
+            raise
         dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout_s), None)
 
     def join(self, generation: int, device: torch.device, timeout_s: float, stopped: Callable[[], bool]) -> View:
         """A fresh trainer (first start, replacement, placed spare): its place in a view of `generation` or a newer
-        one (`Membership.wait_placed`), then that view's group."""
-        view = self.membership.wait_placed(generation, stopped)
-        self.membership.start_boundary_checks()
-        self.form(view, device, timeout_s)
-        return view
+        one (`Membership.wait_placed`), then that view's group; a view that does not form (a member lost meanwhile):
+        a place again."""
+        while True:
+            view = self.membership.wait_placed(generation, stopped)
+            self.membership.start_boundary_checks()
+            try:
+                self.form(view, device, timeout_s)
+                return view
+            except Exception as e:  # noqa: BLE001 - a peer's failure is told apart below, the rest re-raised
+                if not is_peer_failure(e):
+                    raise
+                log.warning("view %s did not form (%s): waiting for a place again", view_name(view),
+                            str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+                generation = view.generation
 
     def leave(self, groups: list[dist.ProcessGroup | None]) -> None:
         """Out of the failed generation's groups (`groups`: side groups, None the default group). NCCL: abort
