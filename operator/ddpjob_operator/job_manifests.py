@@ -332,12 +332,14 @@ def store_pod(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any]:
     """The rendezvous store: scheduled like the workers (rendezvous.storeTemplate overrides each part)."""
     port = spec.rendezvous.port
     store = spec.rendezvous.store_template
+    mount, volume = agent_volume(job)  # the store's program is the agent's (agent/store.py), by reference
     container = {
         "name": STORE_CONTAINER,
         "image": spec.rendezvous.store_image or spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": store_command(port),
         "ports": [{"name": "rendezvous", "containerPort": port}],
+        "volumeMounts": [mount],
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
         "resources": {"requests": {"cpu": store.resources.cpu, "memory": store.resources.memory}},
         # A TCPStore needs no privileges: this passes the restricted Pod Security level (with the pod's
@@ -350,6 +352,7 @@ def store_pod(job: JobRef, spec: model.DDPJobSpec) -> dict[str, Any]:
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 5,
         "containers": [container],
+        "volumes": [volume],
     }
     node_selector = store.node_selector if store.node_selector is not None else spec.template.node_selector
     priority = store.priority_class_name if store.priority_class_name is not None \

@@ -16,29 +16,6 @@ from .agent.contract import (ASSIGNMENT_FILE_ENV, GENERATION_FILE_ENV, PROGRESS_
                              SPARE_READY_FILE_ENV, TERMINATION_LOG_ENV, TERMINATION_LOG_PATH)
 from .naming import nnodes
 
-# ---------------------------------------------------------------- rendezvous store
-
-# Started as `python -c STORE_PROGRAM <port>`: a standalone c10d TCPStore that outlives every
-# worker (no worker hosts it: --rdzv-conf is_host=false). A constant, never built from user input.
-STORE_PROGRAM = """\
-import signal, sys
-from datetime import timedelta
-import torch.distributed as dist
-port = int(sys.argv[1])
-stop = {signal.SIGTERM, signal.SIGINT}
-signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # before the server thread starts, so it inherits it
-store = dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False, multi_tenant=True,
-                      timeout=timedelta(seconds=60))
-print(f"ddpjob rendezvous store listening on port {port}", flush=True)
-signal.sigwait(stop)
-print("ddpjob rendezvous store stopping", flush=True)
-"""
-
-
-def store_command(port: int, *, python: str = "python") -> list[str]:
-    return [python, "-c", STORE_PROGRAM, str(port)]
-
-
 # ---------------------------------------------------------------- torchrun command and env
 
 # In a pod, the agent publishes its pod IP (downward API) to the rendezvous, not its DNS name, which
@@ -89,6 +66,12 @@ def torchrun_flags(spec: model.DDPJobSpec, *, endpoint: str, rdzv_id: str,
 # here read-only (job_manifests.agent_volume): a pod's command names them instead of carrying them (24 KB in each
 # pod, each list and watch event of pods). Under the operator's directory, where no template mount may go.
 AGENT_DIR = f"{model.OPERATOR_SECRETS_DIR}/agent"
+
+
+def store_command(port: int, *, python: str = "python", agent_dir: str = AGENT_DIR) -> list[str]:
+    """The rendezvous store's argv: the agent's store program (agent/store.py; `agent_dir` as for worker_command), a
+    standalone c10d TCPStore that outlives every worker (no worker hosts it: --rdzv-conf is_host=false)."""
+    return [*agent.command("store", python=python, directory=agent_dir), str(port)]
 
 
 def entrypoint_args(spec: model.DDPJobSpec) -> list[str]:

@@ -138,7 +138,7 @@ def test_lost_store_moves_the_job_to_a_new_generation_without_charging_the_budge
     run = start(runs, tmp_path, str(write_manifest(tmp_path, doc)))
     progress = job_files(tmp_path, "store") / "progress.json"
     run.wait_for_step(progress, 30)
-    store = [pid for pid, cmdline in tagged_processes(run.tag) if "dist.TCPStore(" in cmdline]
+    store = [pid for pid, cmdline in tagged_processes(run.tag) if "bootstrap.py store " in cmdline]
     assert len(store) == 1, run.leftovers()
     os.kill(store[0], signal.SIGKILL)
     code, out = run.wait(timeout=240)

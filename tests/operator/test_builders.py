@@ -235,7 +235,10 @@ def test_services_and_store_pod():
     assert not set(headless["spec"]["selector"].items()) <= set(store["metadata"]["labels"].items())
     container = store["spec"]["containers"][0]
     assert container["image"] == "store:2"
-    assert container["command"] == ["python", "-c", launch.STORE_PROGRAM, "29500"]
+    # The agent's store program from the job's agent ConfigMap, by reference: the pod carries no program.
+    assert container["command"] == [*agent.command("store", python="python", directory=launch.AGENT_DIR), "29500"]
+    assert store["spec"]["volumes"] == [job_manifests.agent_volume(JOB)[1]]
+    assert container["volumeMounts"] == [job_manifests.agent_volume(JOB)[0]]
     assert store["spec"]["restartPolicy"] == "Never"  # a restarted store lost its state: must be seen
     assert job_manifests.store_pod(JOB, spec())["spec"]["containers"][0]["image"] == "trainer:1"
 
@@ -448,7 +451,7 @@ def test_store_program_serves_a_tcpstore_and_stops_on_sigterm(unused_tcp_port):
     """The fixed store program really runs: a client sets and reads a key; SIGTERM exits 0."""
     import torch.distributed as dist  # the test process may import torch; the operator never does
 
-    proc = subprocess.Popen(launch.store_command(unused_tcp_port, python=sys.executable),
+    proc = subprocess.Popen(launch.store_command(unused_tcp_port, python=sys.executable, agent_dir=agent.DIRECTORY),
                             stdout=subprocess.PIPE, text=True)
     try:
         assert "listening" in proc.stdout.readline()

@@ -153,7 +153,7 @@ def test_sigterm_to_the_launcher_stops_the_trainer_and_exits_143(tmp_path):
 def rendezvous_store():
     """The job's rendezvous store (the survivors' channel to the next generation): its endpoint."""
     port = free_port()
-    store = subprocess.Popen(launch.store_command(port, python=sys.executable), env={"PATH": "/usr/bin:/bin"},
+    store = subprocess.Popen(launch.store_command(port, python=sys.executable, agent_dir=agent.DIRECTORY), env={"PATH": "/usr/bin:/bin"},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     yield f"127.0.0.1:{port}"
     store.terminate()
@@ -228,7 +228,7 @@ def test_the_real_exit_code_reaches_the_exit_code_rules(tmp_path, retryable, pha
 def test_a_rendezvous_that_never_forms_is_reported_as_such_and_retried_in_a_new_generation(tmp_path):
     """2 nodes wanted, 1 comes: torchrun's join timeout is an infrastructure failure, not the user's."""
     port = free_port()
-    store = subprocess.Popen(launch.store_command(port, python=sys.executable), env={"PATH": "/usr/bin:/bin"},
+    store = subprocess.Popen(launch.store_command(port, python=sys.executable, agent_dir=agent.DIRECTORY), env={"PATH": "/usr/bin:/bin"},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         script = tmp_path / "entry.py"

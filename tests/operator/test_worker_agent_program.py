@@ -62,7 +62,7 @@ def test_the_agent_imports_only_the_standard_library_torch_and_itself():
     stdlib = sys.stdlib_module_names
     assert imported_modules(AGENT / "contract.py") == set()
     assert imported_modules(AGENT / "bootstrap.py") <= stdlib
-    for name in ("worker", "zygote"):
+    for name in ("worker", "zygote", "store"):
         assert imported_modules(AGENT / f"{name}.py") - stdlib == {"torch"}, name
 
 
@@ -71,7 +71,7 @@ def test_the_agents_entry_refuses_a_role_it_does_not_have_with_its_usage(tmp_pat
     entry = mount_agent(tmp_path / "node")[:2]
     done = subprocess.run([*entry, *role], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr == f"usage: python {entry[1]} {{worker,zygote}} ARGS... (the ddpjob agent's entry)\n"
+    assert done.stderr == f"usage: python {entry[1]} {{worker,zygote,store}} ARGS... (the ddpjob agent's entry)\n"
 
 
 torch = pytest.importorskip("torch", reason="the agent's worker module imports torch")

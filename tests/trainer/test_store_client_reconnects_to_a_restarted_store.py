@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -17,40 +13,20 @@ import pytest
 import torch.distributed as dist
 
 from ddp_trainer.runtime.store_client import ReconnectingStore
-from ddpjob_operator import launch
+from tests.rendezvous_store import StoreProcess
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_store(port: int) -> subprocess.Popen:
-    store = subprocess.Popen(launch.store_command(port, python=sys.executable), stdout=subprocess.PIPE, text=True)
-    assert "listening" in store.stdout.readline()
-    return store
-
-
 @pytest.fixture
-def stores():
-    started: list[subprocess.Popen] = []
-    yield started
-    for store in started:
-        store.kill()
-        store.wait()
+def store():
+    process = StoreProcess()
+    yield process
+    process.close()
 
 
-def kill(store: subprocess.Popen) -> None:
-    store.send_signal(signal.SIGKILL)
-    store.wait()
-
-
-def test_a_client_keeps_working_through_a_store_killed_and_started_again(stores, caplog):
-    port = free_port()
-    stores.append(start_store(port))
+def test_a_client_keeps_working_through_a_store_killed_and_started_again(store, caplog):
+    port = store.port
     client = ReconnectingStore("127.0.0.1", port, timeout=datetime.timedelta(seconds=10))
     republished = []
     client.on_reconnect(lambda: republished.append(client.compare_set("ddpjob/u/generation", "", "3")))
@@ -71,8 +47,8 @@ def test_a_client_keeps_working_through_a_store_killed_and_started_again(stores,
     worker = threading.Thread(target=keep_working)
     worker.start()
     with caplog.at_level(logging.INFO, logger="ddp_trainer.runtime.store_client"):
-        kill(stores[0])
-        stores.append(start_store(port))  # an interpreter and torch: seconds, while the other thread waits
+        store.kill()
+        store.start()  # an interpreter and torch: seconds, while the other thread waits
         listening = time.monotonic()
         assert client.get("ddpjob/u/generation") == b"3"  # published again by the owner's callback
         back = time.monotonic() - listening
@@ -91,27 +67,25 @@ def test_a_client_keeps_working_through_a_store_killed_and_started_again(stores,
     assert back < 1.5, f"{back:.1f} s from the new store's start to the republished key (backoff at most 1 s)"
 
 
-def test_a_process_group_built_on_the_client_forms_a_new_group_after_the_store_came_back(stores):
+def test_a_process_group_built_on_the_client_forms_a_new_group_after_the_store_came_back(store):
     """Gloo keeps a formed group's store: a later new_group (the in-process exchange's) goes through it."""
-    port = free_port()
-    stores.append(start_store(port))
+    port = store.port
     client = ReconnectingStore("127.0.0.1", port, timeout=datetime.timedelta(seconds=10))
     dist.init_process_group("gloo", store=dist.PrefixStore("g0/", client), rank=0, world_size=1)
     try:
-        kill(stores[0])
-        stores.append(start_store(port))
+        store.kill()
+        store.start()
         group = dist.new_group([0])
         assert dist.get_world_size(group) == 1
     finally:
         dist.destroy_process_group()
 
 
-def test_a_store_that_never_comes_back_fails_the_call_within_the_bound(stores, caplog):
-    port = free_port()
-    stores.append(start_store(port))
+def test_a_store_that_never_comes_back_fails_the_call_within_the_bound(store, caplog):
+    port = store.port
     client = ReconnectingStore("127.0.0.1", port, timeout=datetime.timedelta(seconds=10), reconnect_within_s=1.0)
     client.set("k", "v")
-    kill(stores[0])
+    store.kill()
     began = time.monotonic()
     with caplog.at_level(logging.INFO, logger="ddp_trainer.runtime.store_client"), \
             pytest.raises(dist.DistNetworkError):
@@ -122,17 +96,16 @@ def test_a_store_that_never_comes_back_fails_the_call_within_the_bound(stores, c
         and lines[0].endswith(") and did not come back within 1 s"), lines
 
 
-def test_a_failing_republication_is_named_in_the_one_line_and_the_call_goes_on(stores, caplog):
-    port = free_port()
-    stores.append(start_store(port))
+def test_a_failing_republication_is_named_in_the_one_line_and_the_call_goes_on(store, caplog):
+    port = store.port
     client = ReconnectingStore("127.0.0.1", port, timeout=datetime.timedelta(seconds=10))
 
     def broken() -> None:
         raise ValueError("node range 'x' is not MIN:MAX")
 
     client.on_reconnect(broken)
-    kill(stores[0])
-    stores.append(start_store(port))
+    store.kill()
+    store.start()
     with caplog.at_level(logging.INFO, logger="ddp_trainer.runtime.store_client"):
         client.set("k", "v")
     assert client.get("k") == b"v"

@@ -9,7 +9,7 @@ import sys
 import types
 
 PACKAGE = "ddpjob_agent"
-ROLES = ("worker", "zygote")
+ROLES = ("worker", "zygote", "store")
 
 
 def start(argv):

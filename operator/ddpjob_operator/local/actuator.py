@@ -121,7 +121,8 @@ class LocalActuator:
         name = naming.store_pod_name(self.job_name)
         pods.store = LocalProcess(
             name=name, marker=marker_for(self.run_id, "store"),
-            argv=launch.store_command(pods.store_port, python=sys.executable), env=self.base_env,
+            argv=launch.store_command(pods.store_port, python=sys.executable, agent_dir=agent.DIRECTORY),
+            env=self.base_env,
             log_path=self.log_dir / f"{name}.log")
         pods.store.start(now)
 
