@@ -5,7 +5,7 @@ then the invariants the operator promises, checked on what the run did.
 Faults, one at a time, each at a training step (seeded: the same seed, the same schedule):
     kill        SIGKILL a worker's whole process tree (a crashed node): one charged restart
     delete      graceful delete behind the runner's back (SIGTERM, the trainer checkpoints): not charged
-    kill-store  SIGKILL the rendezvous store process: a disruption, not charged
+    kill-store  SIGKILL the rendezvous store process: recreated on its port, the workers train on, not charged
     pause       SIGSTOP a worker's process tree for a few seconds, then SIGCONT (a node that hiccups):
                 nothing at all
 The runner's own fault injection (FaultInjection) does the first three; `pause` is this script's.
