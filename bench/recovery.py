@@ -602,8 +602,10 @@ def loss_check(job, state: Path, cold_start: str | None, kill_at: int, join_afte
     for name in ("disturbed", "undisturbed"):
         records = state / name / "samples"
         records.parent.mkdir(parents=True)
-        until = ["--epochs", "100000"] if name == "disturbed" else ["--max-steps", str(max(runs["disturbed"][0]))]
-        spec = job.spec.model_copy(update={"args": [*job.spec.args, *until, "--record-samples", str(records)]})
+        # The same epochs and a constant learning rate in both: the schedule follows the planned steps, not the run.
+        until = [] if name == "disturbed" else ["--max-steps", str(max(runs["disturbed"][0]))]
+        spec = job.spec.model_copy(update={"args": [*job.spec.args, "--epochs", "100000", "--schedule", "constant",
+                                                    *until, "--record-samples", str(records)]})
         faults = ((1, kill_at, KILL),) if name == "disturbed" else ()
         phase, timeline = run_local(job.model_copy(update={"spec": spec}), state / name, cold_start, faults,
                                     NEVER if faults else AT_ONCE, release_after=join_after, end=bool(faults))
