@@ -102,7 +102,7 @@ class CheckpointConfig:
 # survivors' next collective this long after they reach it, so that they train on within 10 s of the silence
 # (issue 36). It bounds the wait for the slowest rank outside saves and evaluations (relaxed there), not the step
 # time: steps under it took at most 1.2 s with a 2-core machine at load 10-14 (docs/benchmarks.md, "A silent peer
-# under load").
+# under load"); steps of several seconds can pass it (a 1 GB state's 6 s steps on two saturated cores did once).
 STEADY_TIMEOUT_S = 5.0
 
 
