@@ -19,14 +19,19 @@ UID = "uid-inprocess"
 class Gang:
     """One job: its rendezvous store and the trainers of each generation, by (replica index, generation)."""
 
-    def __init__(self, tmp_path: Path, name: str, args: list[str]) -> None:
+    def __init__(self, tmp_path: Path, name: str, args: list[str], store=None) -> None:
+        """`store`: one with `port`, `endpoint` and `close()` (default a StoreServer of its own)."""
         self.dir, self.name = tmp_path, name
         self.ckpt = tmp_path / f"{name}-ckpt"
-        self.store = StoreServer()
-        self.client = dist.TCPStore("127.0.0.1", self.store.port, is_master=False)
+        self.store = store if store is not None else StoreServer()
+        self.connect()
         self.procs: dict[tuple[int, int], subprocess.Popen] = {}
         self.extra_env: dict[str, str] = {}
         self.args = args  # the trainer's arguments in every generation
+
+    def connect(self) -> None:
+        """A client of the store (again, once a lost one was started anew on its port)."""
+        self.client = dist.TCPStore("127.0.0.1", self.store.port, is_master=False)
 
     def publish(self, generation: int, nodes: int, fewest: int | None = None) -> None:
         """What the launcher of a generation's first new pod does (operator's launcher.Generations.publish):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from inprocess_gang import UID, Gang
+from tests.rendezvous_store import StoreProcess
 from ddp_trainer.runtime.inprocess import GENERATION_KEY
 from trainer_harness import PY, job_dir
 
@@ -169,3 +170,28 @@ def test_a_scale_down_moves_the_others_at_a_step_boundary_and_the_seat_past_it_l
     assert final_sum(gang, 0, 1) == final_sum(gang, 1, 1)
     progress = json.loads((job_dir(gang.ckpt) / "progress.json").read_text())
     assert (progress["world_size"], progress["desired_world_size"], progress["missing_ranks"]) == (2, 2, []), progress
+
+
+def test_a_store_recreated_empty_gets_the_view_again_and_a_later_loss_shrinks_through_it(tmp_path) -> None:
+    """The store is SIGKILLed and started anew on its port (as the operator recreates it under its Service): the
+    trainers reconnect, publish their view there again, train on; a rank lost later is shrunk away through the new
+    store, every survivor keeping its process."""
+    gang = Gang(tmp_path, "recreated", [], store=StoreProcess())
+    try:
+        gang.publish(1, 3, fewest=1)
+        procs = {seat: start(gang, seat, 1, 3, steps=60, die_at=40 if seat == 2 else 0) for seat in range(3)}
+        gang.saw(0, 1, "step 5 seat 0", timeout=60)
+        gang.store.kill()
+        gang.store.start()
+        gang.connect()
+        gang.publish(1, 3, fewest=1)  # what the agents publish again on the new store
+        assert gang.wait(procs.pop(2)) == -signal.SIGKILL, gang.logs()
+        for seat, proc in procs.items():
+            assert gang.wait(proc) == 0, gang.logs()
+            lines = steps(gang, seat, 1)
+            assert [line["step"] for line in lines] == list(range(1, 61)), gang.logs()
+            assert {(line["generation"], line["size"]) for line in lines if line["step"] > 40} == {(1, 2)}, gang.logs()
+        assert "reconnected after" in gang.text(0, 1) and "recovered in process" in gang.text(1, 1), gang.logs()
+        assert final_sum(gang, 0, 1) == final_sum(gang, 1, 1)
+    finally:
+        gang.close()

@@ -279,6 +279,7 @@ class Rendezvous:
         # Reconnects to a lost store's successor (same endpoint): the operator keeps the gang (issue 36).
         store = ReconnectingStore(host, int(port), timeout=datetime.timedelta(seconds=CONNECT_TIMEOUT_S))
         rdzv = cls(store, uid, seat, backend=backend)
+        store.on_reconnect(lambda: rdzv.membership.republish(rdzv.view))  # a lost store comes back empty
         rdzv.place_key = place_key or None
         return rdzv, generation
 

@@ -82,6 +82,7 @@ class Membership:
         self.prefix = PREFIX.format(uid=uid)
         self.seen: tuple[bytes, bytes] | None = None  # (newest generation, arrivals) at the last boundary check
         self.said_below_minimum = False
+        self.recreated = False  # the store was lost and this trainer reconnected to its empty successor
 
     @property
     def seat(self) -> int:
@@ -250,7 +251,11 @@ class Membership:
         nothing changed; the successor is closed (written) before this returns it."""
         if self.seen is None:
             return None  # no launcher publishes generations here: nobody joins
-        seen = tuple(self.store.multi_get([GENERATION_KEY.format(uid=self.uid), f"{self.prefix}arrivals"]))
+        keys = [GENERATION_KEY.format(uid=self.uid), f"{self.prefix}arrivals"]
+        if self.recreated and not self.store.check(keys):
+            return None  # a new store its agent has not published the generation in yet: a read would wait for it
+        self.recreated = False
+        seen = tuple(self.store.multi_get(keys))
         if seen == self.seen:
             return None
         generation = max(int(seen[0]), view.generation)
@@ -264,6 +269,20 @@ class Membership:
             return None
         kind = "Join" if joiners else "Shrink" if len(members) < view.size else None  # None: a larger world
         return Change(self.close(view, generation, members, world, kind), joiners)
+
+    def republish(self, view: View | None) -> None:
+        """The store was lost and came back empty (runtime/store_client.py): what the protocol needs of this
+        trainer's view there again, as every member writes it (the same values): the arrivals counter, the view's
+        members (a failure in it closes its successor from them) and its round (the next round is a new one)."""
+        self.recreated = True
+        self.store.add(f"{self.prefix}arrivals", 0)
+        if view is None:
+            return
+        self.store.compare_set(self.key(view, "members"), "", self._members_json(view, None))
+        rounds = self.key(view.generation, "rounds")
+        if int(self.store.add(rounds, 0)) < view.round:
+            self.store.add(rounds, view.round)
+        self.store.compare_set(self.key(view.generation, f"placed/{self.seat}"), "", view_name(view))
 
     def start_boundary_checks(self) -> None:
         """Rank 0's one-read check needs both keys: the counter exists from now on; without a published generation
