@@ -10,7 +10,8 @@ relax the timeout) while `--burners` busy processes (`yes`, default: one per cor
   of an evaluation). A collective waits only for the slowest rank to reach it, and every step has one, so no
   rank waited longer than that gap: the headroom the timeout has.
 - freeze: `--freezes` runs in which rank 1 freezes itself (SIGSTOP, sockets open, as a node gone silent) at a
-  step where the timeout is in force; seconds from its freeze line to rank 0's peer failure (its rescue line).
+  step where the timeout is in force; seconds from its freeze line to rank 0's peer failure (its rescue line,
+  written once the rescue checkpoint is: these runs train the digits model alone, so that it follows at once).
 
     .venv/bin/python bench/silent_peer.py [--minutes 5] [--freezes 5] [--state-mb 64] [--burners 2]
 """
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"steady steps: {len(gaps)}, gap between step lines median {statistics.median(gaps):.3f} s, "
                           f"p99 {gaps[int(0.99 * (len(gaps) - 1))]:.3f} s, max {gaps[-1]:.3f} s")
                 failed = bool(r["verdicts"]) or r["exited_early"] is not None
-            caught = [frozen_peer(args.state_mb, args.checkpoint_every, work, i) for i in range(args.freezes)]
+            caught = [frozen_peer(0, args.checkpoint_every, work, i) for i in range(args.freezes)]
             if caught:
                 known = [c for c in caught if c is not None]
                 print(f"\nfrozen peer, {len(caught)} runs: seconds from the freeze to the survivor's peer failure: "
