@@ -33,9 +33,6 @@ def writes_to(pid: int) -> str:
         return ""
 
 
-@pytest.mark.xfail(strict=True, reason="the in-process protocol does not yet publish its current view again on the "
-                   "new store (ReconnectingStore.on_reconnect): rank 0's step-boundary read of the generation and "
-                   "arrivals keys waits on the empty store until the stall watchdog ends it")
 def test_a_killed_store_keeps_every_worker_process_and_training_goes_on(tmp_path):
     doc = manifest("keep", failurePolicy={"maxRestarts": 2, "recovery": "InProcess",
                                           "backoff": {"initialSeconds": 0, "maxSeconds": 1}})
