@@ -317,3 +317,17 @@ def test_a_scale_ups_ranks_joining_in_place_are_a_step_of_the_scale():
                           progress=live_view(101, 31, world=4, missing=(), kind="Join", recoveries=(join,)))
     out = decide(job(four, status), observed)
     assert [[s.kind for s in i.recovery.steps] for i in out.status.incidents] == [[], ["Join"]]
+
+
+def test_an_in_process_recovery_loses_no_step_however_late_the_failure_was_seen():
+    """The survivors train on at once: by the time the operator records the pod's failure their reports may be
+    hundreds of steps past the step they shrank at. Nothing was lost: the steps they trained are the job's."""
+    late = d.ProgressObservation(generation=0, step=300, last_advance=at(0), world_size=2, desired_world_size=3)
+    status = decide(job(SHORT, running(SHORT, 3)), d.Observed(workers=(w(0), w(1), failed(2, 137)),
+                                                              store=seen().store, now=at(0), progress=late)).status
+    short = short_pass(status, live_view(310, 5, recoveries=(regroup("Shrink", 1.2, 2, 12),)), *survivors(),
+                       unschedulable())
+    [incident] = short.status.incidents
+    assert (incident.recovery.path, incident.recovery.steps_lost) == ("InProcess", 0)
+    [event] = [e for e in of(short, d.Event) if e.reason == d.REASON_RECOVERED]
+    assert "0 steps lost" in event.message

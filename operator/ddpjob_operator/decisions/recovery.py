@@ -174,7 +174,11 @@ def _reported(plan: Plan, incident: model.Incident, recovery: model.IncidentReco
         recovery.path = report.path
         if report.path == "Restart":
             recovery.fallback_reason = " ".join(report.reason.split())[:FALLBACK_REASON_LIMIT]
-    if recovery.steps_lost is None and incident.step is not None and report.resumed_step is not None:
+    if recovery.steps_lost is None and report.path == "InProcess":
+        # Every completed step stayed in memory (the survivors', or a peer's by broadcast); the step the operator
+        # saw at the failure may be later than the shrink's, the survivors having trained on before it looked.
+        recovery.steps_lost = 0
+    elif recovery.steps_lost is None and incident.step is not None and report.resumed_step is not None:
         recovery.steps_lost = max(0, incident.step - report.resumed_step)
     skew = timedelta(seconds=CLOCK_SKEW_SECONDS)
 
