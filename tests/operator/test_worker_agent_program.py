@@ -29,6 +29,7 @@ CHECKED = {
     "torch.distributed.elastic.multiprocessing.api._terminate_process_handler": {"2.13.0": "690db341fcce4d93"},
     "torch.distributed.elastic.agent.server.local_elastic_agent.LocalElasticAgent._start_workers":
         {"2.13.0": "3a15b68937f57e63"},
+    "torch.distributed.elastic.agent.server.local_elastic_agent.start_processes": {"2.13.0": "c26b08a0ab76da28"},
     "torch.distributed.elastic.agent.server.api.SimpleElasticAgent.run": {"2.13.0": "1f0bf1529692b17f"},
     "torch._logging._internal.TorchLogsFormatter.format": {"2.13.0": "fe59988164d8a234"},
 }
@@ -92,10 +93,12 @@ def test_patch_torch_replaces_each_target_once(monkeypatch):
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import api as elastic_processes
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.agent.server import local_elastic_agent
 
     monkeypatch.setattr(worker, "PATCHED", [])
     replaced = [(torchrun, "config_from_args"), (elastic_processes, "_terminate_process_handler"),
-                (LocalElasticAgent, "_start_workers"), (LocalElasticAgent, "run")]
+                (LocalElasticAgent, "_start_workers"), (LocalElasticAgent, "run"),
+                (local_elastic_agent, "start_processes")]
     before = {}
     for owner, name in replaced:
         before[name] = getattr(owner, name)

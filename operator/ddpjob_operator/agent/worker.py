@@ -24,6 +24,7 @@ import torch
 import torch.distributed.elastic.multiprocessing.api as elastic_processes
 import torch.distributed.run as torchrun
 from torch.distributed import DistNetworkError, TCPStore
+from torch.distributed.elastic.agent.server import local_elastic_agent
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -112,11 +113,36 @@ def entry_of(args):
 def forked_config(config_from_args):
     def config_forking_trainers(args):
         config, cmd, cmd_args = config_from_args(args)
-        if not forks_trainers() or args.no_python or args.run_path:
+        if args.no_python or args.run_path:
             return config, cmd, cmd_args
+        entry = ["-m"] * bool(args.module) + [args.training_script, *args.training_script_args]
+        if not forks_trainers():
+            if os.environ.get(INPROCESS_ENV) != "1":
+                return config, cmd, cmd_args
+            # A fresh interpreter records its exception for the agent (own_group_fix), as a forked trainer does.
+            return config, cmd, ["-u", os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py"),
+                                 "worker", SPAWNED_TRAINER, *entry]
         config.start_method = "fork"
         return config, run_trainer, [bool(args.module), args.training_script, *args.training_script_args]
     return config_forking_trainers
+
+
+# The agent's argument that makes it a spawned trainer (forked_config, main): `python -u bootstrap.py worker
+# SPAWNED_TRAINER [-m] ENTRY ARGS...` runs ENTRY as `python -u [-m] ENTRY ARGS...` would, its exception recorded.
+SPAWNED_TRAINER = "--ddpjob-spawned-trainer"
+
+
+def run_spawned_trainer(entry):
+    from torch.distributed.elastic.multiprocessing.errors import record
+    module = entry[0] == "-m"
+    target, *args = entry[1:] if module else entry
+    if not getattr(sys.flags, "safe_path", False):  # what `python [-m] ENTRY` puts first on the path
+        sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(target))
+    sys.argv = [target, *args]
+    if module:
+        record(lambda: runpy.run_module(target, run_name="__main__", alter_sys=True))()
+    else:
+        record(lambda: runpy.run_path(target, run_name="__main__"))()
 
 
 class PlainTraceback(logging.Filter):
@@ -418,6 +444,31 @@ def torchrun_args(args):
     return with_flags(args, nnodes="1", rdzv_endpoint="127.0.0.1:0", rdzv_conf="is_host=true")
 
 
+# DDPJOB_INPROCESS=1: torchrun's RANK and WORLD_SIZE are the pod's own rendezvous's, so a trainer that forms its
+# group from torchrun's variables (init_process_group's env://) would train alone, one model per pod. Its trainers
+# get no group address (the runtime forms the job's group through PET_RDZV_ENDPOINT): that fails at once, and the
+# agent reports the fix instead of torch's words.
+TORCHRUN_GROUP_ADDRESS = ("MASTER_ADDR", "MASTER_PORT")
+OWN_GROUP_FAILURE = re.compile(r"env:// rendezvous: environment variable MASTER_(ADDR|PORT) expected")
+OWN_GROUP_FIX = ("this trainer forms its own process group (torch.distributed.init_process_group); in-process "
+                 "recovery, the default with restartScope Pod, needs ddp_trainer.runtime.Job (or the HF/Lightning "
+                 "callbacks). Fix: set failurePolicy.recovery: Restart in the DDPJob")
+
+
+def without_group_address(start_processes):
+    def start(*args, envs, **kwargs):
+        if os.environ.get(INPROCESS_ENV) == "1":
+            envs = {rank: {**{k: v for k, v in env.items() if k not in TORCHRUN_GROUP_ADDRESS},
+                           "TORCHELASTIC_USE_AGENT_STORE": "False"} for rank, env in envs.items()}
+        return start_processes(*args, envs=envs, **kwargs)
+    return start
+
+
+def own_group_fix(detail):
+    # A failed trainer's recorded exception, or the fix when it is torch's env:// missing the group address.
+    return OWN_GROUP_FIX if os.environ.get(INPROCESS_ENV) == "1" and OWN_GROUP_FAILURE.search(detail) else detail
+
+
 def run_generation(args, generation, generations):
     # One generation under torchrun: (code, message, closed, by_a_peer) for a failure, None when superseded.
     # by_a_peer: a peer's failure or stop ended it (this pod can take part in the next generation).
@@ -438,7 +489,7 @@ def run_generation(args, generation, generations):
         rank, failure = failed.get_first_failure()
         code = 128 - failure.exitcode if failure.exitcode < 0 else failure.exitcode
         if isinstance(failure.message, dict):  # the exception recorded by @record in the trainer
-            detail = failure.message.get("message", "")
+            detail = own_group_fix(failure.message.get("message", ""))
         elif failure.exitcode < 0:
             detail = "killed by " + failure.signal_name()
         else:
@@ -451,6 +502,8 @@ def run_generation(args, generation, generations):
         print(failed, file=sys.stderr, flush=True)
         text = f"rank {rank} (local rank {failure.local_rank}) exited with code {code}" \
             + (f": {detail}" if detail else "")
+        if detail == OWN_GROUP_FIX:  # the fix, last in the log, below torch's words
+            print(text, file=sys.stderr, flush=True)
         return code, text, True, peer_stopped or (code < 128 and bool(PEER_FAILURE.search(text)))
     except RendezvousError as error:
         if superseded.is_set():
@@ -746,6 +799,9 @@ def run_as_spare(args):
 def launch(args):
     flags = next((args[:i] for i, a in enumerate(args) if not a.startswith("--")), args)  # torchrun's own
     drop_foreign_torchrun_settings(flags)
+    if os.environ.get(INPROCESS_ENV) == "1":  # a static gang's pod has them: no trainer may inherit them either
+        for name in TORCHRUN_GROUP_ADDRESS:
+            os.environ.pop(name, None)
     if forks_trainers():
         preload(entry_of(args))
     os.environ.pop(SPARE_PLACE_ENV, None)  # this agent's own to set (SparePlace), never the pod's
@@ -792,6 +848,7 @@ TORCH_PATCHES = {
     "torch.distributed.run.config_from_args": ("2.13.0",),
     "torch.distributed.elastic.multiprocessing.api._terminate_process_handler": ("2.13.0",),
     "torch.distributed.elastic.agent.server.local_elastic_agent.LocalElasticAgent._start_workers": ("2.13.0",),
+    "torch.distributed.elastic.agent.server.local_elastic_agent.start_processes": ("2.13.0",),
     "torch.distributed.elastic.agent.server.api.SimpleElasticAgent.run": ("2.13.0",),
     "torch._logging._internal.TorchLogsFormatter.format": ("2.13.0",),
 }
@@ -808,6 +865,8 @@ def patch_torch():
     elastic_processes._terminate_process_handler = noting_the_stop(elastic_processes._terminate_process_handler)
     # The generation watcher stops before the agent forks its trainers.
     LocalElasticAgent._start_workers = unwatched_start(LocalElasticAgent._start_workers)
+    # By name, as _start_workers calls it: in-process trainers get no group address (TORCHRUN_GROUP_ADDRESS).
+    local_elastic_agent.start_processes = without_group_address(local_elastic_agent.start_processes)
     # A rendezvous closed under the agent is an error, not None (SimpleElasticAgent.run, inherited).
     LocalElasticAgent.run = closed_is_an_error(LocalElasticAgent.run)
     # TorchLogsFormatter.format imports torch._dynamo for a record with a traceback: format it plainly first.
@@ -817,5 +876,8 @@ def patch_torch():
 
 
 def main(args):
+    if args[:1] == [SPAWNED_TRAINER]:
+        run_spawned_trainer(args[1:])
+        return
     patch_torch()
     launch(args)
