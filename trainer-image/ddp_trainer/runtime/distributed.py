@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import collections
 import datetime
 import logging
 import os
 import re
 import signal
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -122,6 +124,10 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
+STEADY_STEP_FACTOR = 3.0  # a steady collective waits at least this many times the longest recent step
+RECENT_STEPS = 32  # the steps that count as recent
+
+
 class CollectiveTimeout:
     """The process groups' collective timeout: long (`long_s`) for the first `after_steps` steps
     (compilation, autotuning, data warm-up) and around checkpoint saves that other ranks wait for;
@@ -130,32 +136,50 @@ class CollectiveTimeout:
     Gloo's 30, and they save their replicas (rescue checkpoint) and exit instead of hanging.
     `steady_s` 0: keep `long_s` throughout."""
 
-    def __init__(self, long_s: float, steady_s: float = 0.0, after_steps: int = 10) -> None:
-        self.long_s, self.steady_s = long_s, steady_s
+    def __init__(self, long_s: float, steady_s: float = 0.0, after_steps: int = 10,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.long_s, self.steady_s, self._clock = long_s, steady_s, clock
         self.groups: list[dist.ProcessGroup | None] = [None]  # None: the default group
         self.steady = False
         self._steps, self._calm_from, self._after_steps = 0, after_steps, after_steps
+        # Steps longer than steady_s / STEADY_STEP_FACTOR raise the bound to that many of the longest recent one:
+        # a short default (5 s: a silent peer caught within 10 s) must not judge a model whose steps take seconds.
+        self._recent: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
+        self._last_step: float | None = None
+        self.current_s = long_s  # the bound in force (steady: steady_s or more)
 
     def add_group(self, group: dist.ProcessGroup) -> None:
         if group not in self.groups:
             self.groups.append(group)
             if self.steady:
-                self._set(self.steady_s, [group])
+                self._set(self.current_s, [group])
 
-    def restart(self) -> None:
+    def restart(self, after_steps: int | None = None) -> None:
         """In a new process group (in-process recovery): the default group only, long until `after_steps` more
-        steps completed, as at the start."""
+        steps completed (default: as many as at the start; a regroup of warm processes needs fewer)."""
         self.groups = [None]
         self.steady = False
-        self._calm_from = self._steps + self._after_steps
+        self._calm_from = self._steps + (self._after_steps if after_steps is None else after_steps)
+        self._last_step = None
         self._set(self.long_s)
+
+    @property
+    def steady_bound_s(self) -> float:
+        """The steady timeout for steps like the recent ones: steady_s, or STEADY_STEP_FACTOR x the longest."""
+        return max(self.steady_s, STEADY_STEP_FACTOR * max(self._recent, default=0.0))
 
     def step(self) -> None:
         """Once per optimizer step, on every rank."""
+        now = self._clock()
+        if self._last_step is not None and self.steady:  # long-timeout steps (start, saves) are not the steady kind
+            self._recent.append(now - self._last_step)
+        self._last_step = now
         self._steps += 1
         if self.steady_s > 0 and not self.steady and self._steps >= self._calm_from:
-            self._set(self.steady_s)
             self.steady = True
+            self._set(self.steady_bound_s)
+        elif self.steady and not 0.8 * self.current_s <= self.steady_bound_s <= self.current_s:
+            self._set(self.steady_bound_s)  # longer steps at once; shorter ones once clearly so (no churn)
 
     def relax(self, steps: int = 2) -> None:
         """Long again until `steps` more steps completed: around a save rank 0 writes while the others
@@ -166,6 +190,8 @@ class CollectiveTimeout:
         self._calm_from = self._steps + steps
 
     def _set(self, seconds: float, groups: list[dist.ProcessGroup | None] | None = None) -> None:
+        if groups is None:
+            self.current_s = seconds
         if not dist.is_initialized():
             return
         timeout = datetime.timedelta(seconds=seconds)
