@@ -411,7 +411,7 @@ class StallGuard:
         if steady_timeout_s < 0:
             raise ValueError(f"steady_timeout_s must be >= 0 (0: off), got {steady_timeout_s!r}")
         self.timeouts = CollectiveTimeout(long_s, steady_timeout_s)
-        self.watchdog = StallWatchdog(lambda: self.timeouts.steady_s if self.timeouts.steady else 0.0,
+        self.watchdog = StallWatchdog(lambda: self.timeouts.current_s if self.timeouts.steady else 0.0,
                                       abort=lambda: abort_process_groups(self.timeouts.groups))
         self._stop_group: Any = None  # the stop agreement's side group, once added to the timed-out groups
 
