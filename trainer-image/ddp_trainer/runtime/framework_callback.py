@@ -59,6 +59,10 @@ def form_group(framework: str) -> None:
         frameworks.refuse(f"DDPJob: {e}. Fix: run under DDPJob's launcher, or set failurePolicy.recovery: Restart")
         return
     _formed.append(rdzv)
+    # The launcher withholds torchrun's MASTER_ADDR/MASTER_PORT from in-process trainers (a group formed from them
+    # would be the pod's alone); accelerate refuses a multi-node world without them even once the group exists.
+    host, _, port = os.environ[inprocess.ENDPOINT_ENV].rpartition(":")
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
     if JobEnv.from_env().rank == 0 and _first_to_say(rdzv):
         frameworks.announce(RESTART_PATH.format(framework=framework))
 
