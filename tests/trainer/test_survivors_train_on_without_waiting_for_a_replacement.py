@@ -141,16 +141,19 @@ def test_below_the_minimum_the_survivor_waits_says_so_and_trains_once_a_replacem
 
 
 def test_a_lost_store_does_not_stop_a_view_that_trains(gang) -> None:
-    """Rank 0 reads the store at every step boundary (does a joiner wait?): a store that is gone is said once and
-    the view trains on; it needs the store only to change."""
+    """Rank 0 looks in the store for joiners (on a thread of its own): a store that is gone, which its client waits
+    for up to a minute, never holds a step up; it is said at most once and the view trains on."""
     gang.publish(1, 2, fewest=1)
     procs = [start(gang, seat, 1, 2, steps=40) for seat in range(2)]
     gang.saw(0, 1, "step 5 seat 0", timeout=60)
     gang.store.close()
     for proc in procs:
         assert gang.wait(proc) == 0, gang.logs()
-    assert [line["step"] for line in steps(gang, 0, 1)] == list(range(1, 41)), gang.logs()
-    assert gang.text(0, 1).count("the job's rendezvous store cannot be read at a step boundary") == 1, gang.logs()
+    lines = steps(gang, 0, 1)
+    assert [line["step"] for line in lines] == list(range(1, 41)), gang.logs()
+    gaps = [b["time"] - a["time"] for a, b in zip(lines[5:], lines[6:])]
+    assert max(gaps) < 1.0, gaps  # 0.1 s steps: nothing waited for the store
+    assert gang.text(0, 1).count("the job's rendezvous store cannot be read (") <= 1, gang.logs()
     assert "Traceback" not in gang.logs()
 
 
@@ -179,7 +182,9 @@ def test_a_store_recreated_empty_gets_the_view_again_and_a_later_loss_shrinks_th
     gang = Gang(tmp_path, "recreated", [], store=StoreProcess())
     try:
         gang.publish(1, 3, fewest=1)
-        procs = {seat: start(gang, seat, 1, 3, steps=60, die_at=40 if seat == 2 else 0) for seat in range(3)}
+        # The loss comes 10 s after the store's: the new store (a Python process of its own) is up by then.
+        procs = {seat: start(gang, seat, 1, 3, steps=90, step_s=0.15, die_at=70 if seat == 2 else 0)
+                 for seat in range(3)}
         gang.saw(0, 1, "step 5 seat 0", timeout=60)
         gang.store.kill()
         gang.store.start()
@@ -189,8 +194,8 @@ def test_a_store_recreated_empty_gets_the_view_again_and_a_later_loss_shrinks_th
         for seat, proc in procs.items():
             assert gang.wait(proc) == 0, gang.logs()
             lines = steps(gang, seat, 1)
-            assert [line["step"] for line in lines] == list(range(1, 61)), gang.logs()
-            assert {(line["generation"], line["size"]) for line in lines if line["step"] > 40} == {(1, 2)}, gang.logs()
+            assert [line["step"] for line in lines] == list(range(1, 91)), gang.logs()
+            assert {(line["generation"], line["size"]) for line in lines if line["step"] > 70} == {(1, 2)}, gang.logs()
         assert "reconnected after" in gang.text(0, 1) and "recovered in process" in gang.text(1, 1), gang.logs()
         assert final_sum(gang, 0, 1) == final_sum(gang, 1, 1)
     finally:

@@ -10,6 +10,7 @@ Rank 0's reports carry it (`fields`): `world_size` (ranks training), `desired_wo
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,9 +21,11 @@ from .views import View
 
 log = logging.getLogger(__name__)
 
-# After a failed store read at a step boundary, the next one waits this long: the group trains on without the
-# store, and a store that does not answer must not cost every step a connection timeout.
-STORE_RETRY_S = 10.0
+# Rank 0 looks for joiners in the store this often, on a thread of its own: a store that is lost (its client then
+# waits up to a minute for its successor, runtime/store_client.py) or slow never holds a training step up. A change
+# it finds is taken at the next step boundary.
+WATCH_S = 0.1
+STORE_RETRY_S = 10.0  # after a failed look: the group trains on without the store
 
 
 class ViewKeeper:
@@ -33,7 +36,9 @@ class ViewKeeper:
         self.waiting_for: int | None = None
         self._waiting = waiting
         self._change: View | None = None  # rank 0: the successor it closed, until the regroup is agreed
-        self._store_quiet_until = 0.0
+        self._watched: View | None = None  # rank 0: the view its watcher looks for a change of (None: none)
+        self._lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
         self._store_error_said = False
         self._failed_at: float | None = None
 
@@ -45,6 +50,8 @@ class ViewKeeper:
         """A peer failed just now: the failed view's successor is settled SETTLE_S from here (membership.py),
         what this survivor spends leaving included."""
         self._failed_at = time.monotonic()
+        with self._lock:
+            self._watched = None  # the failure path closes the successor now
         if self.short_since is None:
             self.short_since = time.time()
 
@@ -62,26 +69,40 @@ class ViewKeeper:
     # ---- a step boundary ------------------------------------------------------------------------
 
     def change_due(self, view: View) -> View | None:
-        """Rank 0: the successor of `view` where it changes at this boundary (closed in the store already). A store
-        error is logged once and the check waits STORE_RETRY_S: the group does not need the store between
-        regroups."""
-        if self._change is None and time.monotonic() >= self._store_quiet_until:
+        """Rank 0, at a step boundary: the successor of `view` its watcher closed in the store (a joiner waits, the
+        world changed), or None; the watcher looks at `view` from now on."""
+        with self._lock:
+            self._watched = view
+            change = self._change
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="ddpjob-view-watch", daemon=True)
+            self._watcher.start()
+        return change
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(WATCH_S)
+            with self._lock:
+                view = self._watched if self._change is None else None
+            if view is None:
+                continue
             try:
                 change = self.rendezvous.membership.change_due(view)
-            except (RuntimeError, ValueError) as e:  # DistStoreError, a node range that is none
-                self._store_quiet_until = time.monotonic() + STORE_RETRY_S
+            except (RuntimeError, ValueError) as e:  # the store lost, a node range that is none
                 if not self._store_error_said:
                     self._store_error_said = True
-                    log.warning("the job's rendezvous store cannot be read at a step boundary (%s): training on "
-                                "in view %s; joiners wait until it answers", str(e).splitlines()[0][:200],
-                                view_name(view))
-                return None
-            self._change = None if change is None else change.successor
-        return self._change
+                    log.warning("the job's rendezvous store cannot be read (%s): training on in view %s; joiners "
+                                "wait until it answers", str(e).splitlines()[0][:200], view_name(view))
+                time.sleep(STORE_RETRY_S)
+                continue
+            with self._lock:
+                if change is not None and self._watched == view:
+                    self._change = change.successor
 
     def take_change(self, view: View) -> View:
         """Every member, once a regroup was agreed: the successor rank 0 closed."""
-        successor, self._change = self._change, None
+        with self._lock:
+            successor, self._change, self._watched = self._change, None, None
         if successor is None:
             successor = self.rendezvous.membership.successor_of(view)
         if successor is None:
