@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from ddp_trainer.runtime.membership import (GENERATION_KEY, NNODES_KEY, SETTLE_S, CannotRecover, Membership,
-                                            node_range)
+from ddp_trainer.runtime.membership import (GENERATION_KEY, NNODES_KEY, SETTLE_S, CannotRecover, JobFinished,
+                                            Membership, node_range)
 from ddp_trainer.runtime.progress import recovery_field
 from ddp_trainer.runtime.views import View
 
@@ -147,3 +147,16 @@ def test_a_view_in_the_store_that_is_none_is_refused_naming_it(store, name, memb
         store.set(reader.key(1, "r5/members"), members)
     with pytest.raises(CannotRecover, match=f"view '{name}' in the job's store is not a generation:round"):
         reader.view(name)
+
+
+def test_a_joiner_still_waiting_when_the_job_finished_exits_0_instead_of_holding_it(store) -> None:
+    """A replacement whose trainer was built after the survivors trained the last step: no view will take it in,
+    and a job whose success waits for every worker must not wait for it (it would until its join timeout)."""
+    publish(store, 1, "1:3")
+    joiner = trainer(store, 2)
+    with pytest.raises(CannotRecover, match="no place"):
+        joiner.wait_placed(1, lambda: False, timeout_s=0.1)
+    trainer(store, 0).finish()  # rank 0 of the survivors, at the job's successful end (Job.result)
+    with pytest.raises(JobFinished) as finished:
+        joiner.wait_placed(1, lambda: False, timeout_s=30)
+    assert finished.value.code == 0

@@ -66,10 +66,9 @@ class Job:
         self._owns_pg, self._closed = owns_process_group, False
         # Own time per step, apart from waits in collectives (straggler detection; runtime/timing.py).
         self.step_timer = StepTimer(device)
-        # A trainer blocked in a collective still obeys SIGTERM within seconds, and a silent peer is
-        # noticed even where the collective itself does not time out (runtime/watchdog.py). Work that is
-        # not steps (an evaluation) relaxes the timeouts first: `self.timeouts.relax()`.
-        self.watchdog = StallWatchdog(lambda: self.timeouts.steady_s if self.timeouts.steady else 0.0,
+        # A trainer blocked in a collective obeys SIGTERM within seconds, and a silent peer is noticed where the
+        # collective does not time out (runtime/watchdog.py). Work that is not steps: `self.timeouts.relax()` first.
+        self.watchdog = StallWatchdog(lambda: self.timeouts.current_s if self.timeouts.steady else 0.0,
                                       abort=lambda: abort_process_groups(self.timeouts.groups))
 
     def _bind(self, env: JobEnv) -> None:
@@ -302,10 +301,11 @@ class Job:
         self.reporter.report(step=step, total_steps=total_steps, loss=loss, **fields)
 
     def result(self, **metrics: Any) -> None:
-        """Rank 0 at a successful end: result.json {"status": "completed", "world_size", **metrics}, atomically, in
-        the job's own directory (beside progress.json)."""
+        """Rank 0 at a successful end: result.json {"status": "completed", "world_size", **metrics} beside
+        progress.json, atomically; a trainer still waiting to join this job exits 0 (nothing left to train)."""
         if self.env.is_main and self.checkpoint_dir:
             write_result(self.checkpoint_dir, {"status": "completed", "world_size": self.env.world_size, **metrics})
+        self.in_process.finished()
 
     def mean(self, value: float | torch.Tensor) -> float:
         """The mean of a per-rank value over all ranks (a collective: every rank must call it)."""

@@ -44,10 +44,19 @@ NNODES_KEY = "ddpjob/{uid}/nnodes/{generation}"
 SETTLE_S = 1.0
 JOIN_TIMEOUT_S = 600.0  # a fresh trainer is given a place within this (every seat of a first group: pods' starts)
 POLL_S = 0.05
+FINISHED = "finished"  # under PREFIX: set by rank 0 once the job trained its last step (Job.result)
 
 
 class CannotRecover(RuntimeError):
     """In-process recovery is not possible here; the message says why (the trainer exits as before)."""
+
+
+class JobFinished(SystemExit):
+    """The job trained its last step while this trainer waited for a place: nothing is left to join, and its
+    pod completes like the others' (exit 0), so that a job waiting for every worker is not held by it."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
 
 
 def node_range(nnodes: str) -> tuple[int, int]:
@@ -182,6 +191,10 @@ class Membership:
             placed = self.key(generation, f"placed/{self.seat}")
             if self.store.check([placed]):
                 return self.view(self.store.get(placed).decode())
+            if self.store.check([self.prefix + FINISHED]):
+                log.warning("the job trained its last step while rank %d waited for a place: nothing left to join, "
+                            "exiting 0", self.seat)
+                raise JobFinished()
             newest = self.newest()
             if newest is not None and newest > generation:
                 generation = newest
@@ -201,6 +214,10 @@ class Membership:
                 raise CannotRecover(f"no place in generation {generation} within {timeout_s:g} s (not every rank "
                                     f"arrived, and no training view took this one in)")
             time.sleep(POLL_S)
+
+    def finish(self) -> None:
+        """The job trained its last step: a trainer still waiting for a place exits 0 (JobFinished)."""
+        self.store.set(self.prefix + FINISHED, "1")
 
     # ---- a survivor: the failed view's successor -----------------------------------------------
 

@@ -37,6 +37,11 @@ from .views import View
 log = logging.getLogger(__name__)
 
 
+# Steps on the long collective timeout after a regroup: warm processes (a joiner built its trainer before it was
+# placed) are regular again at once, and a peer that goes silent meanwhile is caught by the steady one after these.
+CALM_STEPS_AFTER_REGROUP = 2
+
+
 class _JobParts(JobParts, Protocol):
     """What recovery uses of its `Job` besides what its rescues do."""
 
@@ -99,6 +104,15 @@ class InProcessRecovery:
     @property
     def recovering(self) -> bool:
         return self.timeline is not None and self.timeline["first_step_time"] is None
+
+    def finished(self) -> None:
+        """Rank 0 at the job's successful end: a trainer still waiting to join exits 0 instead of holding the job
+        (best effort: with the store lost it waits out its join timeout)."""
+        if self.rendezvous is not None and self.job.env.is_main:
+            try:
+                self.rendezvous.membership.finish()
+            except RuntimeError as e:
+                log.info("could not tell waiting joiners that the job finished: %s", e)
 
     def stepped(self) -> None:
         """An optimizer step of this generation finished: the first one ends the recovery's timeline."""
@@ -315,7 +329,7 @@ class InProcessRecovery:
         job.env = dataclasses.replace(job.env, generation=view.generation, world_size=view.size,
                                       rank=view.rank_of(self.rendezvous.seat.rank))
         publish_environ(self.rendezvous, view)
-        job.timeouts.restart()
+        job.timeouts.restart(after_steps=CALM_STEPS_AFTER_REGROUP)
         self.views.entered(view)
         c = job.checkpoints
         if c is not None:
