@@ -36,7 +36,10 @@ def writes_to(pid: int) -> str:
 def test_a_killed_store_keeps_every_worker_process_and_training_goes_on(tmp_path):
     doc = manifest("keep", failurePolicy={"maxRestarts": 2, "recovery": "InProcess",
                                           "backoff": {"initialSeconds": 0, "maxSeconds": 1}})
-    doc["spec"]["args"] = ["--workload", "digits", "--epochs", "8", "--batch-size", "32", "--log-every", "5"]
+    # Rank 0 works 100x as long per step in generation 0 (a straggler: no number changes), so that the store is
+    # back well before step WORKER_KILLED_AT however fast the machine trains; the replacement's generation is fast.
+    doc["spec"]["args"] = ["--workload", "digits", "--epochs", "8", "--batch-size", "32", "--log-every", "5",
+                           "--fault-slow-rank", "0", "--fault-slow-factor", "100"]
     run = Run(tmp_path, str(write_manifest(tmp_path, doc)), "--kill-worker", "1", "--kill-at-step",
               str(WORKER_KILLED_AT))
     try:
