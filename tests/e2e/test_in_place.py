@@ -9,6 +9,7 @@ themselves train on and the replacement gets the state from one of them."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -94,8 +95,8 @@ def test_a_warm_spare_takes_the_killed_workers_place(faults, namespace, operator
 def test_in_process_the_survivors_train_on_and_the_replacement_gets_the_state_from_a_peer(faults, namespace,
                                                                                           operator):
     """failurePolicy.recovery InProcess: after a SIGKILL of one of three workers the survivors keep their pods,
-    their containers and their trainer processes (no trainer starts in them again; each says `recovered in
-    process`), the replacement's trainer gets the state by broadcast (no checkpoint read), and the incident's
+    their containers and their trainer processes (no trainer starts in them again; each trains on short at once,
+    `recovered in process`, and takes the replacement in at a step boundary, `regrouped at step`), the replacement's trainer gets the state by broadcast (no checkpoint read), and the incident's
     recovery says InProcess, with its timeline and 0 steps lost, within RECOVERED_WITHIN of the kill."""
     policy = {**_policy("Pod"), "recovery": "InProcess"}
     t = Training(namespace, digits_job("in-process", replicas=3, failure_policy=policy)).start()
@@ -129,7 +130,10 @@ def test_in_process_the_survivors_train_on_and_the_replacement_gets_the_state_fr
     for name, started in trainers_started.items():
         assert after.get(name) == survivors_before[name], (name, survivors_before[name], after.get(name))
         log = next(r.log for r in t.current() if r.name == name and r.uid == survivors_before[name][0])
-        assert f"recovered in process: generation {g0} -> {g0 + 1}" in log, log[-3000:]
+        # Issue 36: first the shrink (a short view of the same generation, no wait for the replacement), then the
+        # join at a step boundary once the replacement's trainer arrived in generation g0 + 1.
+        assert f"recovered in process: generation {g0} -> {g0}, rank" in log, log[-3000:]
+        assert re.search(rf"regrouped at step \d+: view {g0}:\d+ -> {g0 + 1}:\d+", log), log[-3000:]
         assert len(GENERATION_LINE.findall(log)) == started, f"a trainer started again in {name}"
     t.wait_terminal()
     t.assert_outcome(phase="Succeeded", reason="Succeeded", restarts=1, disruptions=0, generation=g0 + 1)
