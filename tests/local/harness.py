@@ -60,8 +60,8 @@ class Run:
         env = {**os.environ, TAG_ENV: self.tag, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen([*DDPJOB, "run", *args, "--local"], cwd=cwd, env=env, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     # as `nohup` starts it: SIGHUP ignored, which exec keeps
-                                     preexec_fn=_ignore_sighup if ignore_sighup else None)
+                                     # as a terminal starts it, or `nohup` (SIGHUP ignored, which exec keeps)
+                                     preexec_fn=_as_nohup_starts_it if ignore_sighup else _as_a_terminal_starts_it)
 
     def wait(self, timeout: float) -> tuple[int, str]:
         try:
@@ -87,7 +87,16 @@ class Run:
         return [f"{pid}: {cmdline[:160]}" for pid, cmdline in tagged_processes(self.tag)]
 
 
-def _ignore_sighup() -> None:
+def _as_a_terminal_starts_it() -> None:
+    # Whatever started the suite (`nohup`, a background job of a non-interactive shell: SIGINT and SIGHUP ignored,
+    # which exec keeps), a run started from a terminal has them at their defaults; the Ctrl-C and SIGHUP tests
+    # send them.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+def _as_nohup_starts_it() -> None:
+    _as_a_terminal_starts_it()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
