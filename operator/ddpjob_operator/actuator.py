@@ -31,8 +31,12 @@ REFUSED_STATUSES = frozenset({400, 403, 404, 409, 422, 429})
 
 class Actuator:
     def __init__(self, api: kube.Kube, written: WrittenStatuses, metrics: Metrics, side_tasks: SideTasks, *,
-                 progress_endpoint: job_manifests.ProgressEndpoint | None, on_refused: Callable[[JobKey], None]):
+                 progress_endpoint: job_manifests.ProgressEndpoint | None, on_refused: Callable[[JobKey], None],
+                 clock: Callable[[], datetime]):
         self.api, self.written, self.metrics, self.side_tasks = api, written, metrics, side_tasks
+        # A refusal is dated when the server answered, not when the pass began: under load a pass's judging
+        # takes a while, and a retry backed off from the pass's start came sooner than the backoff.
+        self.clock = clock
         self.progress_endpoint = progress_endpoint  # what workers report to (None: no progress endpoint)
         self.on_refused = on_refused  # a creation was refused: the job's next pass decides on it
         self.shared_ready: set[str] = set()  # job uids whose Services / claim exist
@@ -176,7 +180,7 @@ class Actuator:
                 (manifest["metadata"].get("labels") or {}).get(naming.LABEL_ROLE) == naming.ROLE_STORE))
             message = f"{exc.message} (from DDPJob field {field})" if field else exc.message  # kept when shortened
             refused[name] = decisions.CreateRejected(manifest["kind"], name, exc.status, exc.reason, message,
-                                                     now, not_owned=isinstance(exc, kube.NotOwned))
+                                                     max(now, self.clock()), not_owned=isinstance(exc, kube.NotOwned))
             self.rejected[job.uid] = refused
             self.on_refused((job.namespace, job.name))  # decide on it now, not at the next event
             return False

@@ -60,7 +60,8 @@ class Controller:
         # Progress reports (the progress package): kept per job, published into the status at a bounded rate.
         self.progress = progress.ProgressTracker(settings.progress_write_seconds)
         self.actuator = Actuator(api, self.cache.written, metrics, self.side_tasks,
-                                 progress_endpoint=progress_router.endpoint(settings), on_refused=self.trigger)
+                                 progress_endpoint=progress_router.endpoint(settings), on_refused=self.trigger,
+                                 clock=clock)
         self.reconciler = Reconciler(api, self.cache, self.actuator, self.progress, settings, metrics, clock=clock,
                                      leading=self.leading, requeue=self.requeue)
         self.queue: WorkQueue[JobKey] = WorkQueue(

@@ -25,7 +25,7 @@ class Rooms:
         self.refused: list[JobKey] = []
         self.leads = True
         self.actuator = Actuator(self.api, self.cache.written, self.metrics, self.side_tasks,
-                                 progress_endpoint=None, on_refused=self.refused.append)
+                                 progress_endpoint=None, on_refused=self.refused.append, clock=clock)
         self.reconciler = Reconciler(self.api, self.cache, self.actuator, progress.ProgressTracker(), settings,
                                      self.metrics, clock=clock, leading=lambda: self.leads,
                                      requeue=lambda key, delay: self.requeued.append((key, delay)))

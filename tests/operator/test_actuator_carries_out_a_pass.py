@@ -5,7 +5,7 @@ remembers them, and posts Events beside the pass."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import AsyncIterator
 
 import pytest_asyncio
@@ -17,12 +17,14 @@ from .controller_rooms import Rooms
 from tests.kube_emulator import PODS, api_error
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+# When the server answers: a pass that began at NOW took 0.7 s to get its answers (judging, under load).
+ANSWERED = NOW + timedelta(seconds=0.7)
 FIRST_PODS = (decisions.CreateStore(), decisions.CreateWorker(0, 0, 0), decisions.CreateWorker(1, 0, 0))
 
 
 @pytest_asyncio.fixture()
 async def rig(harness: Harness) -> AsyncIterator[Rooms]:
-    async with Rooms(harness.url, FAST) as rooms:
+    async with Rooms(harness.url, FAST, clock=lambda: ANSWERED) as rooms:
         yield rooms
 
 
@@ -60,7 +62,8 @@ async def test_a_refused_pod_is_the_jobs_create_rejected_and_nothing_is_created(
     await rig.actuator.execute(view, FIRST_PODS, NOW, {})
     refusals = rig.actuator.refusals(view.uid)
     assert [(r.kind, r.name, r.status) for r in refusals] == [("Pod", "quota-worker-1", 403)]
-    assert "exceeded quota" in refusals[0].message and refusals[0].at == NOW
+    # Dated when refused: the job's backoff counts from the refusal, not from the start of a slow pass.
+    assert "exceeded quota" in refusals[0].message and refusals[0].at == ANSWERED
     assert rig.refused == [(NAMESPACE, "quota")]  # its next pass decides on it now
     assert not harness.pods("quota") and not harness.pods("quota", naming.ROLE_STORE)
     rig.actuator.retry_refused(view.uid)  # the user changed the spec
