@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .runtime.contract import CHECKPOINT_DIR_ENV, CHECKPOINT_INTERVAL_ENV, CHECKPOINT_KEEP_ENV, env_int
+from .runtime.views import FULL_BATCH, WHILE_SHORT
 
 
 class ConfigError(ValueError):
@@ -52,9 +53,14 @@ class DataConfig:
     shuffle: bool = True
     seed: int = 0
     num_workers: int = 0  # DataLoader worker processes per rank
+    # While a rank is missing (in-process recovery): FULL_BATCH, the survivors also train its shard (the global
+    # batch and sample order of an undisturbed run); OWN_BATCH, each trains its own (faster, a smaller batch).
+    while_short: str = FULL_BATCH
 
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, "data.batch_size", "must be >= 1", self.batch_size)
+        _require(self.while_short in WHILE_SHORT, "data.while_short", f"must be one of {', '.join(WHILE_SHORT)}",
+                 self.while_short)
         _require(self.eval_batch_size >= 1, "data.eval_batch_size", "must be >= 1", self.eval_batch_size)
         _require(self.num_workers >= 0, "data.num_workers", "must be >= 0", self.num_workers)
 
@@ -203,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--no-shuffle", action="store_true")
     a("--seed", type=int, default=0)
     a("--num-workers", type=int, default=0)
+    a("--while-short", default=FULL_BATCH, choices=WHILE_SHORT,
+      help="while a rank is missing (in-process recovery): full-batch, the survivors also train its share of each "
+           "step (the global batch and sample order of an undisturbed run); own-batch, each trains only its own "
+           "(faster steps, a smaller global batch, the missing ranks' samples of those steps not trained)")
     a("--optimizer", default="adamw", choices=["sgd", "adamw"])
     a("--lr", type=float, default=1e-3)
     a("--weight-decay", type=float, default=0.0)
@@ -289,7 +299,7 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] | None = 
         workload=WorkloadConfig(name=args.workload, options=options),
         data=DataConfig(batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
                         drop_last=not args.no_drop_last, shuffle=not args.no_shuffle, seed=args.seed,
-                        num_workers=args.num_workers),
+                        num_workers=args.num_workers, while_short=args.while_short),
         optim=OptimConfig(optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
                           momentum=args.momentum, schedule=args.schedule, warmup_fraction=args.warmup_fraction,
                           grad_accum=args.grad_accum, grad_clip=args.grad_clip, precision=args.precision),

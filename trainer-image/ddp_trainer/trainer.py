@@ -22,6 +22,7 @@ from .fault import due as fault_due, hang as fault_hang, hang_due as fault_hang_
 from .fault import slow_down as fault_slow_down, slow_due as fault_slow_due
 from .runtime import Job, check_resume, is_peer_failure, move_to
 from .runtime.shards import MicroBatch, Shards, step_batches
+from .runtime.views import OWN_BATCH, View
 from .workloads import Workload, load_workload
 
 log = logging.getLogger(__name__)
@@ -193,9 +194,17 @@ class Trainer:
         p, cfg = self.progress, self.cfg
         return p.epoch >= cfg.epochs or (cfg.max_steps > 0 and p.step >= cfg.max_steps)
 
+    @property
+    def view(self) -> View:
+        """The job's view of now, trained as --while-short says while it is short."""
+        return self.job.view.with_while_short(self.cfg.data.while_short)
+
     def _shards(self) -> Shards:
         """The data order and the seats this process trains in the job's view of now (whole: its own seat)."""
-        d, view = self.cfg.data, self.job.view
+        d, view = self.cfg.data, self.view
+        if view.short and view.while_short == OWN_BATCH and self.env.is_main:
+            log.info("training short with --while-short own-batch (missing seats %s): their samples are not "
+                     "trained until the view is whole again", ", ".join(map(str, view.missing)))
         return Shards(len(self.train_set), d.seed, d.shuffle, d.drop_last, d.batch_size, self.cfg.optim.grad_accum,
                       view.world, view.coverage(self.job.seat))
 
@@ -206,13 +215,16 @@ class Trainer:
                             pin_memory=self.device.type == "cuda")
 
     def _train_step(self, micro_batches: list[MicroBatch]) -> None:
-        view = self.job.view
+        view = self.view
         per_seat = len(micro_batches) // len(view.coverage(self.job.seat))  # micro-batches of each seat trained
-        samples = view.world * sum(len(idx) for idx, _ in micro_batches[:per_seat])  # every seat's are as many
+        seat_samples = sum(len(idx) for idx, _ in micro_batches[:per_seat])  # every seat's are as many
+        # The epoch's position moves by every seat's share, trained or not (own-batch while short: the step count
+        # and sample order stay the whole world's); the throughput counts what was trained.
+        samples, trained = view.world * seat_samples, view.seats_trained * seat_samples
         self._set_lr(samples)
         last = len(micro_batches) - 1
-        # DDP averages over the view's members, the full world over its seats: scaled so the two agree
-        # (1.0 when whole, where the division alone is exactly what it was before views).
+        # DDP averages over the view's members, the step's batch is `seats_trained` seats': scaled so the two
+        # agree (1.0 when whole or own-batch, where the division alone is exactly what it was before views).
         scale = view.loss_scale
         loss_sum = torch.zeros((), device=self.device)
         for i, (_, batch) in enumerate(micro_batches):
@@ -244,7 +256,7 @@ class Trainer:
                 with open(f"{self.cfg.record_samples}.loss", "a") as losses:
                     losses.write(f"{p.step} {loss!r}\n")
         start, n, loss_total, steps = self._window
-        self._window = (start, n + samples, loss_total + loss_sum, steps + 1)
+        self._window = (start, n + trained, loss_total + loss_sum, steps + 1)
         if p.step % self.cfg.log_every == 0 or self.job.recovering:  # a resumed generation's first step: at once
             self._log_progress()
         if fault_due(self.cfg.fault, self.job.seat, p.step):

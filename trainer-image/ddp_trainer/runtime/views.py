@@ -12,12 +12,20 @@ global batch, the sample order and the averaged gradient stay what the full worl
 summation order). `loss_scale` is what each micro-batch's loss is multiplied by so that DDP's mean over the
 members equals the full world's mean over seats.
 
+That is the default, `while_short` FULL_BATCH. OWN_BATCH trades it for speed (`view.with_while_short(OWN_BATCH)`):
+each member trains its own seat's micro-batches only, its loss unscaled, so a short step's global batch is the
+members' and the missing seats' samples of that step are not trained; a whole view trains the same either way.
+
 Pure: no torch, no store; the in-process protocol (inprocess.py) decides the members, the trainer reads this.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+FULL_BATCH = "full-batch"  # while short, the members also train the missing seats' shards: the same math
+OWN_BATCH = "own-batch"  # while short, each member trains its own shard: faster steps, a smaller global batch
+WHILE_SHORT = (FULL_BATCH, OWN_BATCH)
 
 
 @dataclass(frozen=True)
@@ -26,8 +34,11 @@ class View:
     round: int  # 0: the generation's first group; each regroup within a generation (a shrink, a join) counts up
     members: tuple[int, ...]  # seats training in this view, ascending; a member's rank is its index here
     world: int  # the generation's seats (logical world size)
+    while_short: str = FULL_BATCH  # what a short view's members train: FULL_BATCH or OWN_BATCH
 
     def __post_init__(self) -> None:
+        if self.while_short not in WHILE_SHORT:
+            raise ValueError(f"while_short must be one of {', '.join(WHILE_SHORT)}, got {self.while_short!r}")
         if self.world < 1:
             raise ValueError(f"a view needs a world of at least one seat, got {self.world}")
         if not self.members or list(self.members) != sorted(set(self.members)):
@@ -38,6 +49,11 @@ class View:
     @classmethod
     def whole(cls, generation: int, world: int, round: int = 0) -> "View":
         return cls(generation, round, tuple(range(world)), world)
+
+    def with_while_short(self, while_short: str) -> "View":
+        """This view, its members training as `while_short` says when it is short (coverage, loss_scale,
+        seats_trained all follow): a script's one call, e.g. `job.view.with_while_short(OWN_BATCH)`."""
+        return replace(self, while_short=while_short)
 
     @property
     def size(self) -> int:
@@ -63,15 +79,22 @@ class View:
 
     def coverage(self, seat: int) -> tuple[int, ...]:
         """The seats whose data the member in `seat` trains, its own first: the missing seats are dealt to the
-        members in seat order, so no member trains more than one shard over any other."""
+        members in seat order, so no member trains more than one shard over any other (OWN_BATCH: none)."""
         rank = self.rank_of(seat)
+        if self.while_short == OWN_BATCH:
+            return (seat,)
         return (seat, *self.missing[rank::len(self.members)])
+
+    @property
+    def seats_trained(self) -> int:
+        """Seats whose samples the view trains in each step: the world's, or (OWN_BATCH) the members' alone."""
+        return len(self.members) if self.while_short == OWN_BATCH else self.world
 
     @property
     def loss_scale(self) -> float:
         """Multiply each micro-batch's mean loss by this (and by 1 / micro-batches per seat): DDP averages the
-        gradient over `size` members, the full world over `world` seats."""
-        return len(self.members) / self.world
+        gradient over `size` members, the step's batch is `seats_trained` seats' (1.0 with OWN_BATCH)."""
+        return len(self.members) / self.seats_trained
 
     def describe(self) -> str:
         if not self.short:
