@@ -282,10 +282,23 @@ def test_suspend_then_resume_continues_from_the_checkpoint(tmp_path):
 # ---- success while a replacement cannot be scheduled ---------------------------------------------
 
 def test_training_finishes_while_a_replacement_is_still_pending(tmp_path):
-    # successPolicy RankZero: the policy is met by worker 0 alone ("training finishes").
-    o = run_job(tmp_path, "pending", spec(elastic=True, runPolicy={"successPolicy": "RankZero"}),
+    # successPolicy RankZero: the policy is met by worker 0 alone ("training finishes"). In process (the default
+    # recovery), as users run it: the survivor trains on short while the replacement waits. On the restart path
+    # the survivor would wait DDPJOB_REJOIN_TIMEOUT_SECONDS (120) for the generation the replacement publishes,
+    # then be replaced itself (tests/operator/test_in_place.py, the survivor that died with the incident).
+    o = run_job(tmp_path, "pending", spec(elastic=True, runPolicy={"successPolicy": "RankZero"},
+                                          failurePolicy={"recovery": "InProcess"}),
                 faults=(FaultInjection(index=1, at_step=40, kind=KILL),),
                 unschedulable=(Unschedulable(index=1, from_creation=2),))
     expect(o, phase="Succeeded", reason="Succeeded", restarts=1, disruptions=0, generation=1)
-    expect_resumed(o, world_size=1)
+    assert "successPolicy RankZero" in o.status.message, o.describe()
+    # (phase, generation, restarts) per worker: the survivor carried into generation 1 finished, the replacement
+    # of the killed worker is still Pending.
+    ranks = {r.index: (r.phase, r.generation, r.restarts) for r in o.status.ranks}
+    assert ranks == {0: ("Succeeded", 1, 0), 1: ("Pending", 1, 1)}, f"ranks: {ranks}\n{o.describe()}"
+    # The survivor kept its trainer (its first process's one exit, 0: no resume) and trained the rest alone.
+    assert [(e.pod, e.generation, e.exit_code) for e in o.exits] == \
+        [("pending-worker-1", 0, 137), ("pending-worker-0", 0, 0)] and not o.resumes, o.describe()
+    alone = [step for _, _, step, world in o.view.samples if world == 1 and step is not None]
+    assert alone and min(alone) < MAX_STEPS, f"no step was trained at world size 1\n{o.describe()}"
     expect_completed(o)
