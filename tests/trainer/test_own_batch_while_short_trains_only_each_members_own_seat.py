@@ -10,9 +10,8 @@ import subprocess
 import pytest
 
 from ddp_trainer.config import ConfigError, DataConfig, parse_config
-from ddp_trainer.runtime import View
+from ddp_trainer.runtime import FULL_BATCH, OWN_BATCH, View
 from ddp_trainer.runtime.shards import Shards
-from ddp_trainer.runtime.views import FULL_BATCH, OWN_BATCH
 
 from trainer_harness import PY, base_env
 

@@ -12,7 +12,7 @@ API version 1 (`API_VERSION`); additions keep it, a breaking change bumps it. Se
 | `CheckpointVolumeError` (`CheckpointVolumeFull`, `CheckpointVolumeUnreadable`) | the volume is full, or kept failing reads: exit `CHECKPOINT_VOLUME_EXIT_CODE` (75) with `error.record()`, message starting `checkpoint volume full:` / `checkpoint volume unreadable:` |
 | `StopRequest` | SIGTERM/SIGINT -> a flag all ranks agree on at the same step, without a device sync; `exit_code` 143 |
 | `ResumableDistributedSampler` | per-epoch permutation sharded over ranks, resumable mid-epoch at any world size |
-| `View`, `Shards`, `step_batches` | who trains now (`job.view`, `job.seat`) and each step's micro-batches for every seat a process covers: a short view trains the missing seats' shards too (gradient accumulation, `View.loss_scale`), so the global batch and sample order stay the full world's |
+| `View`, `Shards`, `step_batches` | who trains now (`job.view`, `job.seat`) and each step's micro-batches for every seat a process covers: a short view trains the missing seats' shards too (gradient accumulation, `View.loss_scale`), so the global batch and sample order stay the full world's; `job.view.with_while_short(OWN_BATCH)` (`FULL_BATCH`, the default; `WHILE_SHORT`, both) trades that for speed: each member its own seat only, a smaller global batch while short |
 | `report()`, `ProgressReporter` | non-blocking progress (progress.json in the job's own directory; POST to $DDPJOB_PROGRESS_URL); `ProgressReporter.from_env()` builds every reporter |
 | `worker_init_fn()`, `ignore_stop_signals` | DataLoader workers that outlive SIGTERM until the final checkpoint |
 | `seed_step(seed, step, rank)` | every random stream of the process (Python, NumPy, torch CPU/CUDA) from (seed, step, rank) alone: call it before each step's forward pass and dropout draws the same after a resume from any checkpoint, a rescue included |
@@ -38,7 +38,7 @@ from .job import Job
 from .progress import ProgressReporter, default_reporter, report
 from .sampler import ResumableDistributedSampler, ResumeMismatch, check_resume
 from .shards import Shards, step_batches
-from .views import View
+from .views import FULL_BATCH, OWN_BATCH, WHILE_SHORT, View
 
 API_VERSION = 1
 
@@ -50,5 +50,5 @@ __all__ = [
     "StopRequest", "atomic_write_bytes", "atomic_write_json", "barrier", "batch_size_of", "check_resume",
     "check_writable", "default_reporter", "destroy_process_group", "exit_process", "ignore_stop_signals",
     "init_process_group", "is_peer_failure", "move_to", "rendezvous_generation", "report", "seed_step",
-    "select_device", "worker_init_fn", "Shards", "View", "step_batches",
+    "select_device", "worker_init_fn", "Shards", "View", "step_batches", "FULL_BATCH", "OWN_BATCH", "WHILE_SHORT",
 ]
