@@ -48,6 +48,22 @@ def test_each_seat_keeps_its_order_and_the_epoch_its_steps_and_no_missing_seats_
     assert trained and missed and not trained & missed
 
 
+def test_after_a_loss_and_a_join_each_seat_trains_its_undisturbed_steps_but_the_short_ones_of_the_lost_seat() -> None:
+    """Seat 1 of 3 lost after step 2, back (joined) after step 5: each view builds its steps from the epoch's
+    position (whole steps x the world's samples, trained or not), as the trainer does after every regroup."""
+    world, per_step = 3, 3 * 2 * 3  # seats x batch x grad_accum samples: one step's position
+    views = [(0, View.whole(2, world)), (2, View(2, 1, (0, 2), world)), (5, View.whole(2, world, round=2))]
+    trained: dict[int, list[list[list[int]]]] = {seat: [] for seat in range(world)}
+    for (start, view), (end, _) in zip(views, [*views[1:], (6, None)]):  # the epoch's 6 steps
+        view = view.with_while_short(OWN_BATCH)
+        for seat in view.members:
+            trained[seat] += steps_of(view, seat, start * per_step)[:end - start]
+    undisturbed = {seat: steps_of(View.whole(2, world), seat) for seat in range(world)}
+    assert [len(steps) for steps in undisturbed.values()] == [6, 6, 6]
+    assert trained[0] == undisturbed[0] and trained[2] == undisturbed[2]
+    assert trained[1] == undisturbed[1][:2] + undisturbed[1][5:]  # its steps 3-5 trained by nobody
+
+
 def test_a_whole_view_trains_the_same_under_either_choice() -> None:
     for choice in (FULL_BATCH, OWN_BATCH):
         view = View.whole(2, 4, round=3).with_while_short(choice)
