@@ -25,7 +25,11 @@ logs its start ("trainers start") and logs the resume ("training resumed"), all 
 lines. `--state-mb N` makes the model plus its AdamW state about N MiB (a parameter block, the bundled
 workloads' `state_mb` option), `--fault delete` (local setups) stops the worker gracefully (SIGTERM, as
 an eviction) instead, `--fault stop` freezes it (SIGSTOP, a silent peer) until a survivor's collective gives
-up on it (`--steady-timeout`), then kills it as its node's loss would. `--recovery InProcess` sets
+up on it (`--steady-timeout`), then kills it as its node's loss would, `--fault kill-store` SIGKILLs the job's
+rendezvous store instead (the runner recreates it, as the operator does; its own table: from rank 0's step lines,
+the seconds to the next step, the longest gap between two steps around it and steps lost; from the store's and the
+reconnecting agents' and trainers' lines, when the store was back and each reconnected; whether every worker kept
+its pod and trainer PIDs; with `--recovery Restart` a lost store moves every worker). `--recovery InProcess` sets
 `failurePolicy.recovery: InProcess`: the survivors keep their trainer processes; the resume is then rank 0's
 `recovered in process` line (it survived) or its `resumed from peer rank X by broadcast` line (it is new). Per
 kill the local setups also show the path taken and whether every survivor kept its trainer processes (their
@@ -41,7 +45,7 @@ released K steps after the resume. Prints Markdown tables (docs/benchmarks.md, "
 
     .venv/bin/python bench/recovery.py [--kills 5] [--every 120] [--setups ours,stock]
     .venv/bin/python bench/recovery.py --setups cold [--spares 1] [--state-mb 1024] [--fault delete]
-    .venv/bin/python bench/recovery.py --setups cold --recovery InProcess [--fault stop] [--replacement 60|never]
+    .venv/bin/python bench/recovery.py --setups cold --recovery InProcess [--fault stop|kill-store] [--replacement 60|never]
     .venv/bin/python bench/recovery.py --setups cold --recovery InProcess --loss-check 30 20
     .venv/bin/python bench/recovery.py --setups cluster [--scope Pod|All] [--spares N] [--fault kill|node-down]
 
@@ -70,12 +74,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from ddpjob_operator import validation
+from ddpjob_operator import naming, validation
 from ddpjob_operator.local.logs import RESUME_LINE, STEP_LINE, LogTail
 from ddpjob_operator.local.processes import MARKER_ENV, LocalProcess, kill_marked, marked_pids, marker_for
 from ddpjob_operator.local.runner import LocalRunner
-from ddpjob_operator.local.options import (COLD_CPU_NODE, COLD_GPU_NODE, DELETE, KILL, FaultInjection, RunOptions,
-                                           Unschedulable)
+from ddpjob_operator.local.options import (COLD_CPU_NODE, COLD_GPU_NODE, DELETE, KILL, KILL_STORE, FaultInjection,
+                                           RunOptions, Unschedulable)
 from ddpjob_operator.local.view import Snapshot, Summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +101,10 @@ ASCTIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 STOP = "stop"  # --fault stop: the bench freezes a worker's pod (SIGSTOP), a silent peer
 FROZEN_FOR_AT_MOST_S = 300.0  # a frozen pod no survivor's step failed on within this is killed anyway
 KUBECTL_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,6})?)\d*Z ")
+# --fault kill-store: the store's first line once it listens (agent/store.py), and the line of each agent
+# (ReconnectingStore's twin in agent/worker.py) and trainer (runtime/store_client.py) that met the new one.
+STORE_UP = re.compile(r"ddpjob rendezvous store listening on port \d+")
+STORE_RECONNECTED = re.compile(r"rendezvous store \S+ was lost \(.*\); reconnected after [\d.]+ s")
 
 
 @dataclass
@@ -132,13 +140,16 @@ class Timeline:
                     if RANK0_RECOVERED.search(line):
                         self.entries.append((at, "in process", self.failed_at))
                         continue
+                    if STORE_RECONNECTED.search(line):  # any rank's trainer or agent
+                        self.entries.append((at, "reconnected", 0))
+                        continue
                     if OTHER_RANK.match(line):
                         continue
                     if regrouped := REGROUPED.search(line):
                         self.entries.append((at, "pause", round(float(regrouped.group(1)) * 1000)))
                         continue
                     for kind, pattern in (("resume", RESUME_LINE), ("in process", PEER_RESUME), ("rescue", RESCUE),
-                                          ("start", TRAINER_START), ("step", STEP_LINE)):
+                                          ("start", TRAINER_START), ("step", STEP_LINE), ("store up", STORE_UP)):
                         if match := pattern.search(line):
                             value = int(match.group(1)) if pattern.groups else 0
                             self.entries.append((at, kind, value))
@@ -167,15 +178,26 @@ class Timeline:
         with self.lock:
             return any(k == kind and t >= at for t, k, _ in self.entries)
 
+    def pods_around(self, before: float, after: float) -> tuple[dict | None, dict | None]:
+        """The pods serving a rank and their trainers at the runner's last pass before `before` and its first
+        after `after` (None where no pass was seen)."""
+        return (next((pods for t, pods in reversed(self.trainers) if t < before), None),
+                next((pods for t, pods in self.trainers if t > after), None))
+
     def survivors_kept_trainers(self, killed_at: float, trained_at: float) -> bool | None:
         """Whether every pod that served a rank before the kill and still runs after the first step of the
         recovery (same pod, same root process) has the same trainer processes; None: not observed."""
-        before = next((pods for t, pods in reversed(self.trainers) if t < killed_at), None)
-        after = next((pods for t, pods in self.trainers if t > trained_at), None)
+        before, after = self.pods_around(killed_at, trained_at)
         if before is None or after is None:
             return None
         survivors = [key for key, pids in before.items() if pids and key in after]
         return all(before[key] == after[key] for key in survivors) if survivors else None
+
+    def every_worker_kept(self, faulted_at: float, over_at: float) -> bool | None:
+        """Whether the same pods (same root process) serve every rank with the same trainer processes before
+        the fault and after `over_at`: no worker restarted at all; None: not observed."""
+        before, after = self.pods_around(faulted_at, over_at)
+        return None if before is None or after is None else before == after
 
 
 @dataclass(frozen=True)
@@ -267,14 +289,65 @@ def join_pauses(entries: list[tuple[float, str, int]], epochs: dict[int, int], i
         killed_at = kills[r.kill - 1]
         first = killed_at + r.seconds
         end = kills[r.kill] if r.kill < len(kills) else float("inf")
-        steps = [(t, v) for t, kind, v in entries if kind == "step" and first <= t < end]
-        gaps = [t1 - t0 for (t0, s0), (t1, s1) in zip(steps, steps[1:])
-                if s1 == s0 + 1 and s0 % interval and epochs.get(s0) == epochs.get(s1)]
+        gaps = step_gaps(entries, epochs, interval, first, end)
         worlds = [v for t, kind, v in entries if kind == "world" and killed_at <= t < end]
         reported = [v / 1000 for t, kind, v in entries if kind == "pause" and first <= t < end]
         out.append(dataclasses.replace(r, join_pause=max(gaps) - statistics.median(gaps) if len(gaps) > 2 else None,
                                        rejoined=bool(worlds) and worlds[-1] == 1 if worlds else None,
                                        reported_pause=max(reported, default=None)))
+    return out
+
+
+def step_gaps(entries: list[tuple[float, str, int]], epochs: dict[int, int], interval: int, start: float,
+              end: float) -> list[float]:
+    """Seconds between rank 0's consecutive step lines within [start, end), a gap across a periodic checkpoint
+    or an epoch's evaluation left out (they pause every rank anyway)."""
+    steps = [(t, v) for t, kind, v in entries if kind == "step" and start <= t < end]
+    return [t1 - t0 for (t0, s0), (t1, s1) in zip(steps, steps[1:])
+            if s1 == s0 + 1 and s0 % interval and epochs.get(s0) == epochs.get(s1)]
+
+
+@dataclass(frozen=True)
+class StoreFault:
+    """One SIGKILL of the rendezvous store (`--fault kill-store`), from the trainers' and the store's own lines;
+    times in seconds after the kill."""
+
+    fault: int  # which store kill of the run (1, 2, ...)
+    last_step: int  # rank 0's last step line before the kill
+    next_step: float | None  # rank 0's first step line after the kill (after a resume line, where one came)
+    longest_gap: float | None  # the longest gap between rank 0's consecutive step lines from the last step before
+    # the kill to the next fault (checkpoint and evaluation steps left out): did training pause at all?
+    median_gap: float | None  # that window's median gap: one undisturbed step
+    steps_lost: int  # steps rank 0 logged again (a step line at or below the one before it)
+    store_back: float | None  # the new store's "listening" line
+    reconnects: tuple[float, ...]  # each agent's and trainer's "reconnected" line (agents: when read, 50 ms polls)
+    resumed: float | None  # a resume line (the restart path moves every worker; none in process)
+    workers_kept: bool | None  # every rank's pod and trainer processes the same after it all (None: not seen)
+
+
+def store_faults(entries: list[tuple[float, str, int]], epochs: dict[int, int], interval: int,
+                 kept: Callable[[float, float], bool | None] = lambda faulted, over: None) -> list[StoreFault]:
+    """`kept(kill, over)`: whether every worker kept its pod and trainer processes from the kill until `over`
+    (the store back, every reconnect seen and a step after them)."""
+    kills = [t for t, kind, _ in entries if kind == "store kill"]
+    out = []
+    for n, killed_at in enumerate(kills, 1):
+        end = kills[n] if n < len(kills) else float("inf")
+        before = [(t, v) for t, kind, v in entries if kind == "step" and t < killed_at]
+        window = [(t - killed_at, kind, v) for t, kind, v in entries if killed_at <= t < end]
+        resumed = next((t for t, kind, _ in window if kind in ("resume", "in process")), None)
+        next_step = next((t for t, kind, _ in window if kind == "step" and t >= (resumed or 0)), None)
+        store_back = next((t for t, kind, _ in window if kind == "store up"), None)
+        reconnects = tuple(t for t, kind, _ in window if kind == "reconnected")
+        start = before[-1][0] if before else killed_at
+        gaps = step_gaps(entries, epochs, interval, start, end)
+        steps = [v for t, kind, v in entries if kind == "step" and start <= t < end]
+        marks = [t for t in (next_step, store_back, *reconnects) if t is not None]
+        over = next((t for t, kind, _ in window if kind == "step" and t > max(marks)), None) if marks else None
+        out.append(StoreFault(n, before[-1][1] if before else 0, next_step, max(gaps, default=None),
+                              statistics.median(gaps) if gaps else None,
+                              sum(s0 - s1 + 1 for s0, s1 in zip(steps, steps[1:]) if s1 <= s0), store_back,
+                              reconnects, resumed, None if over is None else kept(killed_at, killed_at + over)))
     return out
 
 
@@ -304,8 +377,8 @@ def load_example(kills: int, every: int, scope: str = "Pod", spares: int = 0, st
 # ---- ours: the local runner -------------------------------------------------------------------------
 
 class RecordingView:
-    def __init__(self, timeline: Timeline):
-        self.timeline = timeline
+    def __init__(self, timeline: Timeline, store: str | None = None):
+        self.timeline, self.store = timeline, store  # the store pod's name: its kill is a store fault
         self.kills = 0
 
     def update(self, snap: Snapshot) -> None:
@@ -314,7 +387,9 @@ class RecordingView:
     def event(self, text: str) -> None:
         with open(self.timeline.log_dir.parent / "events.log", "a") as out:  # the run's events, kept by --keep-logs
             out.write(f"{datetime.now().isoformat(timespec='milliseconds')} {text}\n")
-        if text.startswith(("fault injection: killed", "fault injection: deleted")):
+        if self.store is not None and text.startswith(f"fault injection: killed {self.store} "):
+            self.timeline.add("store kill", 0)
+        elif text.startswith(("fault injection: killed", "fault injection: deleted")):
             # The pod serving the worker: its own, or a spare that took its place (`--spares`), which the
             # fault's index names as well: kills alternate 1, 0, 1, ...
             killed = re.search(r"-(worker|spare)-(\d+) ", text)
@@ -357,10 +432,11 @@ class RecordingRunner(LocalRunner):
     """The local runner that also notes, at every pass, the trainer processes of each pod serving a rank (the
     survivors must keep theirs), and hands it the faults one at a time: `faults` (rank index, step, kind), each
     once rank 0 logged the step, training resumed after the previous one (steps take milliseconds: faults given
-    to the runner at once would strike together, or during a recovery) and every spare is ready again. KILL and DELETE are the runner's
-    faults; STOP is the bench's silent peer: every process of the rank's pod is frozen (SIGSTOP), as a node that
-    went silent, and once a survivor's step failed on it (its steady timeout) the pod is SIGKILLed, as the
-    node's loss would end it, and the runner replaces it. A fault also waits for the whole world to train again
+    to the runner at once would strike together, or during a recovery; after a store's kill: the new store is up and met)
+    and every spare is ready again. KILL, DELETE and KILL_STORE are the runner's faults; STOP is the bench's
+    silent peer: every process of the rank's pod is frozen (SIGSTOP), as a node that went silent, and once a
+    survivor's step failed on it (its steady timeout) the pod is SIGKILLed, as the node's loss would end it, and
+    the runner replaces it. A fault also waits for the whole world to train again
     (the status's world size): a replacement held Pending (`--replacement`) joins before the next fault.
     `release_after`: replacements held for ever are released once the survivors trained this many steps after
     the recovery (they cannot tell this from never), so that the next fault finds the world whole. `end`: once
@@ -376,6 +452,7 @@ class RecordingRunner(LocalRunner):
         # `kubectl scale` to each of `scales` in turn, `scale_every` steps after the world was whole again
         self.scales, self.scale_every = list(scales), scale_every
         self.faulted_at: float | None = None
+        self.faulted_step, self.faulted_kind = 0, KILL  # rank 0's last step when the last fault was given, its kind
         self.frozen: tuple[LocalProcess, float] | None = None
         self.whole: bool | None = None
         self.whole_from_step = 0
@@ -397,8 +474,8 @@ class RecordingRunner(LocalRunner):
             self.faulted_at = time.time()
             self.scale(replicas)
         if self.end and not self.faults and not self.scales and self.frozen is None and self.faulted_at is not None \
-                and whole and (self.scale_every or trained_since(self.timeline, self.faulted_at)) \
-                and self.timeline.last_step() >= self.whole_from_step + END_STEPS:
+                and whole and (self.scale_every or self._fault_over()) \
+                and self.timeline.last_step() >= max(self.whole_from_step, self.faulted_step) + END_STEPS:
             self.end = False  # (after a resize: the whole world is enough, a shrink logs no resume)
             os.kill(os.getpid(), signal.SIGTERM)  # the run's own stop: every worker stops gracefully
         if self.release_after is not None and self.faulted_at is not None \
@@ -417,9 +494,9 @@ class RecordingRunner(LocalRunner):
         elif self.faults and self.timeline.last_step() >= self.faults[0][1] and self.status.phase == "Running" \
                 and (self.faults[0][2] != STOP or self._steady()) \
                 and self.status.ready_spares >= self.spec.failure_policy.spares and self._whole_again(whole) \
-                and (self.faulted_at is None or trained_since(self.timeline, self.faulted_at)):
+                and (self.faulted_at is None or self._fault_over()):
             index, step, kind = self.faults.pop(0)
-            self.faulted_at = time.time()
+            self.faulted_at, self.faulted_step, self.faulted_kind = time.time(), self.timeline.last_step(), kind
             if kind != STOP:
                 self.pending_faults.append(FaultInjection(index=index, at_step=step, kind=kind))  # due now
                 return decision
@@ -432,6 +509,20 @@ class RecordingRunner(LocalRunner):
             self.view.event(f"bench: froze {w.process.name} (SIGSTOP to its {len(pids)} processes) at step "
                             f"{self.timeline.last_step()}")
         return decision
+
+    def _fault_over(self) -> bool:
+        """Training resumed since the last fault and took a step; after a store's kill, where training goes on: the
+        new store is up and a trainer or agent met it there (or none did within STORE_MET_WITHIN_S: each meets it
+        at its next store call), and a step came after."""
+        if self.faulted_kind != KILL_STORE:
+            return trained_since(self.timeline, self.faulted_at)
+        entries = self.timeline.sorted()
+        up = next((t for t, kind, _ in entries if kind == "store up" and t > self.faulted_at), None)
+        if up is None:
+            return False
+        met = next((t for t, kind, _ in entries if kind == "reconnected" and t > self.faulted_at), None)
+        since = met if met is not None else up + STORE_MET_WITHIN_S
+        return any(kind == "step" and t > since for t, kind, _ in entries)
 
     def _whole_again(self, whole: bool) -> bool:
         """The whole world trains again since the last fault: the status says so, from reports newer than the
@@ -453,6 +544,9 @@ AT_ONCE, NEVER = "at-once", "never"  # --replacement
 SHORT_STEPS = 10  # --replacement never: the steps the survivors train short before the bench releases it
 END_STEPS = 20  # after the last fault: steps at the whole world again before the bench ends the run
 REPORT_LAG_S = 5.0  # the status's world size, from rank 0's reports, is this late at most under load
+# After a store's kill, the bench waits this long for a reconnect line once the new store is up: rank 0's trainer
+# looks for joiners in the store every 0.1 s, or 10 s after a failed look (runtime/regroup.py STORE_RETRY_S).
+STORE_MET_WITHIN_S = 20.0
 
 
 def held_replacements(replacement: str, replicas: int) -> tuple[Unschedulable, ...]:
@@ -486,7 +580,8 @@ def run_local(job, state: Path, cold_start: str | None, faults: tuple[tuple[int,
     options = RunOptions(state_dir=state, cold_start=cold_start,
                          unschedulable=held_replacements(replacement, job.spec.replicas))
     try:
-        runner = RecordingRunner(job, options, RecordingView(timeline), timeline=timeline, faults=faults,
+        runner = RecordingRunner(job, options, RecordingView(timeline, naming.store_pod_name(job.metadata.name)),
+                                 timeline=timeline, faults=faults,
                                  release_after=release_after if replacement == NEVER else None, end=end)
         phase = runner.run()
         if runner.stopped_by is not None:
@@ -499,17 +594,19 @@ def run_local(job, state: Path, cold_start: str | None, faults: tuple[tuple[int,
 
 
 def run_ours(job, kills: int, every: int, state: Path, cold_start: str | None = None,
-             kind: str = KILL, replacement: str = AT_ONCE) -> tuple[str, list[Recovery]]:
-    """`kind`: KILL, DELETE (the runner's faults) or STOP (the bench's: a silent peer); `replacement`: at-once,
-    never, or the seconds its pod stays Pending."""
+             kind: str = KILL, replacement: str = AT_ONCE) -> tuple[str, list[Recovery] | list[StoreFault]]:
+    """`kind`: KILL, DELETE, KILL_STORE (the runner's faults; the store's: StoreFaults) or STOP (the bench's: a
+    silent peer); `replacement`: at-once, never, or the seconds its pod stays Pending."""
     endless = job.spec.model_copy(update={"args": [*job.spec.args, "--epochs", "100000"]})  # run_local ends it
     phase, timeline = run_local(job.model_copy(update={"spec": endless}), state, cold_start,
                                 tuple(((k + 1) % 2, kill_step(k, every), kind) for k in range(kills)), replacement,
                                 end=True)
-    step = step_seconds(timeline.sorted())
-    recovered = recoveries(timeline.sorted(), timeline.survivors_kept_trainers)
-    return phase + ("" if step is None else f", one step {step:.3f} s (mean between kills)"), \
-        join_pauses(timeline.sorted(), timeline.epochs, job.spec.checkpoint.interval_steps, recovered)
+    entries, interval = timeline.sorted(), job.spec.checkpoint.interval_steps
+    step = step_seconds(entries)
+    phase += "" if step is None else f", one step {step:.3f} s (mean between kills)"
+    if kind == KILL_STORE:
+        return phase, store_faults(entries, timeline.epochs, interval, timeline.every_worker_kept)
+    return phase, join_pauses(entries, timeline.epochs, interval, recoveries(entries, timeline.survivors_kept_trainers))
 
 
 @dataclass(frozen=True)
@@ -876,20 +973,28 @@ def run_cluster(kills: int, every: int, state: Path, timeout: float, scope: str 
 
 # ---- report ------------------------------------------------------------------------------------------
 
+YES_NO = {None: "-", True: "yes", False: "no"}
+
+
+def shown(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def median(values: list[float | None], digits: int = 1, with_max: bool = False) -> str:
+    """The median of the known values, in bold (and their max), or "-"."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return "-"
+    return f"**{statistics.median(known):.{digits}f}**" + (f" (max {max(known):.{digits}f})" if with_max else "")
+
+
 def table(name: str, phase: str, results: list[Recovery], interval: int, kills: int) -> None:
     print(f"\n{name}: {phase}")
     print("| kill | worker | last step | resumed from | steps lost | path | survivors' trainers kept | trainers start "
           "| training resumed | seconds to next step | join pause | reported pause | whole again |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-
-    def shown(value: float | None, digits: int = 1) -> str:
-        return "-" if value is None else f"{value:.{digits}f}"
-
-    def median(values: list[float | None], digits: int = 1) -> str:
-        known = [v for v in values if v is not None]
-        return f"**{statistics.median(known):.{digits}f}**" if known else "-"
     for r in results:
-        kept, whole = ({None: "-", True: "yes", False: "no"}[v] for v in (r.trainers_kept, r.rejoined))
+        kept, whole = (YES_NO[v] for v in (r.trainers_kept, r.rejoined))
         print(f"| {r.kill} | {r.worker} | {r.last_step} | {r.resumed_from} | {r.steps_lost} "
               f"| {'in process' if r.resumed_in_process else 'checkpoint'} | {kept} | {shown(r.trainers_start)} "
               f"| {shown(r.resumed)} | {r.seconds:.1f} | {shown(r.join_pause, 2)} | {shown(r.reported_pause, 2)} "
@@ -915,6 +1020,27 @@ def table(name: str, phase: str, results: list[Recovery], interval: int, kills: 
             known = [v for v in values if v is not None]
             print(f"| {p} | " + " | ".join("-" if v is None else f"{v:.1f}" for v in values)
                   + f" | {statistics.median(known):.1f} |")
+
+
+def store_table(name: str, phase: str, results: list[StoreFault], kills: int) -> None:
+    print(f"\n{name}: {phase}")
+    print("| store kill | last step | seconds to next step | longest step gap | median step | steps lost | store back "
+          "| reconnected (lines: first, last) | resume line | every worker's PIDs kept |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for f in results:
+        reconnected = f"{len(f.reconnects)}: {f.reconnects[0]:.2f}, {f.reconnects[-1]:.2f}" if f.reconnects else "0"
+        print(f"| {f.fault} | {f.last_step} | {shown(f.next_step, 2)} | {shown(f.longest_gap, 2)} "
+              f"| {shown(f.median_gap, 3)} | {f.steps_lost} | {shown(f.store_back, 2)} | {reconnected} "
+              f"| {shown(f.resumed, 2)} | {YES_NO[f.workers_kept]} |")
+    if results:
+        print(f"| **median** | | {median([f.next_step for f in results], 2, True)} "
+              f"| {median([f.longest_gap for f in results], 2, True)} | {median([f.median_gap for f in results], 2, True)} "
+              f"| {sum(f.steps_lost for f in results)} in all | {median([f.store_back for f in results], 2, True)} "
+              f"| last {median([max(f.reconnects, default=None) for f in results], 2, True)} "
+              f"| {sum(f.resumed is not None for f in results)}/{len(results)} "
+              f"| {sum(f.workers_kept is True for f in results)}/{len(results)} |")
+    if len(results) < kills:
+        print(f"{kills - len(results)} of {kills} store kills did not happen (the run ended first)")
 
 
 # The local setups and their RunOptions.cold_start.
@@ -943,12 +1069,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scope", choices=("Pod", "All"), default="Pod",
                         help="failurePolicy.restartScope of ours and cluster (Pod: survivors stay in place)")
     parser.add_argument("--spares", type=int, default=0, help="failurePolicy.spares of ours and cluster (warm spares)")
-    parser.add_argument("--fault", choices=("kill", "delete", STOP, "node-down"), default="kill",
+    parser.add_argument("--fault", choices=("kill", "delete", STOP, KILL_STORE, "node-down"), default="kill",
                         help="kill: SIGKILL of a worker's processes; delete (local setups): a graceful pod deletion "
                              "(SIGTERM, as an eviction; the trainers save at the step they agree on); stop (local "
                              "setups): a silent peer, its pod frozen (SIGSTOP) until a survivor's step fails on it "
-                             "(--steady-timeout), then killed as its node's loss would; node-down (cluster only): its "
-                             "node goes silent")
+                             "(--steady-timeout), then killed as its node's loss would; kill-store (local setups): "
+                             "SIGKILL of the rendezvous store, which the runner recreates as the operator does; "
+                             "node-down (cluster only): its node goes silent")
     parser.add_argument("--recovery", choices=("Restart", "InProcess"), default="Restart",
                         help="failurePolicy.recovery of the local setups and cluster: Restart (today's path: trainers "
                              "restart and read the rescue checkpoint) or InProcess (survivors keep their processes "
@@ -979,7 +1106,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--spares needs --scope Pod")
     if args.fault == "node-down" and args.setups != "cluster":
         parser.error("--fault node-down needs --setups cluster (a node to lose)")
-    if (args.fault in ("delete", STOP) or args.replacement != AT_ONCE or args.loss_check or args.scale) \
+    if (args.fault in ("delete", STOP, KILL_STORE) or args.replacement != AT_ONCE or args.loss_check or args.scale) \
             and not set(args.setups.split(",")) <= set(LOCAL_SETUPS):
         parser.error(f"--fault {args.fault}, --replacement and --loss-check need local setups only "
                      f"({', '.join(LOCAL_SETUPS)})")
@@ -1007,7 +1134,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if setup in LOCAL_SETUPS:
                 phase, results = run_ours(job, args.kills, args.every, Path(tmp), LOCAL_SETUPS[setup],
-                                          {"delete": DELETE, STOP: STOP}.get(args.fault, KILL), args.replacement)
+                                          {"delete": DELETE, STOP: STOP, KILL_STORE: KILL_STORE}.get(args.fault, KILL),
+                                          args.replacement)
             elif setup == "stock":
                 phase, results = run_stock(job, args.kills, args.every, Path(tmp), args.timeout)
             elif setup == "cluster":
@@ -1018,8 +1146,13 @@ def main(argv: list[str] | None = None) -> int:
                                              args.fault, args.recovery)
             else:
                 parser.error(f"unknown setup {setup!r}")
-            table(f"{setup} ({time.monotonic() - started:.0f} s wall, load average {load()} at its end)", phase,
-                  results, interval, args.kills)
+            title = f"{setup} ({time.monotonic() - started:.0f} s wall, load average {load()} at its end)"
+            if args.fault == KILL_STORE:
+                store_table(title, phase, results, args.kills)
+                if next_steps := [f.next_step for f in results if f.next_step is not None]:
+                    medians[setup] = statistics.median(next_steps)
+                continue
+            table(title, phase, results, interval, args.kills)
             if results:
                 medians[setup] = statistics.median(r.seconds for r in results)
     if {"ours", "stock"} <= medians.keys():
