@@ -93,15 +93,17 @@ class ReconnectingStore(dist.Store):
     # ---- the connection ----------------------------------------------------------------------------------
 
     def _call(self, name: str, *args: Any) -> Any:
-        client, epoch = self._client, self._epoch
-        try:
-            result = getattr(client, name)(*args)
-            if name in UNANSWERED:
-                client.num_keys()  # its answer proves the write reached a live store; a lost one is written again
-            return result
-        except dist.DistNetworkError as lost:
-            self._reconnect(epoch, lost)
-        return getattr(self._client, name)(*args)
+        # A retried call may be lost too (a read waiting on the empty new store for a key only an agent writes
+        # again): each loss reconnects, each bounded by `reconnect_within_s`.
+        while True:
+            client, epoch = self._client, self._epoch
+            try:
+                result = getattr(client, name)(*args)
+                if name in UNANSWERED:
+                    client.num_keys()  # its answer proves the write reached a live store; a lost one is written again
+                return result
+            except dist.DistNetworkError as lost:
+                self._reconnect(epoch, lost)
 
     def _reconnect(self, failed_epoch: int, lost: dist.DistNetworkError) -> None:
         with self._lock:
