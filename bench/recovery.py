@@ -316,8 +316,9 @@ class StoreFault:
     last_step: int  # rank 0's last step line before the kill
     next_step: float | None  # rank 0's first step line after the kill (after a resume line, where one came)
     longest_gap: float | None  # the longest gap between rank 0's consecutive step lines from the last step before
-    # the kill to the next fault (checkpoint and evaluation steps left out): did training pause at all?
-    median_gap: float | None  # that window's median gap: one undisturbed step
+    # the kill until it is over (the first step after the store is back and met), checkpoint and evaluation steps
+    # left out: did training pause at all?
+    median_gap: float | None  # the median gap from the kill to the next fault: one step
     steps_lost: int  # steps rank 0 logged again (a step line at or below the one before it)
     store_back: float | None  # the new store's "listening" line
     reconnects: tuple[float, ...]  # each agent's and trainer's "reconnected" line (agents: when read, 50 ms polls)
@@ -340,11 +341,12 @@ def store_faults(entries: list[tuple[float, str, int]], epochs: dict[int, int], 
         store_back = next((t for t, kind, _ in window if kind == "store up"), None)
         reconnects = tuple(t for t, kind, _ in window if kind == "reconnected")
         start = before[-1][0] if before else killed_at
-        gaps = step_gaps(entries, epochs, interval, start, end)
         steps = [v for t, kind, v in entries if kind == "step" and start <= t < end]
         marks = [t for t in (next_step, store_back, *reconnects) if t is not None]
         over = next((t for t, kind, _ in window if kind == "step" and t > max(marks)), None) if marks else None
-        out.append(StoreFault(n, before[-1][1] if before else 0, next_step, max(gaps, default=None),
+        around = step_gaps(entries, epochs, interval, start, end if over is None else killed_at + over + 1e-9)
+        gaps = step_gaps(entries, epochs, interval, start, end)
+        out.append(StoreFault(n, before[-1][1] if before else 0, next_step, max(around, default=None),
                               statistics.median(gaps) if gaps else None,
                               sum(s0 - s1 + 1 for s0, s1 in zip(steps, steps[1:]) if s1 <= s0), store_back,
                               reconnects, resumed, None if over is None else kept(killed_at, killed_at + over)))
