@@ -3,7 +3,8 @@ that a test sees who trains in which view, step by step. One line per step: `ste
 pid P time T`; at the end `done step S sum X` (X: the parameters' sum, equal on every rank whose state agrees).
 
 VIEW_STEPS: steps to train; VIEW_STEP_S: seconds per step (a sleep after it); VIEW_DIE_AT: this process SIGKILLs
-itself right after that step (in its first generation only), as a crash would end it."""
+itself right after that step (in its first generation only), as a crash would end it; VIEW_BUILD_S: seconds its
+build takes (a sleep between `Job.start(build_first=True)` and `resume()`, as a large model's initialisation)."""
 
 from __future__ import annotations
 
@@ -19,16 +20,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_trainer.runtime import Job, exit_process
 
 STEPS, STEP_S = int(os.environ["VIEW_STEPS"]), float(os.environ.get("VIEW_STEP_S", "0.1"))
-DIE_AT = int(os.environ.get("VIEW_DIE_AT", "0"))
+DIE_AT, BUILD_S = int(os.environ.get("VIEW_DIE_AT", "0")), float(os.environ.get("VIEW_BUILD_S", "0"))
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stdout)
 
 
 def main() -> int:
-    with Job.start(device="cpu", timeout_s=60) as job:
-        born_in = job.view.generation
+    with Job.start(device="cpu", timeout_s=60, build_first=True) as job:  # the place is taken in resume()
         torch.manual_seed(0)
         module = torch.nn.Linear(4, 1)
         optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
+        time.sleep(BUILD_S)
         progress = {"step": 0}
 
         def state() -> dict:
@@ -40,6 +41,7 @@ def main() -> int:
             progress.update(given["progress"])
 
         resumed = job.resume()
+        born_in = job.view.generation
         if resumed is not None:
             load(resumed)
             print(f"resumed step={progress['step']} from peer rank {resumed['ddpjob'].get('peer')}", flush=True)

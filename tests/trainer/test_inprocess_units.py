@@ -131,7 +131,7 @@ def test_a_spare_job_builds_first_and_a_stop_while_it_waits_for_its_place_exits_
     job = Job.start(device="cpu", build_first=True)  # returns before it has a place
     try:
         assert not job.seated and not dist.is_initialized()
-        with pytest.raises(RuntimeError, match="this warm spare has no place yet; job.resume"):
+        with pytest.raises(RuntimeError, match="this trainer has no place yet; job.resume"):
             job.env
         os.kill(os.getpid(), signal.SIGTERM)  # its pod deleted while it waits
         with pytest.raises(SystemExit) as stopped:

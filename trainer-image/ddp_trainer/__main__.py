@@ -31,19 +31,20 @@ def _main(argv: list[str] | None) -> int:
     handler.addFilter(rank_of_job)
     logging.basicConfig(level=logging.INFO, handlers=[handler],
                         format="%(asctime)s %(rank)s %(levelname)s %(name)s: %(message)s")
-    # build_first: a warm spare's trainer builds its model before it has a place (Trainer takes it, in _resume).
+    # build_first: an in-process trainer builds its model before it takes a place (Trainer takes it, in _resume):
+    # the view a replacement joins waits for the hand-over, not for this build.
     job = Job.start(device=cfg.device, backend=cfg.dist.backend, timeout_s=cfg.dist.timeout_s,
                     steady_timeout_s=cfg.dist.steady_timeout_s, checkpoint_dir=c.dir or "", keep=c.keep,
                     every_steps=c.every_steps, async_save=c.async_save, build_first=True)
     rank_of_job.job = job
     log = logging.getLogger(__name__)
-    spare = not job.seated
-    if not spare:
+    seated = job.seated
+    if seated:
         _log_start(job, cfg)
     trainer, clean = None, False
     try:
         trainer = Trainer(cfg, job)
-        if spare:
+        if not seated:
             _log_start(job, cfg)
         code = trainer.run()
         clean = True
@@ -65,7 +66,8 @@ class _RankOfJob(logging.Filter):
         self.job: Job | None = None
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.job is None:  # Job.start has not returned: torchrun's RANK, INFO on rank 0 only
+        spare = self.job is not None and self.job.rendezvous is not None and self.job.rendezvous.place_key is not None
+        if self.job is None or not (self.job.seated or spare):  # no place yet: torchrun's RANK, INFO on rank 0 only
             rank = os.environ.get("RANK")
             record.rank = f"rank{rank}" if rank is not None else "start"
             return record.levelno >= logging.WARNING or rank in (None, "0")

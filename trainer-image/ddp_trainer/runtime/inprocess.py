@@ -256,10 +256,12 @@ class Rendezvous:
         self.view: View | None = None  # the one whose group this process is in
         self.membership = Membership(store, uid, seat.nproc, lambda: self.seat.rank)
         self.place_key: str | None = None  # a warm spare's, until it has its place (wait_place)
+        self.started_for = 0  # the generation this process was started for (a spare: the one it is placed in)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str], backend: str) -> tuple["Rendezvous", int]:
-        """(rendezvous, the generation this process was started for) from the launch contract's variables."""
+    def from_env(cls, environ: Mapping[str, str], backend: str) -> "Rendezvous":
+        """This process's rendezvous (its seat, the job's store, `started_for`) from the launch contract's
+        variables."""
         endpoint = environ.get(ENDPOINT_ENV, "")
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit():
@@ -280,8 +282,8 @@ class Rendezvous:
         store = ReconnectingStore(host, int(port), timeout=datetime.timedelta(seconds=CONNECT_TIMEOUT_S))
         rdzv = cls(store, uid, seat, backend=backend)
         store.on_reconnect(lambda: rdzv.membership.republish(rdzv.view))  # a lost store comes back empty
-        rdzv.place_key = place_key or None
-        return rdzv, generation
+        rdzv.place_key, rdzv.started_for = place_key or None, generation
+        return rdzv
 
     def wait_place(self, stopped: Callable[[], bool]) -> int | None:
         """A warm spare: wait for its assignment (written by its agent under `place_key` once the generation it

@@ -13,8 +13,9 @@
 
 In-process recovery (`DDPJOB_INPROCESS=1`; `Job` delegates to runtime/recovery.py): `job.carry(state=...,
 load=..., rewrap=..., step=...)` once the model is wrapped, and around the steps `except Exception as e: if
-job.recover(e): <go on from the progress in memory>`; `resume()` then returns a peer's state where a survivor holds it. A warm spare
-(`Job.start(build_first=True)`) returns before it has a place: build the model first, `resume()` takes the place.
+job.recover(e): <go on from the progress in memory>`; `resume()` then returns a peer's state where a survivor holds it.
+`Job.start(build_first=True)` returns before the trainer has a place (a warm spare, or any trainer of an in-process
+job): build the model first, `resume()` takes the place, so a view it joins waits for the hand-over, not the build.
 
 A generation that resumed (in process, or from the volume) keeps its recovery timeline in `job.recovery`, which
 rank 0's reports carry (`progress.recovery_field`); `job.recovering` is True until its first step is reported.
@@ -51,7 +52,7 @@ class Job:
                  every_steps: int | None = None, async_save: bool = False,
                  reporter: ProgressReporter | None = None, owns_process_group: bool = False,
                  timeouts: CollectiveTimeout | None = None, rendezvous: inprocess.Rendezvous | None = None) -> None:
-        """`env` None: a warm spare without a place yet (`Job.start(build_first=True)`; `resume()` takes it)."""
+        """`env` None: no place yet (`Job.start(build_first=True)`; `resume()` takes it)."""
         self.device, self.stop = device, stop
         self.timeouts = timeouts if timeouts is not None else CollectiveTimeout(1800.0)
         # A peer lost, a generation resumed (runtime/recovery.py); `rendezvous`: the in-process job's store.
@@ -90,7 +91,7 @@ class Job:
     @property
     def env(self) -> JobEnv:
         if self._env is None:
-            raise RuntimeError("job.env: this warm spare has no place yet; job.resume() waits for it and joins "
+            raise RuntimeError("job.env: this trainer has no place yet; job.resume() waits for it and joins "
                                "(Job.start(build_first=True): build only what does not depend on the rank before)")
         return self._env
 
@@ -100,7 +101,7 @@ class Job:
 
     @property
     def seated(self) -> bool:
-        """False only in a warm spare started with build_first=True, until `resume()` took its place."""
+        """False only in an in-process trainer started with build_first=True, until `resume()` took its place."""
         return self._env is not None
 
     @classmethod
@@ -112,15 +113,15 @@ class Job:
         and initialise the process group (unless already initialised). Checkpoint settings default
         to the DDPJOB_CHECKPOINT_* variables. `steady_timeout_s` > 0: the collective timeout after the
         first steps (`CollectiveTimeout`), so a hung peer fails the job's collectives in that time.
-        A warm spare's trainer (DDPJOB_INPROCESS=1, started by its agent before it has a place) waits here for
-        its place, or with `build_first=True` returns at once: build what does not depend on the rank (the
-        dataset, the model, the optimizer), then `resume()` waits for the place, joins and receives the state;
-        `job.env` is known from then on."""
+        An in-process trainer (DDPJOB_INPROCESS=1) takes its place here (a warm spare waits for it), or with
+        `build_first=True` returns at once: build what does not depend on the rank (the dataset, the model, the
+        optimizer), then `resume()` takes the place, joins and receives the state; `job.env` is known from then
+        on. A replacement then costs the view it joins the hand-over only, not its build."""
         stop = StopRequest()  # first: a SIGTERM during start-up is not lost
         try:
             rendezvous = None
             if inprocess.enabled() and not dist.is_initialized():
-                rendezvous, dev, env = join_first_group(device, backend, timeout_s)
+                rendezvous, dev, env = join_first_group(device, backend, timeout_s, build_first=build_first)
             else:
                 env = JobEnv.from_env()
                 dev = select_device(device, env)
@@ -190,7 +191,7 @@ class Job:
     def resume(self, *, announce: bool = True, into: Callable[[], dict[str, Any]] | None = None
                ) -> dict[str, Any] | None:
         """Every rank: the state of the newest checkpoint that verifies (rank 0 chooses, all load the same step), or
-        None; `state["ddpjob"]` holds its step and world size. A warm spare (build_first=True) takes its place here
+        None; `state["ddpjob"]` holds its step and world size. A trainer started with build_first=True takes its place here
         first. `into()`: this process's state as built (`carry(state=...)`): a peer's lands in its tensors."""
         if self._env is None:
             self._take_place()

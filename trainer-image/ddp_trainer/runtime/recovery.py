@@ -141,20 +141,27 @@ class InProcessRecovery:
     # ---- a fresh process: a warm spare's place, a replacement's state ---------------------------
 
     def take_place(self) -> JobEnv:
-        """A warm spare: wait for the place its agent is given (runtime/inprocess.py), then join that
-        generation's group; its environment. A stop signal meanwhile (the spare's pod deleted) ends the process
-        with 128+N."""
+        """A fresh trainer that built its state first (`Job.start(build_first=True)`): its place, then that view's
+        group; its environment. A warm spare first waits for the place its agent is given (runtime/inprocess.py);
+        a replacement arrives only now, so that the view it joins waits for the hand-over alone, not for this
+        trainer's build (a 1 GB model's allocation and initialisation). A stop signal meanwhile (the pod deleted)
+        ends the process with 128+N."""
         rdzv, stop = self.rendezvous, self.job.stop
-        announce_line("spare: trainer ready, waiting for its place")
-        generation = rdzv.wait_place(lambda: stop.requested)
-        if generation is None:
-            raise SystemExit(stop.exit_code)
+        spare = rdzv.place_key is not None
+        if spare:
+            announce_line("spare: trainer ready, waiting for its place")
+            generation = rdzv.wait_place(lambda: stop.requested)
+            if generation is None:
+                raise SystemExit(stop.exit_code)
+        else:
+            generation = rdzv.started_for
         placed = time.monotonic()
         view = rdzv.join(generation, self.job.device, self.job.timeouts.long_s, lambda: stop.requested)
         self._group_time = time.time()
         publish_environ(rdzv, view)
-        log.warning("spare: took the place of rank %d of %d in generation %d (%.2f s to form the group)",
-                    rdzv.seat.rank, view.world, view.generation, time.monotonic() - placed)
+        if spare:
+            log.warning("spare: took the place of rank %d of %d in generation %d (%.2f s to form the group)",
+                        rdzv.seat.rank, view.world, view.generation, time.monotonic() - placed)
         return JobEnv.from_env()
 
     def from_peer(self, announce: bool, into: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
@@ -357,10 +364,11 @@ class _Phases:
         self._mark = now
 
 
-def join_first_group(device: str, backend: str, timeout_s: float
+def join_first_group(device: str, backend: str, timeout_s: float, *, build_first: bool = False
                      ) -> tuple[inprocess.Rendezvous, torch.device, JobEnv | None]:
     """`Job.start` of an in-process job: its rendezvous, its device, and its environment once the first group
-    formed through the job's store (runtime/inprocess.py); None for a warm spare, which has no place yet."""
+    formed through the job's store (runtime/inprocess.py); None for a warm spare, which has no place yet, and with
+    `build_first` (the place is taken by `InProcessRecovery.take_place` once the script built its state)."""
     # Before any group exists: a Gloo group that exists when torch._dynamo is first imported (DDP imports it) is
     # never released (torch 2.13), so a survivor leaving it would keep its connections open and the peers blocked
     # on it waiting for their collective timeout.
@@ -369,11 +377,11 @@ def join_first_group(device: str, backend: str, timeout_s: float
     # failed group's wrapper (`_release`) would scan it all: about 1 s of a survivor's recovery on a busy CPU, 40 us
     # with it frozen. The model and its DDP wrapper, built after this, stay collectable.
     gc.freeze()
-    rdzv, generation = inprocess.Rendezvous.from_env(os.environ, backend)
+    rdzv = inprocess.Rendezvous.from_env(os.environ, backend)
     dev = select_device(device, JobEnv(rank=0, local_rank=rdzv.seat.local_rank, world_size=1))
-    if rdzv.place_key:
+    if rdzv.place_key or build_first:
         return rdzv, dev, None
-    view = rdzv.join(generation, dev, timeout_s, lambda: False)
+    view = rdzv.join(rdzv.started_for, dev, timeout_s, lambda: False)
     publish_environ(rdzv, view)
     return rdzv, dev, JobEnv.from_env()
 
