@@ -133,8 +133,10 @@ def test_ctrl_c_stops_workers_gracefully_leaves_no_process_and_resume_continues(
 
 
 def test_lost_store_moves_the_job_to_a_new_generation_without_charging_the_budget(tmp_path, runs):
-    doc = manifest("store", failurePolicy=RESTART)  # the restart path: every worker resumes
-    doc["spec"]["args"] = ["--workload", "digits", "--epochs", "40", "--batch-size", "32", "--log-every", "5"]
+    # The restart path: every worker resumes. Static (2:2): generation 1 forms once both agents are back, not first
+    # at 1 then grown by a restart. 20 epochs (about 450 steps): generation 0 stops 10-20 steps after the kill.
+    doc = manifest("store", failurePolicy=RESTART, minReplicas=2)
+    doc["spec"]["args"] = ["--workload", "digits", "--epochs", "20", "--batch-size", "32", "--log-every", "5"]
     run = start(runs, tmp_path, str(write_manifest(tmp_path, doc)))
     progress = job_files(tmp_path, "store") / "progress.json"
     run.wait_for_step(progress, 30)
