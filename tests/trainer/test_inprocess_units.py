@@ -144,7 +144,8 @@ def test_a_spare_job_builds_first_and_a_stop_while_it_waits_for_its_place_exits_
 def test_the_state_lands_in_the_receivers_own_tensors_where_they_match(tmp_path) -> None:
     """A replacement receives a peer's state into the tensors it built (its model's parameters): the large one
     that travels alone and the small ones unpacked from a bucket; one of another shape or dtype is left as it
-    is and the state's own arrives beside it. Real Gloo, two processes."""
+    is and the state's own arrives beside it, into memory prepared from the layout where there is some. Real
+    Gloo, two processes."""
     from trainer_harness import PY, StoreServer, base_env
 
     store = StoreServer()
@@ -160,6 +161,9 @@ def test_the_state_lands_in_the_receivers_own_tensors_where_they_match(tmp_path)
     assert result["equal"] and result["progress"] == {"step": 9} and result["lr"] == 0.1, result
     assert result["in_place"] == result["own_equal_sent"] == ["large", "small"], result
     assert result["untouched"] == ["half", "reshaped"], result  # float32 where float16 came; (2, 3) where (6,)
+    # What its own state lacks lands in the memory it prepared from the published layout (runtime/layout.py).
+    assert result["prepared"] == ["model/reshaped", "optimizer/state/0/exp_avg", "optimizer/state/0/step"], result
+    assert result["stale_untouched"], result
 
 
 @pytest.mark.parametrize("before", [None, "1", "3", "2"])

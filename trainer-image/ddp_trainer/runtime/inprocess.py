@@ -194,9 +194,7 @@ def destinations(skeleton: Any, into: Any, device: torch.device) -> dict[int, to
     """The tensors of `into` (the receiver's own state, as built) that a slot of `skeleton` lands in as it is:
     the same place in the structure, shape, dtype and device, and contiguous."""
     if isinstance(skeleton, _Slot):
-        fits = isinstance(into, torch.Tensor) and tuple(into.shape) == skeleton.shape and \
-            into.dtype == skeleton.dtype and into.device == device and into.is_contiguous()
-        return {skeleton.index: into.detach()} if fits else {}
+        return {skeleton.index: into.detach()} if _fits(skeleton, into, device) else {}
     if isinstance(skeleton, dict) and isinstance(into, dict):
         return {i: t for k, v in skeleton.items() if k in into for i, t in destinations(v, into[k], device).items()}
     if isinstance(skeleton, (list, tuple)) and isinstance(into, (list, tuple)) and len(skeleton) == len(into):
@@ -204,11 +202,18 @@ def destinations(skeleton: Any, into: Any, device: torch.device) -> dict[int, to
     return {}
 
 
+def _fits(slot: _Slot, tensor: Any, device: torch.device) -> bool:
+    return isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == slot.shape and tensor.dtype == slot.dtype \
+        and tensor.device == device and tensor.is_contiguous()
+
+
 def broadcast_state(state: dict[str, Any] | None, source: int, group: dist.ProcessGroup | None,
-                    device: torch.device, into: dict[str, Any] | None = None) -> dict[str, Any]:
+                    device: torch.device, into: dict[str, Any] | None = None,
+                    prepared: Mapping[int, torch.Tensor] | None = None) -> dict[str, Any]:
     """Every member of `group`: `state` of global rank `source` (its own elsewhere ignored). `into`: a receiver's
     own state as built (its model's parameters): tensors that match are received in place (no second copy of
-    them in memory, no pages to fault in, nothing for `load_state_dict` to copy), the rest into new ones."""
+    them in memory, no pages to fault in, nothing for `load_state_dict` to copy); `prepared`: memory it touched
+    before it arrived, by slot (runtime/layout.py), used where the slot still fits; the rest into new tensors."""
     mine = dist.get_rank() == source
     skeleton, tensors = flatten(state) if mine else (None, [])
     box = [skeleton]
@@ -217,6 +222,9 @@ def broadcast_state(state: dict[str, Any] | None, source: int, group: dist.Proce
     slots = slots_of(skeleton)
     sizes = [nbytes(s) for s in slots]
     own = destinations(skeleton, into, device) if into is not None and not mine else {}
+    if not mine:
+        own.update({i: t for i, t in (prepared or {}).items()
+                    if i not in own and i < len(slots) and _fits(slots[i], t, device)})
     received: list[torch.Tensor] = [torch.empty(0)] * len(slots)
     for bucket in buckets(sizes):
         last, last_offset = bucket[-1]
@@ -387,13 +395,13 @@ class Rendezvous:
         return "?" if self.view is None else str(self.view.generation)
 
     def exchange(self, held: Callable[[], dict[str, Any]] | None, step: int, device: torch.device,
-                 into: Callable[[], dict[str, Any]] | None = None) -> tuple[dict[str, Any] | None, int | None,
-                                                                           int | None, bool]:
+                 into: Callable[[], dict[str, Any]] | None = None, prepared: Mapping[int, torch.Tensor] | None = None
+                 ) -> tuple[dict[str, Any] | None, int | None, int | None, bool]:
         """Every rank of the new group: (the state received, or None where this rank holds the newest one
         or nobody holds any; the rank it came from, None: nobody holds it, the volume; its step; whether rank 0
         held a state: the previous generation's checkpoint writer lives on in this one, a rank's seat being its
-        rank). `into`: a process that holds no state yet, its own as built, to receive in place
-        (`broadcast_state`)."""
+        rank). `into`: a process that holds no state yet, its own as built, to receive in place, and `prepared`
+        the memory it touched for the rest (`broadcast_state`)."""
         world, rank = dist.get_world_size(), dist.get_rank()
         mine = torch.tensor([1 if held is not None else 0, step if held is not None else -1], dtype=torch.int64,
                             device=device)
@@ -414,7 +422,8 @@ class Rendezvous:
             return None, source, newest, writer_kept
         try:
             state = broadcast_state(held() if rank == source else None, source, group, device,
-                                    into=into() if into is not None and rank in receivers else None)
+                                    into=into() if into is not None and rank in receivers else None,
+                                    prepared=prepared if rank in receivers else None)
         finally:
             if group is not None:
                 dist.destroy_process_group(group)

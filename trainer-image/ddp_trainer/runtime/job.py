@@ -144,9 +144,9 @@ class Job:
             stop.close(drain=False)
             raise
 
-    def _take_place(self) -> None:
-        """A warm spare: its place, its group (`InProcessRecovery.take_place`), then what depends on its rank."""
-        self._bind(self.in_process.take_place())
+    def _take_place(self, into: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Its place, its group (`InProcessRecovery.take_place`: `into` prepares the memory), then its rank's parts."""
+        self._bind(self.in_process.take_place(into))
 
     # ---- what recovery keeps (runtime/recovery.py) ---------------------------------------------
 
@@ -194,7 +194,7 @@ class Job:
         None; `state["ddpjob"]` holds its step and world size. A trainer started with build_first=True takes its place here
         first. `into()`: this process's state as built (`carry(state=...)`): a peer's lands in its tensors."""
         if self._env is None:
-            self._take_place()
+            self._take_place(into)
         if (state := self.in_process.from_peer(announce, into)) is not None:  # a survivor's: no volume read
             return state
         if self.checkpoints is None:
@@ -266,7 +266,8 @@ class Job:
         group with the newest state (a peer's when it was behind), rewrapped; go on from the progress in
         memory (the step that failed is trained again). False: not a peer's failure, in-process recovery is
         off, or it is not possible here (logged with the reason): re-raise, the exit path as before."""
-        return self.in_process.recover(error)
+        with self.step_timer.waiting():  # waiting for the next view and the hand-over: no rank's own work
+            return self.in_process.recover(error)
 
     @property
     def last_checkpoint_step(self) -> int | None:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from . import inprocess
+from . import inprocess, layout
 from .checkpoint import RescueCheckpoint, raise_fence
 from .contract import GENERATION_ENV, REJOIN_TIMEOUT_ENV, REPLICA_INDEX_ENV
 from .distributed import CollectiveTimeout, JobEnv, StopRequest, is_peer_failure, select_device
@@ -78,6 +78,8 @@ class InProcessRecovery:
         # need not broadcast rank 0's parameters (`init_sync=not job.replicas_agree`, a cost that grows with the model).
         self.replicas_agree = False
         self.views = ViewKeeper(rendezvous, self._report_waiting)  # the view this trains in (issue 36)
+        self.prepared: dict[int, torch.Tensor] = {}  # memory touched before arriving, to receive into (layout.py)
+        self._layout_of: View | None = None  # the view whose state's layout this rank 0 published
         self.regrouped = False  # the last should_stop() (or recover()) moved this process to another view
 
     @property
@@ -115,9 +117,14 @@ class InProcessRecovery:
                 log.info("could not tell waiting joiners that the job finished: %s", e)
 
     def stepped(self) -> None:
-        """An optimizer step of this generation finished: the first one ends the recovery's timeline."""
+        """An optimizer step of this generation finished: the first one ends the recovery's timeline; the first of a
+        view has rank 0 publish the state's layout (its optimizer's state exists from now on) for joiners."""
         if self.recovering:
             self._set_timeline({**self.timeline, "first_step_time": time.time()})
+        view = self.view
+        if view is not None and view != self._layout_of and self.carried is not None and self.job.env.is_main:
+            self._layout_of = view
+            layout.publish(self.rendezvous.store, self.rendezvous.uid, self.carried.state())
 
     def _set_timeline(self, timeline: dict[str, Any]) -> None:
         self.timeline = timeline
@@ -140,13 +147,16 @@ class InProcessRecovery:
 
     # ---- a fresh process: a warm spare's place, a replacement's state ---------------------------
 
-    def take_place(self) -> JobEnv:
+    def take_place(self, into: Callable[[], dict[str, Any]] | None = None) -> JobEnv:
         """A fresh trainer that built its state first (`Job.start(build_first=True)`): its place, then that view's
         group; its environment. A warm spare first waits for the place its agent is given (runtime/inprocess.py);
         a replacement arrives only now, so that the view it joins waits for the hand-over alone, not for this
-        trainer's build (a 1 GB model's allocation and initialisation). A stop signal meanwhile (the pod deleted)
-        ends the process with 128+N."""
+        trainer's build (a 1 GB model's allocation and initialisation), and with the memory for the state it will
+        receive touched (`into`: its own state as built; runtime/layout.py). A stop signal meanwhile (the pod
+        deleted) ends the process with 128+N."""
         rdzv, stop = self.rendezvous, self.job.stop
+        if into is not None:
+            self.prepared = layout.prepare(rdzv.store, rdzv.uid, into(), self.job.device)
         spare = rdzv.place_key is not None
         if spare:
             announce_line("spare: trainer ready, waiting for its place")
@@ -170,7 +180,8 @@ class InProcessRecovery:
         if self.rendezvous is None or not dist.is_initialized():
             return None
         env, started = self.job.env, time.monotonic()
-        state, source, step, _ = self.rendezvous.exchange(None, -1, self.job.device, into=into)
+        prepared, self.prepared = self.prepared, {}  # what is not received into is freed with it
+        state, source, step, _ = self.rendezvous.exchange(None, -1, self.job.device, into=into, prepared=prepared)
         if state is None:
             return None
         self.replicas_agree = True  # every rank of the group holds (or just received) the source's replica
