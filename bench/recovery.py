@@ -102,7 +102,7 @@ STOP = "stop"  # --fault stop: the bench freezes a worker's pod (SIGSTOP), a sil
 FROZEN_FOR_AT_MOST_S = 300.0  # a frozen pod no survivor's step failed on within this is killed anyway
 KUBECTL_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,6})?)\d*Z ")
 # --fault kill-store: the store's first line once it listens (agent/store.py), and the line of each agent
-# (ReconnectingStore's twin in agent/worker.py) and trainer (runtime/store_client.py) that met the new one.
+# (ReconnectingStore's twin in agent/generations.py) and trainer (runtime/store_client.py) that met the new one.
 STORE_UP = re.compile(r"ddpjob rendezvous store listening on port \d+")
 STORE_RECONNECTED = re.compile(r"rendezvous store \S+ was lost \(.*\); reconnected after [\d.]+ s")
 

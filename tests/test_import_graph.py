@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"ddpjob_operator": ROOT / "operator", "ddpjob": ROOT / "operator", "ddp_trainer": ROOT / "trainer-image"}
 # Run in the worker's pod (or the local runner's processes), never imported by the operator.
-TORCH_IN_THE_OPERATOR = {"ddpjob_operator.agent.worker", "ddpjob_operator.agent.zygote", "ddpjob_operator.agent.store"}
+TORCH_IN_THE_OPERATOR = {f"ddpjob_operator.agent.{name}" for name in ("worker", "generations", "spare", "zygote", "store")}
 
 
 def modules(package: str) -> dict[str, Path]:

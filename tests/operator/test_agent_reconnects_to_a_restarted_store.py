@@ -1,5 +1,5 @@
-"""The worker agent's store client (agent/worker.py `Generations`) against a real rendezvous store process (the
-operator's store command), SIGKILLed and started again on the same port as the operator recreates a lost store
+"""The worker agent's store client (agent/generations.py `Generations`) against a real rendezvous store process
+(the operator's store command), SIGKILLed and started again on the same port as the operator recreates a lost store
 under its Service: the agent reconnects, publishes again the newest generation and node range it knows (the new
 store starts empty), and a survivor waiting for the next generation sees the replacement's; one line each, no
 traceback; a store that never comes back fails the call within the bound."""
@@ -13,8 +13,8 @@ import pytest
 
 from tests.rendezvous_store import StoreProcess
 
-torch = pytest.importorskip("torch", reason="the agent's worker module imports torch")
-worker = pytest.importorskip("ddpjob_operator.agent.worker")
+torch = pytest.importorskip("torch", reason="the agent's generations module imports torch")
+agent_generations = pytest.importorskip("ddpjob_operator.agent.generations")
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,7 +32,7 @@ def store_lines(err: str) -> list[str]:
 
 def test_an_agent_publishes_its_generation_again_on_the_new_store(store, capfd):
     endpoint = store.endpoint
-    generations = worker.Generations(endpoint, "uid")
+    generations = agent_generations.Generations(endpoint, "uid")
     generations.publish(3, "1:3")
     store.kill()
     store.start()
@@ -45,14 +45,15 @@ def test_an_agent_publishes_its_generation_again_on_the_new_store(store, capfd):
 
 def test_a_survivor_waiting_for_the_next_generation_sees_the_replacements_across_a_lost_store(store, capfd):
     endpoint = store.endpoint
-    survivor = worker.Generations(endpoint, "uid")
+    survivor = agent_generations.Generations(endpoint, "uid")
     survivor.publish(3, "1:3")
     seen: list[tuple[int, str] | None] = []
     waiting = threading.Thread(target=lambda: seen.append(survivor.wait_newer(3, 30, every=0.05)))
     waiting.start()
     store.kill()
     store.start()
-    replacement = worker.Generations(endpoint, "uid")  # the operator's next pod, started against the new store
+    # The operator's next pod, started against the new store.
+    replacement = agent_generations.Generations(endpoint, "uid")
     replacement.publish(4, "1:3")
     waiting.join()
     assert seen == [(4, "1:3")]
@@ -61,8 +62,8 @@ def test_a_survivor_waiting_for_the_next_generation_sees_the_replacements_across
 
 
 def test_a_store_that_never_comes_back_fails_the_call_within_the_bound(store, monkeypatch, capfd):
-    monkeypatch.setattr(worker, "STORE_RETURN_SECONDS", 1)
-    generations = worker.Generations(store.endpoint, "uid")
+    monkeypatch.setattr(agent_generations, "STORE_RETURN_SECONDS", 1)
+    generations = agent_generations.Generations(store.endpoint, "uid")
     generations.publish(0, "2")
     store.kill()
     began = time.monotonic()

@@ -1,10 +1,11 @@
 """The worker agent: the program every worker and spare container runs, and the local runner's zygote.
 
-Plain modules (bootstrap.py, contract.py, worker.py, store.py, zygote.py), run as files: `python DIRECTORY/bootstrap.py
-ROLE ARGS...` (`command`). The trainer image has torch and no operator package, so a pod gets the files by
-reference: the job's agent ConfigMap (job_manifests.agent_config_map: POD_SOURCES, named by POD_DIGEST) mounted
-read-only; the local runner runs them from this package's directory. The operator imports contract.py only;
-worker.py and zygote.py import torch and run in the pod (or in the local runner's processes)."""
+Plain modules (bootstrap.py, contract.py, worker.py with generations.py, operator_endpoint.py and spare.py,
+store.py, zygote.py), run as files: `python DIRECTORY/bootstrap.py ROLE ARGS...` (`command`). The trainer image
+has torch and no operator package, so a pod gets the files by reference: the job's agent ConfigMap
+(job_manifests.agent_config_map: POD_SOURCES, named by POD_DIGEST) mounted read-only; the local runner runs them
+from this package's directory. The operator imports contract.py only; the others run in the pod (or in the local
+runner's processes), beside torch."""
 
 import hashlib
 import json
@@ -16,9 +17,9 @@ __all__ = ["DIRECTORY", "ENTRY", "POD_DIGEST", "POD_SOURCES", "command", "contra
 
 DIRECTORY = str(Path(__file__).resolve().parent)
 ENTRY = "bootstrap.py"
-# What a pod runs: the entry, the modules the worker imports and the store's program (zygote.py is the local
-# runner's only).
-POD_FILES = (ENTRY, "contract.py", "worker.py", "store.py")
+# What a pod runs: the entry, the worker and the modules it imports, and the store's program (zygote.py is the
+# local runner's only). tests/operator/test_the_agent_config_map_carries_every_module_a_pod_runs.py checks it.
+POD_FILES = (ENTRY, "contract.py", "worker.py", "generations.py", "operator_endpoint.py", "spare.py", "store.py")
 # Byte for byte the package's files (decoded, never newline-translated): what the ConfigMap carries.
 POD_SOURCES = {name: (Path(DIRECTORY) / name).read_bytes().decode("utf-8") for name in POD_FILES}
 

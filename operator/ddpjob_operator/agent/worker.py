@@ -2,28 +2,24 @@
 agent.command). torchrun's own entry point, run in-process, so that the container's exit code is the
 failed trainer's (torchrun itself always exits 1), 128+N for a signal N, and the failure is written where
 the kubelet reads termination messages; a survivor of a peer's failure joins the next rendezvous generation
-in place; a warm spare waits for its assignment.
+in place; a warm spare waits for its assignment (spare.py).
 
 The pod's image has torch and no operator package: this module's file reaches the pod in the job's agent
-ConfigMap (job_manifests.agent_config_map) and imports only the standard library, torch and contract.py
-(bootstrap.py loads both as the package `ddpjob_agent`). Importing it changes nothing in torch: `patch_torch`
-does, from `main`."""
+ConfigMap (job_manifests.agent_config_map) and imports only the standard library, torch and the agent's modules
+beside it (bootstrap.py loads them as the package `ddpjob_agent`). Importing it changes nothing in torch:
+`patch_torch` does, from `main`."""
 
 import logging
 import os
 import re
 import runpy
 import signal
-import socket
 import sys
 import threading
-import time
-from datetime import timedelta
 
 import torch
 import torch.distributed.elastic.multiprocessing.api as elastic_processes
 import torch.distributed.run as torchrun
-from torch.distributed import DistNetworkError, TCPStore
 from torch.distributed.elastic.agent.server import local_elastic_agent
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -31,14 +27,14 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
-from .contract import (ASSIGNMENT_FILE_ENV, ASSIGNMENT_PATH, FORK_TRAINER_ENV, INPROCESS_ENV, GENERATION_KEY, GENERATION_MARK,
-                       GENERATION_FILE_ENV, GENERATION_PATH, GENERATION_POLL_SECONDS, GPU_DEVICE_FILES, NNODES_KEY, PEER_FAILURE_PATTERN, PRELOAD_ENV, PROGRESS_CA_ENV,
-                       PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, REJOIN_ENV, REJOIN_FAILED_PREFIX, REJOIN_TIMEOUT_ENV,
-                       REJOIN_TIMEOUT_SECONDS, RENDEZVOUS_CLOSED_MARK, RENDEZVOUS_FAILED_PREFIX,
-                       SPARE_BUILT_KEY, SPARE_COMPLAINT_SECONDS, SPARE_ENV, SPARE_PLACE_ENV, SPARE_PLACE_KEY,
-                       SPARE_READY_FILE_ENV,
-                       STOP_EXIT_CODES,
-                       TERMINATION_LOG_ENV, TERMINATION_LOG_PATH, TERMINATION_MESSAGE_LIMIT)
+from .contract import (FORK_TRAINER_ENV, GENERATION_FILE_ENV, GENERATION_MARK, GENERATION_PATH, GENERATION_POLL_SECONDS,
+                       GPU_DEVICE_FILES, INPROCESS_ENV, PEER_FAILURE_PATTERN, PRELOAD_ENV, PROGRESS_URL_ENV, REJOIN_ENV,
+                       REJOIN_FAILED_PREFIX, REJOIN_TIMEOUT_ENV, REJOIN_TIMEOUT_SECONDS, RENDEZVOUS_CLOSED_MARK,
+                       RENDEZVOUS_FAILED_PREFIX, SPARE_ENV, SPARE_PLACE_ENV, STOP_EXIT_CODES, TERMINATION_LOG_ENV,
+                       TERMINATION_LOG_PATH, TERMINATION_MESSAGE_LIMIT)
+from .generations import Generations, flag, generation_of, with_flags
+from .operator_endpoint import ask_operator
+from .spare import SparePlace, wait_as_spare, warm_up
 
 PEER_FAILURE = re.compile(PEER_FAILURE_PATTERN, re.IGNORECASE)
 
@@ -190,110 +186,6 @@ def fit_message(text, limit):
     return start + cut + end if limit >= len(cut) else start
 
 
-def flag(args, name):
-    prefix = f"--{name}="
-    return next((a[len(prefix):] for a in args if a.startswith(prefix)), None)
-
-
-def with_flags(args, **values):
-    # Only torchrun's own flags, which come before the entrypoint: the user's args are never touched.
-    out, ours = [], True
-    for a in args:
-        name = a[2:].split("=", 1)[0] if ours and a.startswith("--") and "=" in a else None
-        if name is None:
-            ours = False
-        key = name.replace("-", "_") if name else None
-        out.append(f"--{name}={values[key]}" if key in values else a)
-    return out
-
-
-# A lost store's pod is recreated by the operator under the same Service (in-process recovery keeps the
-# workers): an agent whose store call fails on the connection waits this long for the new one to accept.
-STORE_RETURN_SECONDS = 60
-
-
-class Generations:
-    # The job's rendezvous store as the survivors' channel (see REJOIN_ENV in contract.py). On a lost connection
-    # it connects again (the store came back empty) and publishes again the newest generation it knows.
-    def __init__(self, endpoint, uid):
-        host, _, port = endpoint.rpartition(":")
-        self.uid, self.address = uid, (host, int(port))
-        self.known = None  # (generation, nnodes): the newest this agent published or read
-        self.store = self.connect()
-
-    def connect(self):
-        return TCPStore(*self.address, is_master=False, timeout=timedelta(seconds=60))
-
-    def call(self, op, *args):
-        # A TCPStore method, retried once on a new connection after the newest generation is published again.
-        try:
-            result = getattr(self.store, op)(*args)
-            if op == "set":  # sent unanswered: to a store that died it is lost without an error, so ask once
-                self.store.num_keys()
-            return result
-        except DistNetworkError as lost:
-            self.reconnect(lost)
-            return getattr(self.store, op)(*args)
-
-    def reconnect(self, lost):
-        began, wait, where = time.monotonic(), 0.05, "{}:{}".format(*self.address)
-        cause = (str(lost).strip().splitlines() or [type(lost).__name__])[0]
-        while not accepts(self.address):
-            if time.monotonic() - began + wait > STORE_RETURN_SECONDS:
-                print(f"the job's rendezvous store {where} was lost ({cause}) and did not come back within "
-                      f"{STORE_RETURN_SECONDS} s", file=sys.stderr, flush=True)
-                raise lost
-            time.sleep(wait)
-            wait = min(2 * wait, 1.0)
-        self.store = self.connect()
-        again = f"; generation {self.known[0]} ({self.known[1]} nodes) published again" if self.known else ""
-        if self.known:
-            self.publish(*self.known)
-        print(f"the job's rendezvous store {where} was lost ({cause}); reconnected after "
-              f"{time.monotonic() - began:.1f} s{again}", file=sys.stderr, flush=True)
-
-    def note(self, generation, nnodes):
-        if self.known is None or generation >= self.known[0]:
-            self.known = (generation, nnodes)
-
-    def publish(self, generation, nnodes):
-        self.note(generation, nnodes)
-        self.call("set", NNODES_KEY.format(uid=self.uid, generation=generation), nnodes)
-        key, seen = GENERATION_KEY.format(uid=self.uid), ""
-        while True:  # the newest generation wins: compare-and-set until ours is no longer newer
-            current = self.call("compare_set", key, seen, str(generation)).decode()
-            if int(current) >= generation:
-                return
-            seen = current
-
-    def newest(self):
-        key = GENERATION_KEY.format(uid=self.uid)
-        if not self.call("check", [key]):
-            return None
-        generation = int(self.call("get", key))
-        nnodes = self.call("get", NNODES_KEY.format(uid=self.uid, generation=generation)).decode()
-        self.note(generation, nnodes)
-        return generation, nnodes
-
-    def wait_newer(self, generation, timeout, stop=None, every=0.2):
-        deadline, stop = time.monotonic() + timeout, stop or threading.Event()
-        while time.monotonic() < deadline and not stop.is_set():
-            newest = self.newest()
-            if newest is not None and newest[0] > generation:
-                return newest
-            stop.wait(every)
-        return None
-
-
-def accepts(address):
-    # A plain connect: a TCPStore built against a closed port retries for its whole timeout, logging a C++ stack.
-    try:
-        with socket.create_connection(address, timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 STOPPED = threading.Event()  # this agent got a death signal: its own pod is being stopped
 
 
@@ -425,11 +317,6 @@ def closed_is_an_error(run):
     return checked
 
 
-def generation_of(rdzv_id):
-    match = re.search(r"-g(\d+)$", rdzv_id or "")
-    return int(match.group(1)) if match else None
-
-
 # DDPJOB_INPROCESS=1: the trainers form their process group themselves, per generation, through the job's
 # store, and a survivor's trainer outlives a peer's failure in process (the trainer runtime's inprocess.py).
 # torchrun then only starts and watches this pod's trainers, in a rendezvous of the pod's own: no agent
@@ -524,193 +411,6 @@ def run_generation(args, generation, generations):
         if follow in AFTER_START:  # the trainers never started
             AFTER_START.remove(follow)
         stop_watching()
-
-
-def assignment():
-    # The operator's answer for this spare: (given, None), given being {"index", "generation", "rdzvId",
-    # "nnodes"} or None for "nothing yet" (both valid answers); (None, why) when it could not be asked.
-    import json
-    path = os.environ.get(ASSIGNMENT_FILE_ENV)
-    if path:
-        try:
-            with open(path) as file:
-                return checked_assignment(json.load(file)), None
-        except FileNotFoundError:
-            return None, None  # not written yet (the runner writes it whole, by rename)
-        except (OSError, ValueError) as error:
-            return None, f"cannot read {path}: {type(error).__name__}: {error}"
-    given, why = ask_operator(ASSIGNMENT_PATH, timeout=10)
-    if given is None:
-        return None, why
-    try:
-        return checked_assignment(given), None
-    except ValueError as error:
-        return None, f"the operator's {ASSIGNMENT_PATH} route answered 200 with no valid assignment: {error}"
-
-
-def ask_operator(path, timeout):
-    # GET <the progress URL's directory>/<path> with the pod's progress token: (the JSON answer, None), (None, None)
-    # for 204 (nothing to tell), (None, why) when the operator could not be asked.
-    import json, ssl, urllib.error, urllib.request
-    url = os.environ.get(PROGRESS_URL_ENV, "")
-    if not url:
-        return None, f"{PROGRESS_URL_ENV} is empty: the operator has no progress endpoint to answer"
-    target = url.rsplit("/", 1)[0] + "/" + path
-    try:
-        with open(os.environ.get(PROGRESS_TOKEN_ENV, "")) as file:
-            token = file.read().strip()
-    except OSError as error:
-        return None, f"cannot read the pod's progress token: {error}"
-    try:
-        context = ssl.create_default_context(cadata=os.environ[PROGRESS_CA_ENV]) \
-            if os.environ.get(PROGRESS_CA_ENV) else None
-        request = urllib.request.Request(target, headers={"Authorization": f"Bearer {token}"})
-        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
-            if response.status == 204:
-                return None, None
-            if response.status != 200:
-                return None, f"{target} answered {response.status}"
-            body = response.read(65536)
-        try:
-            return json.loads(body), None
-        except ValueError as error:
-            return None, f"{target} answered 200 with no JSON: {error}"
-    except urllib.error.HTTPError as error:  # 401 no valid token, 503 a standby replica, ...
-        detail = error.read(200).decode("utf-8", "replace").strip() if error.fp is not None else ""
-        return None, f"{target} answered {error.code} {error.reason}" + (f": {detail}" if detail else "")
-    except Exception as error:  # unreachable (a NetworkPolicy), a CA it cannot verify, a timeout
-        return None, f"cannot reach {target}: {type(error).__name__}: {error}"
-
-
-def checked_assignment(given):
-    ok = isinstance(given, dict) and all(isinstance(given.get(k), int) and not isinstance(given.get(k), bool)
-                                         and given[k] >= 0 for k in ("index", "generation")) \
-        and all(isinstance(given.get(k), str) and given[k] for k in ("rdzvId", "nnodes"))
-    if not ok:
-        raise ValueError(f"not {{index, generation, rdzvId, nnodes}}: {str(given)[:200]}")
-    return given
-
-
-def mark_ready():
-    # What the pod's readiness probe tests for (written once; never removed: a promoted spare stays Ready).
-    path = os.environ.get(SPARE_READY_FILE_ENV)
-    if not path:
-        return
-    try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w") as mark:
-            mark.write("ready\n")
-    except OSError as error:
-        print(f"spare: cannot write its readiness mark {path}: {error}; this spare is never Ready",
-              file=sys.stderr, flush=True)
-        return
-    print("spare: ready (the operator answers its assignment requests)", file=sys.stderr, flush=True)
-
-
-def warm_up(args):
-    # Warm: what every worker imports, and the entrypoint's package (never its __main__).
-    import importlib
-    import torch._dynamo, torch.optim  # noqa: F401 (warm: what every trainer imports)
-    entry = args[args.index("-m") + 1] if "-m" in args else None
-    if entry:
-        try:
-            importlib.import_module(entry.split(".")[0])
-        except Exception as error:
-            print(f"spare: could not preload {entry}: {error}", file=sys.stderr, flush=True)
-
-
-def await_assignment(stop=None):
-    # The operator's assignment for this spare, asked for until it gives one; None once `stop` is set.
-    print("spare: warm, asking for an assignment", file=sys.stderr, flush=True)
-    every = 0.1 if os.environ.get(ASSIGNMENT_FILE_ENV) else 0.5  # a file is cheap to read; a request is not
-    # said: when the last failure was logged (at most every SPARE_COMPLAINT_SECONDS, with the count since)
-    ready, failed, said = False, 0, None
-    stop = stop or threading.Event()
-    while not stop.is_set():
-        given, why = assignment()
-        if why is None:
-            if not ready:
-                ready = True
-                mark_ready()
-            if said is not None:
-                print(f"spare: the operator answers again ({failed} failed request(s) since the last note)",
-                      file=sys.stderr, flush=True)
-                failed, said = 0, None
-            if given is not None:
-                break
-        else:
-            failed += 1
-            if said is None or time.monotonic() - said >= SPARE_COMPLAINT_SECONDS:
-                state = "still Ready; a place it is given but cannot take is released by the operator" if ready \
-                    else "not Ready (never promoted) until the operator answers"
-                print(f"spare: cannot get an assignment ({failed} failed request(s)): {why}; {state}",
-                      file=sys.stderr, flush=True)
-                failed, said = 0, time.monotonic()
-        stop.wait(every)
-    return given if not stop.is_set() else None
-
-
-def take_place(args, given):
-    # This agent is the worker it was assigned to be from now on: its environment and torchrun's flags say so.
-    generation = int(given["generation"])
-    print(f"spare: taking the place of worker {given['index']} in rendezvous generation {generation}",
-          file=sys.stderr, flush=True)
-    os.environ.update(DDPJOB_REPLICA_INDEX=str(given["index"]), DDPJOB_GENERATION=str(generation),
-                      PET_RDZV_ID=given["rdzvId"], PET_NNODES=given["nnodes"])
-    return with_flags(args, rdzv_id=given["rdzvId"], nnodes=given["nnodes"])
-
-
-def wait_as_spare(args):
-    warm_up(args)
-    return take_place(args, await_assignment())
-
-
-class SparePlace:
-    # DDPJOB_INPROCESS=1: this spare's trainers start before it has a place (they build what does not depend
-    # on the rank, then wait in their runtime); once the trainers run, a thread waits for all of them to be
-    # built (SPARE_BUILT_KEY), asks for the assignment (the spare is ready at the first answer), publishes the
-    # generation and writes the assignment under the store key named in the trainers' environment
-    # (SPARE_PLACE_ENV): a place then costs the trainers a rendezvous and a broadcast.
-    def __init__(self, args):
-        import secrets
-        rdzv_id = flag(args, "rdzv-id") or ""
-        self.uid = rdzv_id[:-len(f"-g{generation_of(rdzv_id)}")] if generation_of(rdzv_id) is not None else rdzv_id
-        self.key = SPARE_PLACE_KEY.format(uid=self.uid, token=secrets.token_hex(8))
-        os.environ[SPARE_PLACE_ENV] = self.key
-        self.args, self.stop, self.taken, self.lock = args, threading.Event(), threading.Event(), threading.Lock()
-        self.generation, self.generations = None, None
-
-    def start(self):
-        threading.Thread(target=self.run, name="ddpjob-spare-place", daemon=True).start()
-
-    def run(self):
-        import json
-        try:  # ready (the readiness file, at the first answer) once every trainer is built and waits for its place
-            generations = Generations(flag(self.args, "rdzv-endpoint"), self.uid)
-            nproc = flag(self.args, "nproc-per-node") or "1"
-            nproc = int(nproc) if nproc.isdigit() else 1  # the operator's is a number
-            built = [SPARE_BUILT_KEY.format(place=self.key, local_rank=r) for r in range(nproc)]
-            while not generations.call("check", built):
-                if self.stop.wait(0.1):
-                    return
-        except Exception as error:  # the trainers cannot reach the store either: they fail, and so does the pod
-            print(f"spare: cannot reach the job's store: {error}", file=sys.stderr, flush=True)
-            return
-        print("spare: trainers built, waiting for their place", file=sys.stderr, flush=True)
-        given = await_assignment(self.stop)
-        with self.lock:  # the trainers' end (stop) and the place taken never cross
-            if given is None or self.stop.is_set():
-                return
-            args = take_place(self.args, given)
-            try:
-                generations.publish(int(given["generation"]), given["nnodes"])
-                generations.call("set", self.key, json.dumps(given))
-            except Exception as error:  # the trainers cannot reach the store either: they fail, so does the pod
-                print(f"spare: cannot take the place in the job's store: {error}", file=sys.stderr, flush=True)
-                return
-            os.environ.pop(SPARE_PLACE_ENV, None)  # a later generation's trainers are this worker's, not a spare's
-            self.args, self.generation, self.generations = args, int(given["generation"]), generations
-            self.taken.set()
 
 
 def drop_foreign_torchrun_settings(args):
