@@ -75,6 +75,36 @@ def default_train_step(model: torch.nn.Module, batch: Any, loss_fn) -> torch.Ten
     return loss_fn(model(x), y)
 
 
+class ProgressLog:
+    """The progress line and report of the training steps since the last one: the samples trained, their loss
+    summed on the device (no sync per step) and the count, averaged over every rank when written."""
+
+    def __init__(self, cfg: TrainConfig, job: Job, dataset_length: int) -> None:
+        self.cfg, self.job, self.dataset_length = cfg, job, dataset_length
+        self._begin(time.perf_counter())
+
+    def _begin(self, now: float) -> None:
+        self.start, self.samples, self.loss_total, self.steps = now, 0, torch.zeros((), device=self.job.device), 0
+
+    def add(self, trained: int, loss_sum: torch.Tensor) -> None:
+        self.samples, self.loss_total, self.steps = self.samples + trained, self.loss_total + loss_sum, self.steps + 1
+
+    def write(self, p: Progress, lr: float) -> None:
+        """Every rank (a collective): the window's training loss averaged over steps and ranks; every rank
+        reports (the file is rank 0's, the endpoint hears from local rank 0 of each pod)."""
+        loss = self.job.mean(self.loss_total / max(self.steps, 1))  # one small all_reduce per log interval
+        step_seconds, pods = self.job.step_seconds()  # own time per step, every pod's (one small all_gather)
+        now = time.perf_counter()
+        rate = self.samples / max(now - self.start, 1e-9)
+        self._begin(now)
+        is_main = self.job.env.is_main
+        if is_main:
+            print(f"step={p.step} epoch={p.epoch} loss={loss:.4f} samples_per_s={rate:.1f} lr={lr:.6g}", flush=True)
+        extra = {"step_seconds_by_worker": {str(i): s for i, s in sorted(pods.items())}} if is_main else {}
+        self.job.report(step=p.step, total_steps=planned_steps(self.cfg, p, self.dataset_length, self.job.view.world),
+                        loss=loss, epoch=p.epoch, samples_per_second=rate, step_seconds=step_seconds, **extra)
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, job: Job, workload: Workload | None = None) -> None:
         # A warm spare's job has no place (no rank) yet: what does not depend on the rank is built first, and
@@ -102,7 +132,7 @@ class Trainer:
                   release=self._unwrap)
         # Per seat: a short view's member records the missing seats' samples it trains in its own seat's file.
         self._records = open(f"{cfg.record_samples}.rank{job.seat}", "a") if cfg.record_samples else None
-        self._window = (time.perf_counter(), 0, torch.zeros((), device=self.device), 0)  # start, samples, loss, steps
+        self.progress_log = ProgressLog(cfg, job, len(self.train_set))
         self.evaluation = Evaluation(cfg, job, self.workload, self.eval_set)
 
     @property
@@ -255,8 +285,7 @@ class Trainer:
             if self.env.is_main:
                 with open(f"{self.cfg.record_samples}.loss", "a") as losses:
                     losses.write(f"{p.step} {loss!r}\n")
-        start, n, loss_total, steps = self._window
-        self._window = (start, n + trained, loss_total + loss_sum, steps + 1)
+        self.progress_log.add(trained, loss_sum)
         if p.step % self.cfg.log_every == 0 or self.job.recovering:  # a resumed generation's first step: at once
             self._log_progress()
         if fault_due(self.cfg.fault, self.job.seat, p.step):
@@ -298,21 +327,7 @@ class Trainer:
                      self.progress.step, m["loss"], f"{m['accuracy']:.4f}" if m["accuracy"] is not None else "n/a")
 
     def _log_progress(self) -> None:
-        """Every rank (a collective): the window's training loss averaged over steps and ranks; every rank
-        reports (the file is rank 0's, the endpoint hears from local rank 0 of each pod)."""
-        start, samples, loss_total, steps = self._window
-        loss = self.job.mean(loss_total / max(steps, 1))  # one small all_reduce per log interval
-        step_seconds, pods = self.job.step_seconds()  # own time per step, every pod's (one small all_gather)
-        now = time.perf_counter()
-        self._window = (now, 0, torch.zeros((), device=self.device), 0)
-        rate = samples / max(now - start, 1e-9)
-        p = self.progress
-        if self.env.is_main:
-            lr = self.optimizer.param_groups[0]["lr"]
-            print(f"step={p.step} epoch={p.epoch} loss={loss:.4f} samples_per_s={rate:.1f} lr={lr:.6g}", flush=True)
-        extra = {"step_seconds_by_worker": {str(i): s for i, s in sorted(pods.items())}} if self.env.is_main else {}
-        self.job.report(step=p.step, total_steps=planned_steps(self.cfg, p, len(self.train_set), self.job.view.world), loss=loss, epoch=p.epoch,
-                        samples_per_second=rate, step_seconds=step_seconds, **extra)
+        self.progress_log.write(self.progress, lr=self.optimizer.param_groups[0]["lr"])
 
     # ---- checkpoints ------------------------------------------------------------------------
 
