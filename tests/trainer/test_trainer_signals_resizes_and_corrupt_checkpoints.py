@@ -1,7 +1,9 @@
 """Edge cases of the trainer under signals, resizes, restarts and corrupt checkpoints (found in the issue-11 review): each failed before its fix.
 
 Process-free where the finding is in the checkpoint manager; real torchrun (Gloo, CPU) where it is
-in the trainer's behaviour under signals, resizes and restarts.
+in the trainer's behaviour under signals, resizes and restarts: launched as a pod launches it (the worker agent,
+torchrun inside, forking its trainers: one torch import per launch, not one per process), except test 1, which
+is about plain torchrun signalling its spawned trainers' process groups.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 import torch
 
 from ddp_trainer.runtime import CheckpointManager
+from ddpjob_operator.agent import command, contract
 from trainer_harness import (job_dir, base_env, committed_steps, kill_tree, read_json, run, start, steps_dir, tail,
                              torchrun_cmd, wait_for)
 
@@ -29,6 +32,17 @@ LR_LINE = re.compile(r"^step=(\d+) .* lr=([0-9.e+-]+)$", re.MULTILINE)
 
 def _state(value: float) -> dict:
     return {"w": torch.full((4,), value)}
+
+
+def pod_command(trainer_args: list[str], *, nproc: int = 1) -> list[str]:
+    """The pod's command: the worker agent with the launch contract's torchrun flags."""
+    torchrun = torchrun_cmd(trainer_args, nproc=nproc)
+    return [*command("worker", python=torchrun[0]), *torchrun[3:]]
+
+
+def pod_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """base_env, with the agent's termination message in `tmp_path` (not the container's /dev/termination-log)."""
+    return base_env(tmp_path / "ckpt", **{contract.TERMINATION_LOG_ENV: str(tmp_path / "termination-log")}, **extra)
 
 
 # ---- 1. SIGTERM with DataLoader workers -------------------------------------------------------
@@ -83,14 +97,14 @@ def _lrs(log: Path) -> dict[int, float]:
 def test_3_max_steps_lr_schedule_is_continuous_across_a_resize_and_never_zero(tmp_path: Path) -> None:
     """--max-steps 20 with cosine: 2 workers fail after step 9 (checkpoint at 8), 1 worker resumes.
     Every step's LR must be lr * cos-schedule((step - 0.5) / 20), whatever the world size."""
-    ckpt, max_steps, lr = tmp_path / "ckpt", 20, 0.1
+    max_steps, lr = 20, 0.1
     args = [*TINY, "--epochs", "1000", "--batch-size", "8", "--max-steps", str(max_steps), "--lr", str(lr),
             "--schedule", "cosine", "--log-every", "1", "--checkpoint-every", "8", "--fault-at-step", "9",
             "--fault-exit-code", "3"]
     # Without the survivor's rescue checkpoint (of step 9), so that step 9 is trained again at world size 1.
-    assert run(torchrun_cmd([*args, "--no-rescue-checkpoint"], nproc=2), base_env(ckpt), tmp_path / "a.log", 90) != 0
-    env = base_env(ckpt, DDPJOB_GENERATION="1")  # the fault strikes in generation 0 only
-    assert run(torchrun_cmd(args, nproc=1), env, tmp_path / "b.log", 90) == 0, tail(tmp_path / "b.log")
+    assert run(pod_command([*args, "--no-rescue-checkpoint"], nproc=2), pod_env(tmp_path), tmp_path / "a.log", 90) != 0
+    env = pod_env(tmp_path, DDPJOB_GENERATION="1")  # the fault strikes in generation 0 only
+    assert run(pod_command(args), env, tmp_path / "b.log", 90) == 0, tail(tmp_path / "b.log")
     assert "resumed from checkpoint step=8" in (tmp_path / "b.log").read_text()
     before, after = _lrs(tmp_path / "a.log"), _lrs(tmp_path / "b.log")
     assert sorted(before) == list(range(1, 10)) and sorted(after) == list(range(9, 21)), (before, after)
@@ -104,10 +118,9 @@ def test_3_max_steps_lr_schedule_is_continuous_across_a_resize_and_never_zero(tm
 
 @pytest.mark.slow
 def test_4_resume_with_another_seed_is_refused_with_a_clear_message(tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt"
     args = [*TINY, "--epochs", "2", "--batch-size", "8", "--log-every", "1"]
-    assert run(torchrun_cmd([*args, "--max-steps", "3"], nproc=1), base_env(ckpt), tmp_path / "a.log", 90) == 0
-    rc = run(torchrun_cmd([*args, "--seed", "1"], nproc=1), base_env(ckpt), tmp_path / "b.log", 90)
+    assert run(pod_command([*args, "--max-steps", "3"]), pod_env(tmp_path), tmp_path / "a.log", 90) == 0
+    rc = run(pod_command([*args, "--seed", "1"]), pod_env(tmp_path), tmp_path / "b.log", 90)
     log = (tmp_path / "b.log").read_text()
     assert rc != 0, tail(tmp_path / "b.log")
     assert "cannot resume: the checkpoint of step 3 was written with seed=0 (this run: 1)" in log, log
@@ -131,7 +144,7 @@ def test_5_an_unwritable_checkpoint_directory_fails_at_start_naming_path_and_fix
         os.chmod(locked, 0o555)
     args = [*TINY, "--epochs", "3", "--batch-size", "8", "--log-every", "5"]
     try:
-        rc = run(torchrun_cmd(args, nproc=1), base_env(ckpt), tmp_path / "log", 90)
+        rc = run(pod_command(args), pod_env(tmp_path), tmp_path / "log", 90)
     finally:
         if os.getuid() == 0:
             subprocess.run(["chattr", "-i", str(locked)])
@@ -141,6 +154,8 @@ def test_5_an_unwritable_checkpoint_directory_fails_at_start_naming_path_and_fix
     assert f"checkpoint directory {locked} is not writable by uid" in log, log
     assert "fsGroup" in log
     assert not re.search(r"^step=", log, re.MULTILINE), "it trained before noticing"
+    # and the pod's termination message says the same (what `kubectl describe pod` shows)
+    assert f"checkpoint directory {locked} is not writable by uid" in (tmp_path / "termination-log").read_text()
 
 
 # ---- 6. stop agreement without a device sync: tests/trainer/test_gpu.py (needs CUDA) ----------
@@ -214,9 +229,9 @@ def build_model(cfg):
 def test_7d_evaluation_runs_once_per_epoch_not_twice_at_the_end(tmp_path: Path) -> None:
     (tmp_path / "counting_task.py").write_text(EVAL_COUNTING_WORKLOAD)
     count = tmp_path / "evals"
-    env = base_env(tmp_path / "ckpt", PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-                   EVAL_COUNT_FILE=str(count))
+    env = pod_env(tmp_path, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                  EVAL_COUNT_FILE=str(count))
     args = ["--workload", "counting_task", "--epochs", "3", "--batch-size", "8", "--eval-batch-size", "16"]
-    assert run(torchrun_cmd(args, nproc=1), env, tmp_path / "log", 90) == 0, tail(tmp_path / "log")
+    assert run(pod_command(args), env, tmp_path / "log", 90) == 0, tail(tmp_path / "log")
     assert count.read_text().count("eval") == 3  # 16 eval samples in one batch, once per epoch
     assert read_json(job_dir(tmp_path / "ckpt") / "result.json")["eval_accuracy"] is not None
