@@ -114,9 +114,8 @@ class Job:
         to the DDPJOB_CHECKPOINT_* variables. `steady_timeout_s` > 0: the collective timeout after the
         first steps (`CollectiveTimeout`), so a hung peer fails the job's collectives in that time.
         An in-process trainer (DDPJOB_INPROCESS=1) takes its place here (a warm spare waits for it), or with
-        `build_first=True` returns at once: build what does not depend on the rank (the dataset, the model, the
-        optimizer), then `resume()` takes the place, joins and receives the state; `job.env` is known from then
-        on. A replacement then costs the view it joins the hand-over only, not its build."""
+        `build_first=True` returns at once: build what does not depend on the rank (dataset, model, optimizer),
+        then `resume()` takes the place (the view it joins waits for no build) and receives the state."""
         stop = StopRequest()  # first: a SIGTERM during start-up is not lost
         try:
             rendezvous = None
