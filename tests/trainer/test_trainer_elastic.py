@@ -25,8 +25,11 @@ def test_killed_node_restarts_and_training_resumes_from_the_last_checkpoint(tmp_
     # (torch 2.13 keeps the dead rank-0 agent's MASTER_PORT on the survivors); see docs/trainer.md.
     env = base_env(ckpt, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     store = StoreServer()
+    # The killed node's agent is taken for dead once its keep-alive is 5 s old (spec.rendezvous
+    # keepAliveIntervalSeconds 1, keepAliveMaxAttempts 5), not 15 s (5 x 3, the defaults): the next round waits for it.
     cmds = [torchrun_cmd(args, nnodes="2:2", endpoint=store.endpoint, run_id="kill", max_restarts=3,
-                         local_addr=f"127.0.0.{i + 2}") for i in range(2)]
+                         local_addr=f"127.0.0.{i + 2}", rdzv_conf="keep_alive_interval=1,keep_alive_max_attempt=5")
+            for i in range(2)]
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
     nodes = [start(cmd, env, log) for cmd, log in zip(cmds, logs)]
     try:

@@ -62,15 +62,18 @@ class StoreServer:
 
 
 def torchrun_cmd(trainer_args: list[str], *, nproc: int = 1, nnodes: str = "1", endpoint: str | None = None,
-                 run_id: str = "test", max_restarts: int = 0, local_addr: str | None = None) -> list[str]:
-    """The launch contract's command line; `endpoint=None` uses --standalone (single node)."""
+                 run_id: str = "test", max_restarts: int = 0, local_addr: str | None = None,
+                 rdzv_conf: str = "") -> list[str]:
+    """The launch contract's command line; `endpoint=None` uses --standalone (single node); `rdzv_conf`: more
+    c10d rendezvous settings (`KEY=VALUE,...`, e.g. the keep-alive a DDPJob's spec.rendezvous sets)."""
     cmd = [PY, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
            "--monitor-interval=0.2"]
     if endpoint is None:
         cmd += ["--standalone"]
     else:
         cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
-                "--rdzv-conf=is_host=false,join_timeout=60,last_call_timeout=1,read_timeout=30"]
+                "--rdzv-conf=is_host=false,join_timeout=60,last_call_timeout=1,read_timeout=30"
+                + (f",{rdzv_conf}" if rdzv_conf else "")]
         if local_addr:  # the node's address in the rendezvous; rank 0's agent serves the workers' store there
             cmd += [f"--local-addr={local_addr}"]
     return cmd + ["-m", "ddp_trainer", *trainer_args]
