@@ -42,21 +42,28 @@ def test_the_docs_snippet_runs_as_written_under_torchrun_and_alone(tmp_path: Pat
     script = tmp_path / "train.py"
     script.write_text(next(s for s in SNIPPETS if _framework(s) == framework))
 
+    # The plain run shares nothing with torchrun's (no job, its own directory): it runs beside it.
+    alone_out, alone_err = tmp_path / "alone.out", tmp_path / "alone.err"
+    with open(alone_out, "w") as out, open(alone_err, "w") as err:
+        alone = subprocess.Popen([PY, str(script)], cwd=tmp_path, env=base_env(None, HF_HUB_OFFLINE="1"),
+                                 stdout=out, stderr=err, start_new_session=True)
     ck, log = tmp_path / "ck", tmp_path / "torchrun.log"
     env = base_env(ck, HF_HUB_OFFLINE="1", DDPJOB_CHECKPOINT_INTERVAL_STEPS="20")
-    proc = start([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0",
-                  "--monitor-interval=0.2", str(script)], env, log)
     try:
-        assert proc.wait(240) == 0, tail(log)
+        proc = start([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0",
+                      "--monitor-interval=0.2", str(script)], env, log)
+        try:
+            assert proc.wait(240) == 0, tail(log)
+        finally:
+            kill_tree(proc, signal.SIGKILL)
+        alone_code = alone.wait(240)
     finally:
-        kill_tree(proc, signal.SIGKILL)
+        kill_tree(alone, signal.SIGKILL)
     result = read_json(job_dir(ck) / "result.json")
     assert result and result["status"] == "completed" and result["step"] == 40 and result["world_size"] == 2, \
         (result, tail(log))
     found = frameworks.newest_complete(ck / "local.test" / framework, re.compile(f"^{pattern}$"))
     assert found is not None and found[0] == 40, tail(log)
 
-    alone = subprocess.run([PY, str(script)], cwd=tmp_path, env=base_env(None, HF_HUB_OFFLINE="1"),
-                           capture_output=True, text=True, timeout=240)
-    assert alone.returncode == 0, (alone.stdout + alone.stderr)[-4000:]
-    assert "Traceback" not in alone.stderr, alone.stderr[-4000:]
+    assert alone_code == 0, (alone_out.read_text() + alone_err.read_text())[-4000:]
+    assert "Traceback" not in alone_err.read_text(), alone_err.read_text()[-4000:]

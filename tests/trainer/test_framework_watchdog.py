@@ -27,7 +27,7 @@ from ddp_trainer.runtime.watchdog import StallWatchdog
 
 ROOT = Path(__file__).resolve().parents[2]
 UNBOUNDED = 600  # pytest.ini's timeout: the waits below have no bound of their own
-FROZEN, SILENT_S, STEADY_S = 22, 4.0, 600.0
+FROZEN, SILENT_S, STEADY_S, STOP_GRACE_S = 22, 4.0, 600.0, 1.0
 EVAL_AT, SAVE_AT = 12, 16  # an evaluation and a save, each longer than SILENT_S, under the steady timeout
 
 # ---------------------------------------------------------------- the rules (pure)
@@ -102,7 +102,8 @@ def test_the_guard_relaxes_without_shortening_the_first_steps():
 # ---------------------------------------------------------------- real torchrun, real frameworks
 
 # argv: the example's path, the mode ("silent": a steady timeout of STEADY_S, the watchdog's silent limit
-# SILENT_S; "stop": the defaults, steady timeout off), the step after which rank 1 freezes.
+# SILENT_S; "stop": steady timeout off, as by default, the stop's grace STOP_GRACE_S), the step after which
+# rank 1 freezes.
 COMMON = textwrap.dedent(f"""
     import importlib.util, os, signal, sys, time
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -126,6 +127,8 @@ COMMON = textwrap.dedent(f"""
     def guarded(callback):
         if mode == "silent":  # the collective (STEADY_S) must not time out by itself: only the watchdog acts
             callback.guard.watchdog.silent_s = {SILENT_S}
+        else:  # rank 0 is blocked for good once rank 1 froze: waiting out the default grace (5 s) shows nothing more
+            callback.guard.watchdog.stop_grace_s = {STOP_GRACE_S}
         return callback
 
 
