@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer_harness import (job_dir, StoreServer, base_env, kill_tree, process_state, read_json, run, start, tail,
-                             torchrun_cmd, wait_for, worker_ranks)
+from trainer_harness import (job_dir, StoreServer, base_env, failures, kill_tree, process_state, read_json, run, start,
+                             tail, torchrun_cmd, wait_for, worker_ranks)
 
 pytestmark = pytest.mark.slow
 
@@ -116,4 +116,5 @@ def test_a_hung_peer_fails_the_survivors_collective_within_the_steady_timeout(tm
         assert agent.wait(30) != 0, tail(log)
     finally:
         kill_tree(agent, signal.SIGKILL)
+    assert failures(log).get(0, (None,))[0] == 1, tail(log, 80)  # the survivor's own failure, not the SIGKILL's
     assert "rescue checkpoint: rank 0 saved step 30 after a peer failed" in log.read_text(), tail(log, 80)
