@@ -125,6 +125,8 @@ def test_4_resume_with_another_seed_is_refused_with_a_clear_message(tmp_path: Pa
     assert rc != 0, tail(tmp_path / "b.log")
     assert "cannot resume: the checkpoint of step 3 was written with seed=0 (this run: 1)" in log, log
     assert not re.search(r"^step=", log, re.MULTILINE)  # refused before training a single step
+    assert "ConfigError" not in log, log  # the user's configuration: the trainer's one line, not its stack
+    assert "written with seed=0 (this run: 1)" in (tmp_path / "termination-log").read_text()
 
 
 # ---- 5. unwritable checkpoint directory ------------------------------------------------------

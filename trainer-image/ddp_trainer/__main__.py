@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .config import parse_config
+from .config import ConfigError, parse_config
 from .runtime import CheckpointDirError, CheckpointVolumeError, Job, exit_process
+from .runtime.checkpoint.errors import record_for_torchrun
 from .trainer import Trainer
 
 
@@ -21,6 +23,12 @@ def main(argv: list[str] | None = None) -> int:
         # naming the path and the fix, and the message alone for torchrun (the pod's termination message).
         logging.getLogger(__name__).error("exiting with code %d: %s", e.exit_code, e)
         return e.record()
+    except ConfigError as e:
+        # The run's configuration (a flag's value, a resume under another seed): permanent, one line naming the
+        # field, the message alone for torchrun; a traceback would bury it.
+        logging.getLogger(__name__).error("exiting with code 1: %s", e)
+        record_for_torchrun(e, when=time.time(), stack=False)
+        return 1
 
 
 def _main(argv: list[str] | None) -> int:
