@@ -63,8 +63,10 @@ def _kill_and_rescue(framework: str, ck: Path, log: Path, victim: int, kill_from
     checkpoint (committed, marked as the survivor's) holds, between the periodic checkpoints around the kill."""
     proc = _start(framework, ck, log)
     try:
-        wait_for(lambda: ((read_json(job_dir(ck) / "progress.json") or {}).get("step") or 0) >= kill_from,
+        wait_for(lambda: proc.poll() is not None
+                 or ((read_json(job_dir(ck) / "progress.json") or {}).get("step") or 0) >= kill_from,
                  f"step {kill_from}", 180, explain=lambda: tail(log))
+        assert proc.poll() is None, f"the run ended before step {kill_from}: {tail(log)}"  # a resume that failed
         os.kill(worker_ranks(proc.pid)[victim], signal.SIGKILL)
         proc.wait(120)
     finally:
