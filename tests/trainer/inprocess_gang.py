@@ -4,6 +4,7 @@ in the store)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -50,6 +51,21 @@ class Gang:
         proc = start(command, env, self.log(replica, generation))
         self.procs[replica, generation] = proc
         return proc
+
+    def run_through_a_crash(self, seats: int, at_step: int, progress_url: str) -> None:
+        """Seats 0..seats-1 of generation 1 (down to 1 rank), seat 1's trainer crashing (SIGSEGV) after step
+        `at_step`; returns once the others finished. The workloads of this folder are importable, the reports go to
+        `progress_url`."""
+        here = str(Path(__file__).parent)
+        self.extra_env = {"DDPJOB_PROGRESS_URL": progress_url,
+                          "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+        self.publish(1, seats, fewest=1)
+        crash = ["--fault-at-step", str(at_step), "--fault-rank", "1", "--fault-generation", "1",
+                 "--fault-exit-code", str(128 + signal.SIGSEGV)]
+        procs = {seat: self.start(seat, 1, seats, args=crash) for seat in range(seats)}
+        assert self.wait(procs.pop(1)) == -signal.SIGSEGV, self.logs()
+        for proc in procs.values():
+            assert self.wait(proc, timeout=120) == 0, self.logs()
 
     def log(self, replica: int, generation: int) -> Path:
         return self.dir / f"{self.name}-r{replica}-g{generation}.log"

@@ -7,8 +7,6 @@ whatever the machine's load."""
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -30,17 +28,9 @@ ARGS = ["--workload", "workload_with_a_fixed_cost_per_micro_batch", "--workload-
 
 def test_the_first_step_after_a_recovery_reports_its_training_time_only(tmp_path: Path) -> None:
     gang = Gang(tmp_path, "recovery-time", ARGS)
-    here = str(Path(__file__).parent)
     with Endpoint() as endpoint:
-        gang.extra_env = {"DDPJOB_PROGRESS_URL": endpoint.url,
-                          "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
         try:
-            gang.publish(1, SEATS, fewest=1)
-            crash = ["--fault-at-step", str(KILL_AT), "--fault-rank", "1", "--fault-generation", "1",
-                     "--fault-exit-code", str(128 + signal.SIGSEGV)]
-            procs = {seat: gang.start(seat, 1, SEATS, args=crash) for seat in range(SEATS)}
-            assert gang.wait(procs[1]) == -signal.SIGSEGV, gang.logs()
-            assert gang.wait(procs[0], timeout=120) == 0, gang.logs()
+            gang.run_through_a_crash(SEATS, KILL_AT, endpoint.url)
         finally:
             gang.close()
     assert "recovered in process: generation 1 -> 1" in gang.text(0, 1), gang.logs()

@@ -7,8 +7,6 @@ seat's micro-batches, not two (each costs MICRO_BATCH_S, whatever the machine's 
 from __future__ import annotations
 
 import collections
-import os
-import signal
 import statistics
 from pathlib import Path
 
@@ -38,17 +36,9 @@ def undisturbed(seat: int) -> list[list[str]]:
 def test_a_short_step_trains_the_members_own_seats_only_and_costs_one_seats_time(tmp_path: Path) -> None:
     records = tmp_path / "records"
     gang = Gang(tmp_path, "own-batch", [*ARGS, "--record-samples", str(records)])
-    here = str(Path(__file__).parent)
     with Endpoint() as endpoint:
-        gang.extra_env = {"DDPJOB_PROGRESS_URL": endpoint.url,
-                          "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
         try:
-            gang.publish(1, SEATS, fewest=1)
-            crash = ["--fault-at-step", str(KILL_AT), "--fault-rank", "1", "--fault-generation", "1",
-                     "--fault-exit-code", str(128 + signal.SIGSEGV)]
-            procs = {seat: gang.start(seat, 1, SEATS, args=crash) for seat in range(SEATS)}
-            assert gang.wait(procs[1]) == -signal.SIGSEGV, gang.logs()
-            assert gang.wait(procs[0], timeout=120) == 0, gang.logs()
+            gang.run_through_a_crash(SEATS, KILL_AT, endpoint.url)
         finally:
             gang.close()
         survivor = gang.text(0, 1)
