@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -101,111 +100,20 @@ def test_the_guard_relaxes_without_shortening_the_first_steps():
 
 # ---------------------------------------------------------------- real torchrun, real frameworks
 
-# argv: the example's path, the mode ("silent": a steady timeout of STEADY_S, the watchdog's silent limit
-# SILENT_S; "stop": steady timeout off, as by default, the stop's grace STOP_GRACE_S), the step after which
-# rank 1 freezes.
-COMMON = textwrap.dedent(f"""
-    import importlib.util, os, signal, sys, time
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch, torch.distributed as dist
-
-    path, mode, frozen = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    spec = importlib.util.spec_from_file_location("example", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    rank = int(os.environ["RANK"])
-
-
-    def step_end(step):
-        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
-        print(f"rank={{rank}} step={{step}} timeout={{backend.options._timeout.total_seconds():g}}", flush=True)
-        if rank == 1 and step == frozen:
-            print("rank=1 frozen", flush=True)
-            os.kill(os.getpid(), signal.SIGSTOP)  # alive, sockets open, never answering again
-
-
-    def guarded(callback):
-        if mode == "silent":  # the collective (STEADY_S) must not time out by itself: only the watchdog acts
-            callback.guard.watchdog.silent_s = {SILENT_S}
-        else:  # rank 0 is blocked for good once rank 1 froze: waiting out the default grace (5 s) shows nothing more
-            callback.guard.watchdog.stop_grace_s = {STOP_GRACE_S}
-        return callback
-
-
-    steady = {STEADY_S} if mode == "silent" else 0.0
-""")
-
-HF = COMMON + textwrap.dedent(f"""
-    from transformers import GPT2Config, Trainer, TrainerCallback, TrainingArguments
-    from ddp_trainer.runtime import hf
-
-
-    class Probe(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            step_end(state.global_step)
-
-        def on_prediction_step(self, args, state, control, **kwargs):
-            time.sleep(1)  # 6 batches: an evaluation longer than the silent limit
-
-        def on_save(self, args, state, control, **kwargs):
-            time.sleep({SILENT_S} + 2)  # a save longer than the silent limit
-
-
-    config = GPT2Config(vocab_size=example.VOCAB, n_positions=example.LENGTH, n_embd=8, n_layer=1, n_head=1)
-    args = TrainingArguments(output_dir=hf.output_dir("out"), max_steps=200, per_device_train_batch_size=4,
-                             per_device_eval_batch_size=4, eval_strategy="steps", eval_steps={EVAL_AT},
-                             save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True, seed=0,
-                             logging_steps=1000, ddp_find_unused_parameters=False)
-    trainer = Trainer(model=example.TinyLM(config), args=args, train_dataset=example.Sequences(2048, seed=1),
-                      eval_dataset=example.Sequences(48, seed=2),
-                      callbacks=[guarded(hf.DDPJobCallback(steady_timeout_s=steady)), Probe()])
-    trainer.train()
-""")
-
-LIGHTNING = COMMON + textwrap.dedent(f"""
-    import lightning as L
-    from torch.utils.data import DataLoader
-    from ddp_trainer.runtime import ResumableDistributedSampler
-    from ddp_trainer.runtime import lightning as ddpjob
-
-
-    class Tiny(example.Tiny):
-        def validation_step(self, batch, batch_idx):
-            time.sleep(1)  # 6 batches: a validation longer than the silent limit
-
-
-    class Probe(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            step_end(trainer.global_step)
-
-        def on_save_checkpoint(self, trainer, pl_module, checkpoint):
-            time.sleep({SILENT_S} + 2)  # a save longer than the silent limit
-
-
-    data = example.Points(4096, seed=1)
-    loader = DataLoader(data, batch_size=8, sampler=ResumableDistributedSampler(len(data), rank, 2, seed=0))
-    trainer = L.Trainer(max_steps=200, callbacks=[guarded(ddpjob.DDPJobCallback(steady_timeout_s=steady)), Probe()],
-                        val_check_interval={EVAL_AT}, limit_val_batches=6, num_sanity_val_steps=0,
-                        use_distributed_sampler=False, enable_checkpointing=False, logger=False,
-                        enable_progress_bar=False, enable_model_summary=False, **ddpjob.trainer_kwargs("cpu"))
-    trainer.fit(Tiny(1e-2, 1, 200, 0.0), loader, DataLoader(example.Points(48, seed=2), batch_size=8))
-""")
-
-FRAMEWORKS = {"hf": (HF, ("transformers", "accelerate")), "lightning": (LIGHTNING, ("lightning",))}
+RANK_SCRIPT = Path(__file__).with_name("framework_watchdog_rank.py")
+FRAMEWORKS = {"hf": ("transformers", "accelerate"), "lightning": ("lightning",)}  # what each needs installed
 STEP = re.compile(r"rank=0 step=(\d+) timeout=(\d+)")  # (both ranks write to one log: lines may run together)
 
 
 def launch(tmp_path: Path, framework: str, mode: str, frozen: int):
-    code, modules = FRAMEWORKS[framework]
-    for module in modules:
+    for module in FRAMEWORKS[framework]:
         pytest.importorskip(module)
-    script = tmp_path / f"{framework}_rank.py"
-    script.write_text(code)
     log = tmp_path / "torchrun.log"
     env = base_env(tmp_path / "ck", DDPJOB_CHECKPOINT_INTERVAL_STEPS=str(SAVE_AT), HF_HUB_OFFLINE="1")
     cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0",
            "--monitor-interval=0.2", f"--log-dir={tmp_path / 'torchrun'}",  # the trainers' error files
-           str(script), str(ROOT / "examples" / framework / "train.py"), mode, str(frozen)]
+           str(RANK_SCRIPT), framework, str(ROOT / "examples" / framework / "train.py"), mode, str(frozen),
+           str(SILENT_S), str(STEADY_S), str(STOP_GRACE_S), str(EVAL_AT)]
     proc = start(cmd, env, log)
     try:
         ranks = wait_for(lambda: (lambda found: found if len(found) == 2 else None)(worker_ranks(proc.pid)),

@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -105,29 +104,8 @@ def test_a_silent_peer_is_given_this_ranks_own_work_for_the_step_on_top():
 
 # ---------------------------------------------------------------- real ranks, real Gloo
 
-RANK = textwrap.dedent("""
-    import datetime, os, sys, time
-    import torch, torch.distributed as dist
-    from ddp_trainer.runtime.distributed import StopRequest, abort_process_groups
-    from ddp_trainer.runtime.watchdog import StallWatchdog
-
-    rank, port, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    stop = StopRequest()
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=datetime.timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300))
-    # Gloo's abort cannot get the main thread out of its wait: the watchdog exits the process itself.
-    dog = StallWatchdog(lambda: 1.0, silent_s=None if mode == "stop" else 4.0, stop_grace_s=2.0,
-                        abort=lambda: abort_process_groups([None]))
-    if mode == "stop":
-        dog.silent_s = 3600.0  # only the stop rule here
-    for step in range(1000):
-        if rank == 1 and step == 5:
-            print("frozen", flush=True)
-            time.sleep(3600)  # alive, sockets open, never answering again
-        dist.all_reduce(torch.ones(4))
-        dog.step()
-        print(f"step {step}", flush=True)
-""")
+RANK = Path(__file__).with_name("watchdog_rank.py")
+ABORTED_RANK = Path(__file__).with_name("watchdog_aborted_rank.py")
 
 
 def free_port() -> int:
@@ -137,10 +115,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ranks(tmp_path: Path, code: str, args: list[str], env: dict[str, str] | None = None) -> list[subprocess.Popen]:
-    """Two ranks of `code` (argv: the rank, then `args`), each with its own torchrun error file."""
-    script = tmp_path / "rank.py"
-    script.write_text(code)
+def start_ranks(tmp_path: Path, script: Path, args: list[str], env: dict[str, str] | None = None
+                ) -> list[subprocess.Popen]:
+    """Two ranks of `script` (argv: the rank, then `args`), each with its own torchrun error file."""
     procs = []
     for rank in (0, 1):
         rank_env = {**(env or os.environ), "TORCHELASTIC_ERROR_FILE": str(tmp_path / f"error-{rank}.json"),
@@ -187,38 +164,6 @@ def test_a_rank_blocked_on_a_silent_peer_leaves_long_before_the_collective_timeo
         for p in procs:
             p.kill()
             p.wait()
-
-
-# A `Job` rank whose collective the abort does get it out of, as NCCL's abort fails the collective blocked on
-# it. That needs two GPUs; here the abort stands in by ending the frozen peer, which fails rank 0's Gloo
-# all_reduce the way a closed socket does. Everything else is the runtime's own: the watchdog's verdict,
-# the rescue checkpoint, the exit from Job.close.
-ABORTED_RANK = textwrap.dedent("""
-    import os, signal, sys, time
-    import torch, torch.distributed as dist
-    from ddp_trainer.runtime import Job
-
-    job = Job.start(device="cpu", timeout_s=300, checkpoint_dir=sys.argv[2])
-    store = dist.distributed_c10d._get_default_store()
-    if job.env.rank == 1:
-        store.set("frozen", str(os.getpid()))
-    job.watchdog.abort = lambda: os.kill(int(store.get("frozen")), signal.SIGKILL) or True
-    job.watchdog.steady_s, job.watchdog.silent_s = (lambda: 1.0), 4.0
-    step = 0
-    try:
-        for step in range(1, 1000):
-            if job.env.rank == 1 and step == 5:
-                print("frozen", flush=True)
-                time.sleep(3600)  # alive, sockets open, never answering again
-            dist.all_reduce(torch.ones(4))
-            job.should_stop()
-            print(f"step {step}", flush=True)
-    except RuntimeError as error:
-        print(f"collective failed: {error}", flush=True)
-        job.rescue(step - 1, {"weights": torch.ones(2)})
-    finally:
-        job.close(clean=False)
-""")
 
 
 def test_a_rank_the_abort_gets_out_of_its_collective_saves_its_replica_then_exits_with_the_verdict(tmp_path):
