@@ -22,11 +22,14 @@ $(STAMP): operator/pyproject.toml trainer-image/pyproject.toml
 # busy neighbour would skew: pytest.ini) run after them, alone. Both parts always run; a part with no
 # test selected (exit 5, e.g. PYTEST_ARGS naming one file) is not a failure. PYTEST_ARGS narrows by
 # path or -k (-m would replace the split).
+# The serial part collects only SERIAL's files unless PYTEST_ARGS narrows it. Each pytest process compiles the test
+# files it collects: where the environment says not to write bytecode, every one of them compiled them all again.
 TEST_WORKERS ?= 2
+test: export PYTHONDONTWRITEBYTECODE =
 test: venv lint
 	@status=0; \
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" $(PYTEST_ARGS) || [ $$? -eq 5 ] || status=1; \
-	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ] || status=1; \
+	$(BIN)/python -m pytest -m serial $(if $(PYTEST_ARGS),$(PYTEST_ARGS),$$($(BIN)/python -m tests.conftest)) || [ $$? -eq 5 ] || status=1; \
 	exit $$status
 
 # pyflakes' findings and syntax errors in every Python file (ruff.toml); clean before any test runs.

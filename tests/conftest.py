@@ -41,3 +41,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         names = SERIAL.get(item.nodeid.split("::", 1)[0])
         if names is not None and (not names or item.originalname in names):
             item.add_marker(pytest.mark.serial)
+
+
+if __name__ == "__main__":  # `python -m tests.conftest`: the files to collect for the serial part (Makefile)
+    print(" ".join(sorted(SERIAL)))
