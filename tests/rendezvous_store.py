@@ -3,6 +3,8 @@ and started again on its port, as the operator recreates a lost store under its 
 
 from __future__ import annotations
 
+import pytest
+
 import signal
 import socket
 import subprocess
@@ -38,3 +40,11 @@ class StoreProcess:
         for store in self.started:
             store.kill()
             store.wait()
+
+
+@pytest.fixture
+def store():
+    """A rendezvous store process of the test's own, ended after it (import it into a test module to use it)."""
+    process = StoreProcess()
+    yield process
+    process.close()

@@ -11,19 +11,12 @@ import time
 
 import pytest
 
-from tests.rendezvous_store import StoreProcess
+from tests.rendezvous_store import store  # noqa: F401 - the fixture
 
 torch = pytest.importorskip("torch", reason="the agent's generations module imports torch")
 agent_generations = pytest.importorskip("ddpjob_operator.agent.generations")
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def store():
-    process = StoreProcess()
-    yield process
-    process.close()
 
 
 def store_lines(err: str) -> list[str]:

@@ -13,16 +13,9 @@ import pytest
 import torch.distributed as dist
 
 from ddp_trainer.runtime.store_client import ReconnectingStore
-from tests.rendezvous_store import StoreProcess
+from tests.rendezvous_store import store  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def store():
-    process = StoreProcess()
-    yield process
-    process.close()
 
 
 def test_a_client_keeps_working_through_a_store_killed_and_started_again(store, caplog):
