@@ -194,7 +194,7 @@ def destinations(skeleton: Any, into: Any, device: torch.device) -> dict[int, to
     """The tensors of `into` (the receiver's own state, as built) that a slot of `skeleton` lands in as it is:
     the same place in the structure, shape, dtype and device, and contiguous."""
     if isinstance(skeleton, _Slot):
-        return {skeleton.index: into.detach()} if _fits(skeleton, into, device) else {}
+        return {skeleton.index: into.detach()} if fits(into, skeleton.shape, skeleton.dtype, device) else {}
     if isinstance(skeleton, dict) and isinstance(into, dict):
         return {i: t for k, v in skeleton.items() if k in into for i, t in destinations(v, into[k], device).items()}
     if isinstance(skeleton, (list, tuple)) and isinstance(into, (list, tuple)) and len(skeleton) == len(into):
@@ -202,8 +202,9 @@ def destinations(skeleton: Any, into: Any, device: torch.device) -> dict[int, to
     return {}
 
 
-def _fits(slot: _Slot, tensor: Any, device: torch.device) -> bool:
-    return isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == slot.shape and tensor.dtype == slot.dtype \
+def fits(tensor: Any, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> bool:
+    """`tensor` can receive a slot of this shape and dtype on `device` as it is (contiguous)."""
+    return isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == shape and tensor.dtype == dtype \
         and tensor.device == device and tensor.is_contiguous()
 
 
@@ -224,7 +225,7 @@ def broadcast_state(state: dict[str, Any] | None, source: int, group: dist.Proce
     own = destinations(skeleton, into, device) if into is not None and not mine else {}
     if not mine:
         own.update({i: t for i, t in (prepared or {}).items()
-                    if i not in own and i < len(slots) and _fits(slots[i], t, device)})
+                    if i not in own and i < len(slots) and fits(t, slots[i].shape, slots[i].dtype, device)})
     received: list[torch.Tensor] = [torch.empty(0)] * len(slots)
     for bucket in buckets(sizes):
         last, last_offset = bucket[-1]

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .inprocess import fits
 from .membership import PREFIX
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ Path = tuple[str | int, ...]
 
 def tensors_by_path(state: Any, path: Path = ()) -> list[tuple[Path, torch.Tensor]]:
     """Every tensor of `state` with its path of dict keys (str or int) and list positions, in `flatten`'s order
-    (runtime/inprocess.py: the slot order); a tensor under any other key is left out (None as its path)."""
+    (runtime/inprocess.py: the slot order); under a key of another type the path holds None (never prepared)."""
     if isinstance(state, torch.Tensor):
         return [(path, state)]
     if isinstance(state, dict):
@@ -70,7 +71,7 @@ def prepare(store: Any, uid: str, into: dict[str, Any], device: torch.device) ->
         entries = json.loads(store.get(key))
         own = {path: t for path, t in tensors_by_path(into)}
         wanted = [(i, shape, dtype) for i, (path, shape, dtype) in enumerate(_checked(entries))
-                  if not _holds(own.get(tuple(path) if path is not None else None), shape, dtype, device)]
+                  if not fits(own.get(tuple(path) if path is not None else None), shape, dtype, device)]
     except (RuntimeError, ValueError, TypeError) as e:
         log.info("not preparing memory for the state: its layout in the store cannot be used (%s)", str(e)[:200])
         return {}
@@ -101,7 +102,3 @@ def _checked(entries: Any) -> list[tuple[list[str | int] | None, tuple[int, ...]
         out.append((path, tuple(shape), found))
     return out
 
-
-def _holds(tensor: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> bool:
-    return tensor is not None and tuple(tensor.shape) == shape and tensor.dtype == dtype and \
-        tensor.device == device and tensor.is_contiguous()
