@@ -40,7 +40,7 @@ else:
            "optimizer": {"state": {}, "param_groups": [{"lr": 0.5, "params": [0]}]}}
     before = {k: t.data_ptr() for k, t in own["model"].items()}
     store.wait([LAYOUT_KEY.format(uid="uid")])
-    prepared = prepare(store, "uid", own, torch.device("cpu"))
+    prepared = prepare(store, "uid", own, torch.device("cpu")).slots
     paths = [path for path, _ in tensors_by_path(sent())]
     half = paths.index(("model", "half"))
     prepared[half] = torch.zeros(5)  # memory of a stale layout (float32 where float16 comes): not received into

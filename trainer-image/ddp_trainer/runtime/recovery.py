@@ -78,8 +78,8 @@ class InProcessRecovery:
         # need not broadcast rank 0's parameters (`init_sync=not job.replicas_agree`, a cost that grows with the model).
         self.replicas_agree = False
         self.views = ViewKeeper(rendezvous, self._report_waiting)  # the view this trains in (issue 36)
-        self.prepared: dict[int, torch.Tensor] = {}  # memory touched before arriving, to receive into (layout.py)
-        self._layout_of: View | None = None  # the view whose state's layout this rank 0 published
+        self.prepared = layout.Prepared()  # memory touched before arriving: to receive into, for the first step
+        self._layout = layout.Publisher(rendezvous.store, rendezvous.uid) if rendezvous is not None else None
         self.regrouped = False  # the last should_stop() (or recover()) moved this process to another view
 
     @property
@@ -118,13 +118,12 @@ class InProcessRecovery:
 
     def stepped(self) -> None:
         """An optimizer step of this generation finished: the first one ends the recovery's timeline; the first of a
-        view has rank 0 publish the state's layout (its optimizer's state exists from now on) for joiners."""
+        view (and the first after the store came back empty) has rank 0 publish the state's layout for joiners."""
         if self.recovering:
             self._set_timeline({**self.timeline, "first_step_time": time.time()})
         view = self.view
-        if view is not None and view != self._layout_of and self.carried is not None and self.job.env.is_main:
-            self._layout_of = view
-            layout.publish(self.rendezvous.store, self.rendezvous.uid, self.carried.state())
+        if view is not None and self.carried is not None and self.job.env.is_main:
+            self._layout.stepped(view, self.carried.state)
 
     def _set_timeline(self, timeline: dict[str, Any]) -> None:
         self.timeline = timeline
@@ -177,11 +176,13 @@ class InProcessRecovery:
     def from_peer(self, announce: bool, into: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
         """A fresh process of an in-process job (a replacement): the newest state a survivor holds, by
         broadcast, or None when nobody holds one (the volume then) or this is no in-process job."""
+        prepared, self.prepared = self.prepared, layout.Prepared()
         if self.rendezvous is None or not dist.is_initialized():
             return None
         env, started = self.job.env, time.monotonic()
-        prepared, self.prepared = self.prepared, {}  # what is not received into is freed with it
-        state, source, step, _ = self.rendezvous.exchange(None, -1, self.job.device, into=into, prepared=prepared)
+        state, source, step, _ = self.rendezvous.exchange(None, -1, self.job.device, into=into,
+                                                          prepared=prepared.slots)
+        prepared.release()  # now, not earlier: the first step's memory comes from the scratch's pages (layout.py)
         if state is None:
             return None
         self.replicas_agree = True  # every rank of the group holds (or just received) the source's replica
