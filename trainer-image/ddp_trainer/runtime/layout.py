@@ -9,13 +9,12 @@ view therefore publishes, after the view's first step, what the state holds: eac
 (`into`) does not hold in place, and `broadcast_state` receives into those where the slot still fits.
 
 A step needs memory beyond the state, too (gradients, DDP's buckets, the optimizer's temporaries: about the state's
-size again at 1 GB), and the joiner's first step is its first touch of it. Where memory freed to the kernel goes
-back to the host (a VM's free page reporting, as on the bench machine), that first step ran 1.0-1.1 s longer than
-the next ones at 1 GB idle, about 2.5 s at load, and the survivors waited for it. So the layout also carries the
-publisher's peak resident memory; a joiner on the CPU holds a touched scratch block up to that peak through its
-arrival and hand-over and frees it only then (`Prepared.release`), just before its first step, whose memory then
-comes from pages this process touched moments ago (held 4 s then freed: first step 1.13-1.18 s against 2.29 s
-cold; freed 4 s before the step: 1.8-1.9 s).
+size again at 1 GB), and the joiner's first step is its first touch of it, while the survivors wait at the
+all-reduce. Where freed memory goes back to the host (a VM's free page reporting, as on the bench machine) that
+first touch is slow. So the layout also carries the publisher's peak resident memory, and a joiner on the CPU holds
+a touched scratch block up to that peak through its arrival and hand-over, freed just before its first step
+(`Prepared.release`), whose memory then comes from pages this process touched moments ago. At 1 GB the join's pause
+measured from the survivors' step lines went from 2.1-2.7 s to 1.1 s (docs/benchmarks.md, bench/recovery.py).
 """
 
 from __future__ import annotations
