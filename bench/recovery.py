@@ -59,6 +59,7 @@ import argparse
 import dataclasses
 import os
 import platform
+import random
 import re
 import signal
 import socket
@@ -691,12 +692,24 @@ def recorded_samples(records: Path) -> dict[int, Counter]:
     return epochs
 
 
-def loss_check(job, state: Path, cold_start: str | None, kill_at: int, join_after: int) -> bool:
-    """A run where worker 1 is killed at step `kill_at` and its replacement, held Pending, is released once the
-    survivors trained `join_after` steps short (the bench ends it once the world is whole again), then an
-    undisturbed run to the same last step, both with sample records. Prints how every step's loss compares
-    (relative to the undisturbed run's) and whether each epoch trained the same samples as often (once each).
-    True when both hold over a run that saw the join."""
+def chaos_faults(seed: int, count: int, every: int, replicas: int) -> tuple[tuple[int, int, str], ...]:
+    """`count` faults drawn from `seed`: each a random worker, 1 to `every` steps after the previous one (the
+    runner gives each only once the last one's recovery is over and the world whole again), and a random kind:
+    SIGKILL, a graceful deletion, a silent peer (frozen) or the rendezvous store's SIGKILL."""
+    draw, step, faults = random.Random(seed), 0, []
+    for _ in range(count):
+        step += draw.randint(1, every)
+        faults.append((draw.randrange(replicas), step, draw.choice((KILL, DELETE, STOP, KILL_STORE))))
+    return tuple(faults)
+
+
+def loss_check(job, state: Path, cold_start: str | None, faults: tuple[tuple[int, int, str], ...],
+               join_after: int) -> bool:
+    """A run with `faults` (--loss-check: worker 1 killed once; --chaos: seeded), each lost worker's replacement
+    held Pending until the survivors trained `join_after` steps short (the bench ends the run once the world is
+    whole again after the last), then an undisturbed run to the same last step, both with sample records. Prints
+    how every step's loss compares (relative to the undisturbed run's) and whether each epoch trained the same
+    samples as often (once each). True when both hold over a run that saw the joins."""
     runs = {}
     for name in ("disturbed", "undisturbed"):
         records = state / name / "samples"
@@ -705,19 +718,19 @@ def loss_check(job, state: Path, cold_start: str | None, kill_at: int, join_afte
         until = [] if name == "disturbed" else ["--max-steps", str(max(runs["disturbed"][0]))]
         spec = job.spec.model_copy(update={"args": [*job.spec.args, "--epochs", "100000", "--schedule", "constant",
                                                     *until, "--record-samples", str(records)]})
-        faults = ((1, kill_at, KILL),) if name == "disturbed" else ()
-        phase, timeline = run_local(job.model_copy(update={"spec": spec}), state / name, cold_start, faults,
-                                    NEVER if faults else AT_ONCE, release_after=join_after, end=bool(faults))
+        given = faults if name == "disturbed" else ()
+        phase, timeline = run_local(job.model_copy(update={"spec": spec}), state / name, cold_start, given,
+                                    NEVER if given else AT_ONCE, release_after=join_after, end=bool(given))
         losses = recorded_losses(records)
         runs[name] = (dict(losses), len(losses), recorded_samples(records))
-        if faults:
+        if given:
             entries = timeline.sorted()
-            killed_at = next(t for t, kind, _ in entries if kind == "kill")
-            whole_at = next((t for t, kind, v in entries if kind == "world" and v == 1 and t > killed_at), None)
+            last_fault = max((t for t, kind, _ in entries if kind in ("kill", "store kill")), default=0.0)
+            whole_at = next((t for t, kind, v in entries if kind == "world" and v == 1 and t > last_fault), None)
             joined = max((v for t, kind, v in entries if kind == "step" and whole_at and t <= whole_at), default=None)
-            recovered = recoveries(entries)
-            print(f"{name}: {phase}; killed after step {recovered[0].last_step if recovered else '?'}, whole again "
-                  f"by step {joined}; {len(losses)} step losses recorded")
+            print(f"{name}: {phase}; faults {', '.join(f'{kind} of worker {i}' for i, _, kind in given)}; "
+                  f"{len(recoveries(entries))} recoveries; whole again after the last by step {joined}; "
+                  f"{len(losses)} step losses recorded")
         else:
             print(f"{name}: {phase}; {len(losses)} step losses recorded")
     (disturbed, lines, samples), (base, _, base_samples) = runs["disturbed"], runs["undisturbed"]
@@ -1095,6 +1108,10 @@ def main(argv: list[str] | None = None) -> int:
                              "released K steps after the resume (ended once the world is whole again), then an "
                              "undisturbed run to the same step, both with sample records (--record-samples); "
                              "compares every step's loss and each epoch's samples")
+    parser.add_argument("--chaos", nargs=2, type=int, metavar=("SEED", "N"),
+                        help="the loss check through N faults drawn from SEED (a random worker, kind: kill, delete, "
+                             "stop, kill-store; 1 to --every steps apart), each replacement released "
+                             f"{SHORT_STEPS} steps after the resume")
     parser.add_argument("--scale", type=int, metavar="N",
                         help="instead of the kills: `kubectl scale` 2 -> 3 -> 2, N times each way, --every steps after "
                              "the world was whole again (local setups)")
@@ -1108,7 +1125,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--spares needs --scope Pod")
     if args.fault == "node-down" and args.setups != "cluster":
         parser.error("--fault node-down needs --setups cluster (a node to lose)")
-    if (args.fault in ("delete", STOP, KILL_STORE) or args.replacement != AT_ONCE or args.loss_check or args.scale) \
+    if (args.fault in ("delete", STOP, KILL_STORE) or args.replacement != AT_ONCE or args.loss_check or args.chaos
+            or args.scale) \
             and not set(args.setups.split(",")) <= set(LOCAL_SETUPS):
         parser.error(f"--fault {args.fault}, --replacement and --loss-check need local setups only "
                      f"({', '.join(LOCAL_SETUPS)})")
@@ -1128,8 +1146,11 @@ def main(argv: list[str] | None = None) -> int:
                 tmp = str(Path(args.keep_logs) / setup)
                 Path(tmp).mkdir(parents=True)
             started = time.monotonic()
-            if args.loss_check:
-                checked = loss_check(job, Path(tmp), LOCAL_SETUPS[setup], *args.loss_check) and checked
+            if args.loss_check or args.chaos:
+                faults = ((1, args.loss_check[0], KILL),) if args.loss_check else \
+                    chaos_faults(*args.chaos, args.every, job.spec.replicas)
+                join_after = args.loss_check[1] if args.loss_check else SHORT_STEPS
+                checked = loss_check(job, Path(tmp), LOCAL_SETUPS[setup], faults, join_after) and checked
                 continue
             if args.scale:
                 run_scale(job, Path(tmp), LOCAL_SETUPS[setup], args.scale, args.every)
@@ -1160,7 +1181,7 @@ def main(argv: list[str] | None = None) -> int:
     if {"ours", "stock"} <= medians.keys():
         print(f"\nmedian seconds to the next step: ours {medians['ours']:.1f}, stock {medians['stock']:.1f}: "
               f"{medians['stock'] / medians['ours']:.1f}x faster")
-    if args.loss_check or args.scale:
+    if args.loss_check or args.chaos or args.scale:
         return 0 if checked else 1
     return 0 if medians else 1
 
