@@ -40,13 +40,15 @@ tell); each kill then waits for the whole world again, and the table's "join pau
 pause beyond one step between the resume and the next kill (where the replacement joins them; checkpoint and
 evaluation steps left out). `--loss-check S K` compares an undisturbed run's per-step losses and per-epoch
 samples (the trainer's --record-samples) with a run where worker 1 is killed at step S and its replacement is
-released K steps after the resume. Prints Markdown tables (docs/benchmarks.md, "Recovery from a lost worker",
+released K steps after the resume; `--chaos SEED N` does the same through N faults drawn from SEED (kill, delete,
+stop or kill-store of a random worker). Prints Markdown tables (docs/benchmarks.md, "Recovery from a lost worker",
 "Pod-like recovery").
 
     .venv/bin/python bench/recovery.py [--kills 5] [--every 120] [--setups ours,stock]
     .venv/bin/python bench/recovery.py --setups cold [--spares 1] [--state-mb 1024] [--fault delete]
     .venv/bin/python bench/recovery.py --setups cold --recovery InProcess [--fault stop|kill-store] [--replacement 60|never]
     .venv/bin/python bench/recovery.py --setups cold --recovery InProcess --loss-check 30 20
+    .venv/bin/python bench/recovery.py --setups cold --recovery InProcess --chaos SEED N [--every 25]
     .venv/bin/python bench/recovery.py --setups cluster [--scope Pod|All] [--spares N] [--fault kill|node-down]
 
 The cluster setup runs the job through the operator on the cluster KUBECONFIG names, with the fault
@@ -728,9 +730,10 @@ def loss_check(job, state: Path, cold_start: str | None, faults: tuple[tuple[int
             last_fault = max((t for t, kind, _ in entries if kind in ("kill", "store kill")), default=0.0)
             whole_at = next((t for t, kind, v in entries if kind == "world" and v == 1 and t > last_fault), None)
             joined = max((v for t, kind, v in entries if kind == "step" and whole_at and t <= whole_at), default=None)
+            whole = f"whole again after the last by step {joined}" if joined is not None else \
+                "the world whole after the last"
             print(f"{name}: {phase}; faults {', '.join(f'{kind} of worker {i}' for i, _, kind in given)}; "
-                  f"{len(recoveries(entries))} recoveries; whole again after the last by step {joined}; "
-                  f"{len(losses)} step losses recorded")
+                  f"{len(recoveries(entries))} recoveries; {whole}; {len(losses)} step losses recorded")
         else:
             print(f"{name}: {phase}; {len(losses)} step losses recorded")
     (disturbed, lines, samples), (base, _, base_samples) = runs["disturbed"], runs["undisturbed"]
