@@ -178,7 +178,9 @@ def test_a_scale_down_moves_the_others_at_a_step_boundary_and_the_seat_past_it_l
 def test_a_store_recreated_empty_gets_the_view_again_and_a_later_loss_shrinks_through_it(tmp_path) -> None:
     """The store is SIGKILLed and started anew on its port (as the operator recreates it under its Service): the
     trainers reconnect, publish their view there again, train on; a rank lost later is shrunk away through the new
-    store, every survivor keeping its process."""
+    store, every survivor keeping its process. The launchers publish their generation and its node range again only
+    at their own next store call (rarely, in process: a seeded chaos run found survivors that could not recover,
+    "generation 0 has no node range in the store"), so the trainers publish those again too."""
     gang = Gang(tmp_path, "recreated", [], store=StoreProcess())
     try:
         gang.publish(1, 3, fewest=1)
@@ -188,8 +190,7 @@ def test_a_store_recreated_empty_gets_the_view_again_and_a_later_loss_shrinks_th
         gang.saw(0, 1, "step 5 seat 0", timeout=60)
         gang.store.kill()
         gang.store.start()
-        gang.connect()
-        gang.publish(1, 3, fewest=1)  # what the agents publish again on the new store
+        gang.connect()  # the test's own client; no launcher publishes anything again
         assert gang.wait(procs.pop(2)) == -signal.SIGKILL, gang.logs()
         for seat, proc in procs.items():
             assert gang.wait(proc) == 0, gang.logs()

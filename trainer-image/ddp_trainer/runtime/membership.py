@@ -92,6 +92,10 @@ class Membership:
         self.seen: tuple[bytes, bytes] | None = None  # (newest generation, arrivals) at the last boundary check
         self.said_below_minimum = False
         self.recreated = False  # the store was lost and this trainer reconnected to its empty successor
+        # The newest generation whose node range this trainer read: its launcher published both, and publishes them
+        # again only at its own next store call after the store's loss (rarely, in process), which the next
+        # recovery or joiner cannot wait for.
+        self.launched: tuple[int, str] | None = None
 
     @property
     def seat(self) -> int:
@@ -108,7 +112,10 @@ class Membership:
         key = NNODES_KEY.format(uid=self.uid, generation=generation)
         if not self.store.check([key]):
             raise CannotRecover(f"generation {generation} has no node range in the store ({key})")
-        fewest, most = node_range(self.store.get(key).decode())
+        nnodes = self.store.get(key).decode()
+        fewest, most = node_range(nnodes)
+        if self.launched is None or generation >= self.launched[0]:
+            self.launched = (generation, nnodes)
         return fewest * self.nproc, most * self.nproc
 
     def key(self, view_or_generation: View | int, name: str) -> str:
@@ -290,9 +297,16 @@ class Membership:
     def republish(self, view: View | None) -> None:
         """The store was lost and came back empty (runtime/store_client.py): what the protocol needs of this
         trainer's view there again, as every member writes it (the same values): the arrivals counter, the view's
-        members (a failure in it closes its successor from them) and its round (the next round is a new one)."""
+        members (a failure in it closes its successor from them) and its round (the next round is a new one); and
+        the launchers' newest generation with its node range, as the launchers publish them (the newest wins)."""
         self.recreated = True
         self.store.add(f"{self.prefix}arrivals", 0)
+        if self.launched is not None:
+            generation, nnodes = self.launched
+            self.store.compare_set(NNODES_KEY.format(uid=self.uid, generation=generation), "", nnodes)
+            key, seen = GENERATION_KEY.format(uid=self.uid), ""
+            while int(current := self.store.compare_set(key, seen, str(generation)).decode()) < generation:
+                seen = current
         if view is None:
             return
         self.store.compare_set(self.key(view, "members"), "", self._members_json(view, None))
