@@ -1131,7 +1131,7 @@ def main(argv: list[str] | None = None) -> int:
     if (args.fault in ("delete", STOP, KILL_STORE) or args.replacement != AT_ONCE or args.loss_check or args.chaos
             or args.scale) \
             and not set(args.setups.split(",")) <= set(LOCAL_SETUPS):
-        parser.error(f"--fault {args.fault}, --replacement and --loss-check need local setups only "
+        parser.error(f"--fault {args.fault}, --replacement, --loss-check and --chaos need local setups only "
                      f"({', '.join(LOCAL_SETUPS)})")
     job = load_example(args.kills, args.every, args.scope, args.spares, args.state_mb, args.recovery,
                        args.steady_timeout, not args.no_rescue)

@@ -147,7 +147,7 @@ def child_cpu_seconds(command: list[str], out: Path) -> tuple[int, float]:
 
 
 # The CPU bounds of these tests were set on a machine where answering one small manifest (an interpreter, the CLI's
-# imports, one document) took about ONE_MANIFEST_CPU_S. A slower one (a shared or throttled host: 1.6-1.7x seen,
+# imports, one document) took about ONE_MANIFEST_CPU_S. A slower one (a shared or throttled host: 1.6-1.8x seen,
 # where every bound failed at once) gets each bound in proportion, never less: what they catch is a blow-up with
 # the input (27 s of CPU where 2 s are promised), not a slower CPU. The absolute numbers are the benchmarks'.
 ONE_MANIFEST_CPU_S = 0.6
