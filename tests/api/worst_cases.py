@@ -4,11 +4,9 @@ the model's own maxItems so that a bound raised in the model raises the case wit
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -144,27 +142,6 @@ def child_cpu_seconds(command: list[str], out: Path) -> tuple[int, float]:
         child = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(child.pid, 0)
     return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
-
-
-# The CPU bounds of these tests were set on a machine where answering one small manifest (an interpreter, the CLI's
-# imports, one document) took about ONE_MANIFEST_CPU_S. A slower one (a shared or throttled host: 1.6-1.8x seen,
-# where every bound failed at once) gets each bound in proportion, never less: what they catch is a blow-up with
-# the input (27 s of CPU where 2 s are promised), not a slower CPU. The absolute numbers are the benchmarks'.
-ONE_MANIFEST_CPU_S = 0.6
-ONE_MANIFEST = Path(__file__).resolve().parents[2] / "examples" / "cpu-digits.yaml"
-
-
-@functools.cache
-def slowness() -> float:
-    """How much slower than the bounds' machine this one answers one small manifest (1.0 at least)."""
-    with tempfile.TemporaryDirectory() as scratch:
-        _, cpu = ddpjob("validate", ONE_MANIFEST, Path(scratch) / "out.txt")
-    return max(1.0, cpu / ONE_MANIFEST_CPU_S)
-
-
-def cpu_bound(seconds: float) -> float:
-    """`seconds` of CPU on the bounds' machine, on this one."""
-    return seconds * slowness()
 
 
 def ddpjob(command: str, path: Path, out: Path, *options: str) -> tuple[int, float]:
