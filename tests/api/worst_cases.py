@@ -144,5 +144,12 @@ def child_cpu_seconds(command: list[str], out: Path) -> tuple[int, float]:
     return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
 
 
+# What the CPU bounds of these tests catch: a blow-up with the input (a 3 MiB file once took 27 s of CPU to render,
+# where 2 s are promised), not a slow machine. At 3 s every one of them failed at once (4.1-5.1 s) on a 2-core
+# machine whose host had slowed it about 1.7x (2026-12-02), with the code that had passed them. The promise itself is
+# a number to measure, not to assert on a shared machine.
+BLOW_UP_CPU_S = 8.0
+
+
 def ddpjob(command: str, path: Path, out: Path, *options: str) -> tuple[int, float]:
     return child_cpu_seconds([sys.executable, "-m", "ddpjob_operator.cli", command, str(path), *options], out)
