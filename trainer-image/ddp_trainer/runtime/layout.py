@@ -103,23 +103,20 @@ class Publisher:
         self._published_for = None
 
     def stepped(self, view: Any, state: Callable[[], dict[str, Any]]) -> None:
-        """After an optimizer step of `view`: its layout published, unless the store holds it already."""
-        if view != self._published_for:
-            self._published_for = view
-            publish(self.store, self.uid, state())
+        """After an optimizer step of `view`: its layout published, unless the store holds it already. The write is
+        on a thread: a lost store must not hold a step up."""
+        if view == self._published_for:
+            return
+        self._published_for = view
+        text = describe(state(), peak_resident_bytes())
 
+        def write() -> None:
+            try:
+                self.store.set(LAYOUT_KEY.format(uid=self.uid), text)
+            except RuntimeError as e:  # the store lost: a joiner then receives into fresh memory, as before
+                log.info("could not publish the state's layout for joiners: %s", e)
 
-def publish(store: Any, uid: str, state: dict[str, Any]) -> None:
-    """The layout of `state` into the store, on a thread (a lost store must not hold a step up)."""
-    text = describe(state, peak_resident_bytes())
-
-    def write() -> None:
-        try:
-            store.set(LAYOUT_KEY.format(uid=uid), text)
-        except RuntimeError as e:  # the store lost: a joiner then receives into fresh memory, as before
-            log.info("could not publish the state's layout for joiners: %s", e)
-
-    threading.Thread(target=write, name="ddpjob-publish-layout", daemon=True).start()
+        threading.Thread(target=write, name="ddpjob-publish-layout", daemon=True).start()
 
 
 def prepare(store: Any, uid: str, into: dict[str, Any], device: torch.device) -> Prepared:
